@@ -1,0 +1,198 @@
+//! Client settings and the validation of durations.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// How a [`Client`](crate::Client) behaves. Build with [`Settings::default`]
+/// and the `set_*` methods; every value is checked by
+/// [`Client::open_with`](crate::Client::open_with) before any connection.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub(crate) prefix: String,
+    pub(crate) watchdog_timeout: Duration,
+    pub(crate) renew_batch: usize,
+    pub(crate) max_name_len: usize,
+    pub(crate) max_lease: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) connection_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            prefix: "hasp".to_owned(),
+            watchdog_timeout: Duration::from_secs(30),
+            renew_batch: 100,
+            max_name_len: 1024,
+            max_lease: Duration::from_secs(7 * 24 * 3600),
+            response_timeout: Duration::from_secs(5),
+            connection_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Settings {
+    /// Prefix of every key and channel (default `"hasp"`). It must not
+    /// contain `{` or `}`: the hash tag is reserved for the lock name.
+    pub fn set_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Lease of a lock acquired without an explicit lease (default 30 s). The
+    /// watchdog renews such locks every third of it while the client lives.
+    pub fn set_watchdog_timeout(mut self, timeout: Duration) -> Self {
+        self.watchdog_timeout = timeout;
+        self
+    }
+
+    /// Locks renewed per script call by the watchdog (default 100, as in
+    /// Redisson).
+    pub fn set_renew_batch(mut self, batch: usize) -> Self {
+        self.renew_batch = batch;
+        self
+    }
+
+    /// Longest accepted lock name in bytes (default 1024).
+    pub fn set_max_name_len(mut self, len: usize) -> Self {
+        self.max_name_len = len;
+        self
+    }
+
+    /// Longest accepted explicit lease (default 7 days). Redis accepts absurd
+    /// expiries; a cap turns a unit mistake into an error instead of a lock
+    /// that outlives everyone.
+    pub fn set_max_lease(mut self, lease: Duration) -> Self {
+        self.max_lease = lease;
+        self
+    }
+
+    /// How long one Redis call may take before it fails (default 5 s).
+    pub fn set_response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long establishing a connection may take (default 5 s).
+    pub fn set_connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// The configured watchdog timeout.
+    pub fn watchdog_timeout(&self) -> Duration {
+        self.watchdog_timeout
+    }
+
+    /// The configured key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.prefix.is_empty() {
+            return Err(Error::invalid("prefix", "must not be empty"));
+        }
+        if self.prefix.contains(['{', '}']) {
+            return Err(Error::invalid(
+                "prefix",
+                "must not contain '{' or '}' (the hash tag is reserved for the lock name)",
+            ));
+        }
+        if self.renew_batch == 0 {
+            return Err(Error::invalid("renew_batch", "must be at least 1"));
+        }
+        if self.max_name_len == 0 {
+            return Err(Error::invalid("max_name_len", "must be at least 1"));
+        }
+        check_positive_ms("max_lease", self.max_lease)?;
+        // The watchdog renews every third of its timeout: below 3 ms that
+        // period would be zero.
+        if self.watchdog_timeout < Duration::from_millis(3) {
+            return Err(Error::invalid(
+                "watchdog_timeout",
+                format!("{:?} is too short (at least 3 ms)", self.watchdog_timeout),
+            ));
+        }
+        if self.watchdog_timeout > self.max_lease {
+            return Err(Error::invalid(
+                "watchdog_timeout",
+                format!("{:?} exceeds max_lease", self.watchdog_timeout),
+            ));
+        }
+        check_positive_ms("response_timeout", self.response_timeout)?;
+        check_positive_ms("connection_timeout", self.connection_timeout)?;
+        Ok(())
+    }
+
+    pub(crate) fn renew_period(&self) -> Duration {
+        self.watchdog_timeout / 3
+    }
+}
+
+fn check_positive_ms(argument: &'static str, d: Duration) -> Result<u64> {
+    if d.is_zero() {
+        return Err(Error::invalid(argument, "must be greater than zero"));
+    }
+    lease_millis(d).ok_or_else(|| Error::invalid(argument, format!("{d:?} is too large")))
+}
+
+/// Milliseconds for `PEXPIRE`, rounded up so a sub-millisecond lease never
+/// becomes 0 (which Redis would take as "delete now"). `None` if it does not
+/// fit Redis' signed 64-bit milliseconds.
+pub(crate) fn lease_millis(d: Duration) -> Option<u64> {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).ok().filter(|ms| *ms <= i64::MAX as u64)
+}
+
+/// Validates an explicit lease against the client's cap; returns milliseconds.
+pub(crate) fn validate_lease(settings: &Settings, lease: Duration) -> Result<u64> {
+    let ms = check_positive_ms("lease", lease)?;
+    if lease > settings.max_lease {
+        return Err(Error::invalid(
+            "lease",
+            format!(
+                "{lease:?} exceeds the client's max_lease of {:?}",
+                settings.max_lease
+            ),
+        ));
+    }
+    Ok(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_millisecond_leases_round_up_never_to_zero() {
+        assert_eq!(lease_millis(Duration::from_nanos(1)), Some(1));
+        assert_eq!(lease_millis(Duration::from_micros(1500)), Some(2));
+        assert_eq!(lease_millis(Duration::from_millis(7)), Some(7));
+    }
+
+    #[test]
+    fn leases_beyond_redis_range_are_unrepresentable() {
+        assert_eq!(lease_millis(Duration::MAX), None);
+    }
+
+    #[test]
+    fn default_settings_are_valid() {
+        Settings::default().validate().unwrap();
+    }
+
+    #[test]
+    fn braces_in_prefix_are_rejected() {
+        let err = Settings::default().set_prefix("a{b").validate().unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { argument: "prefix", .. }));
+    }
+
+    #[test]
+    fn lease_cap_is_enforced() {
+        let s = Settings::default().set_max_lease(Duration::from_secs(10));
+        assert!(validate_lease(&s, Duration::from_secs(11)).is_err());
+        assert!(validate_lease(&s, Duration::ZERO).is_err());
+        assert_eq!(validate_lease(&s, Duration::from_secs(10)).unwrap(), 10_000);
+    }
+}

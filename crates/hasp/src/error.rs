@@ -1,0 +1,82 @@
+//! The one error type of the library.
+
+use std::time::Duration;
+
+/// What went wrong in a lock operation.
+///
+/// Outcomes a caller plans for ([`NotHeld`](Error::NotHeld),
+/// [`TimedOut`](Error::TimedOut)) are separate from failures of the
+/// infrastructure ([`Redis`](Error::Redis)): an unreachable Redis is never
+/// reported as "not acquired".
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument was rejected before any Redis call (empty or over-long
+    /// name, zero or over-large duration, malformed setting).
+    #[error("invalid argument `{argument}`: {reason}")]
+    InvalidArgument {
+        /// Which argument.
+        argument: &'static str,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// The lock is not held by this owner: it was never acquired, was
+    /// already released, expired, or was taken over after a loss.
+    /// Nothing was changed in Redis.
+    #[error("lock {name:?} is not held by this owner")]
+    NotHeld {
+        /// The lock's name.
+        name: String,
+    },
+
+    /// A wait that the caller asked to treat as an error ran out.
+    #[error("lock {name:?} was not acquired within {waited:?}")]
+    TimedOut {
+        /// The lock's name.
+        name: String,
+        /// How long the caller was prepared to wait.
+        waited: Duration,
+    },
+
+    /// Redis could not be reached or answered with an error.
+    #[error("redis error: {0}")]
+    Redis(#[from] redis::RedisError),
+
+    /// Redis answered something this library does not expect (for instance a
+    /// key of the wrong type sits where a lock should be).
+    #[error("unexpected reply from redis: {0}")]
+    Protocol(String),
+}
+
+impl Error {
+    /// True when the same call may succeed if repeated later: connection
+    /// drops, time-outs and refused connections. Outcomes such as
+    /// [`NotHeld`](Error::NotHeld) and bad arguments are not retryable.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Redis(e) => {
+                e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || matches!(
+                        e.kind(),
+                        redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
+                            | redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
+                    )
+            }
+            _ => false,
+        }
+    }
+
+    pub(crate) fn invalid(argument: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            argument,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

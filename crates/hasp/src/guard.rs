@@ -1,0 +1,196 @@
+//! Proof that a lock is held.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::client::{Client, Shared};
+use crate::detach::{boxed, Detachable};
+use crate::error::{Error, Result};
+use crate::holds::{HoldState, Lease, ReleaseStep};
+use crate::keys::LockKeys;
+use crate::owner::Owner;
+use crate::scripts::RELEASE;
+
+/// A held lock, returned by [`Lock::lock`](crate::Lock::lock) and friends.
+///
+/// The guard is `'static` and `Send`: it can be moved into another task and
+/// released there (it remembers its owner). Each acquisition, re-entries
+/// included, returns its own guard, and each must be released.
+///
+/// Release with [`unlock`](Self::unlock), which reports errors such as a
+/// lock that was lost meanwhile.
+///
+/// # Dropping a guard
+/// Dropping a guard without `unlock` gives back this hold in the background:
+/// the local count drops at once, and if it was the last hold, the release is
+/// sent to Redis on the client's runtime (a failure is logged with
+/// `tracing`). If the runtime has shut down, nothing is sent and the lock
+/// frees itself when its lease runs out (the watchdog no longer renews it).
+/// Prefer `unlock().await`: it is the only way to learn that the lock was
+/// lost before you released it.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example(client: hasp::Client) -> hasp::Result<()> {
+/// let guard = client.lock("report")?.lock().await?;
+/// tokio::select! {
+///     _ = guard.lost() => eprintln!("lost the lock: stop writing"),
+///     _ = async { /* long critical section */ } => {}
+/// }
+/// guard.unlock().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "if unused the lock is released at once, in the background"]
+#[derive(Debug)]
+pub struct Guard {
+    client: Client,
+    state: Arc<HoldState>,
+    released: bool,
+}
+
+impl Guard {
+    pub(crate) fn new(client: Client, state: Arc<HoldState>) -> Self {
+        Self {
+            client,
+            state,
+            released: false,
+        }
+    }
+
+    /// The fencing token of this hold: greater than every token issued
+    /// before for this lock name; a re-entry shares the token of the hold it
+    /// re-enters.
+    pub fn fencing_token(&self) -> u64 {
+        self.state.token
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.state.keys.name
+    }
+
+    /// The owner this guard holds the lock for.
+    pub fn owner(&self) -> &Owner {
+        &self.state.owner
+    }
+
+    /// True once the hold is known to be lost: renewal found the lock gone
+    /// or owned by another, or its fixed lease ran out.
+    pub fn is_lost(&self) -> bool {
+        self.state.is_lost()
+    }
+
+    /// Resolves when the hold is lost (see [`is_lost`](Self::is_lost)). In
+    /// watchdog mode loss is detected at the next renewal, at most a third of
+    /// the watchdog timeout after it happens.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn lost(&self) {
+        self.state.lost().await
+    }
+
+    /// Releases this hold. The lock is free for others once every hold of
+    /// its owner is released.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] if the lock is no longer held by this owner
+    /// (expired, force-unlocked, lost); nothing held by anyone else is
+    /// touched. [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: once called, the release completes even if the future
+    /// is dropped; only its result is lost.
+    pub async fn unlock(mut self) -> Result<()> {
+        self.released = true;
+        let shared = &self.client.shared;
+        match shared.holds.release(&self.state) {
+            ReleaseStep::Local if !self.state.is_lost() => Ok(()),
+            ReleaseStep::Local | ReleaseStep::NotHeld => Err(self.not_held()),
+            ReleaseStep::Final { redis_holds } => {
+                let call = release_call(
+                    shared,
+                    &self.state.keys,
+                    &self.state.owner,
+                    self.lease_ms(),
+                    redis_holds,
+                );
+                let remaining = Detachable::new(call, &shared.runtime, |_| boxed(async {})).await?;
+                if remaining < 0 {
+                    Err(self.not_held())
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    fn lease_ms(&self) -> u64 {
+        match self.state.lease {
+            Lease::Fixed(ms) => ms,
+            Lease::Watchdog => self.client.shared.watchdog_lease_ms,
+        }
+    }
+
+    fn not_held(&self) -> Error {
+        Error::NotHeld {
+            name: self.state.keys.name.to_string(),
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let shared = &self.client.shared;
+        if let ReleaseStep::Final { redis_holds } = shared.holds.release(&self.state) {
+            let call = release_call(
+                shared,
+                &self.state.keys,
+                &self.state.owner,
+                self.lease_ms(),
+                redis_holds,
+            );
+            let name = self.state.keys.name.clone();
+            shared.runtime.spawn(async move {
+                if let Err(e) = call.await {
+                    tracing::warn!(error = %e, lock = %name, "background release of a dropped guard failed");
+                }
+            });
+        }
+    }
+}
+
+/// The release script call for `redis_holds` holds of `owner`; on a full
+/// release it wakes one local waiter directly (remote clients get the
+/// published message). Built eagerly so the returned future is `'static`.
+pub(crate) fn release_call(
+    shared: &Arc<Shared>,
+    keys: &LockKeys,
+    owner: &Owner,
+    lease_ms: u64,
+    redis_holds: u32,
+) -> impl Future<Output = Result<i64>> + Send + 'static {
+    let mut invocation = RELEASE.prepare_invoke();
+    invocation
+        .key(&*keys.lock)
+        .key(&*keys.channel)
+        .arg(owner.id())
+        .arg(lease_ms)
+        .arg(&*shared.id)
+        .arg(redis_holds);
+    let shared = shared.clone();
+    let channel = keys.channel.clone();
+    async move {
+        let mut conn = shared.conn.clone();
+        let remaining: i64 = invocation.invoke_async(&mut conn).await?;
+        if remaining == 0 {
+            shared.pubsub.wake_one(&channel);
+        }
+        Ok(remaining)
+    }
+}

@@ -1,0 +1,89 @@
+//! Key layout.
+//!
+//! For a lock named `N` under prefix `P` (default `hasp`):
+//!
+//! | key / channel              | type    | content                                   |
+//! |----------------------------|---------|-------------------------------------------|
+//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:t` → fencing token; `:w` → a waiter is subscribed |
+//! | `P:{E}:fence`              | string  | last fencing token issued for `N` (no TTL) |
+//! | `P:{E}:released` (channel) | pub/sub | a release message, payload = releasing client id or `*` |
+//!
+//! `E` is `N` with `%`, `{` and `}` percent-encoded (`%25`, `%7B`, `%7D`).
+//! The encoding is injective, so distinct names never share keys, and `E`
+//! contains no brace, so `{E}` is the Redis Cluster hash tag of all three:
+//! one lock's keys always live in one slot, whatever characters `N` holds.
+
+use std::sync::Arc;
+
+/// The precomputed keys of one lock name.
+#[derive(Debug)]
+pub(crate) struct LockKeys {
+    pub(crate) name: Arc<str>,
+    pub(crate) lock: Arc<str>,
+    pub(crate) fence: String,
+    pub(crate) channel: Arc<str>,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &str, name: &str) -> Self {
+        let tag = encode_name(name);
+        let lock = format!("{prefix}:{{{tag}}}");
+        Self {
+            name: name.into(),
+            fence: format!("{lock}:fence"),
+            channel: format!("{lock}:released").into(),
+            lock: lock.into(),
+        }
+    }
+}
+
+fn encode_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hash tag Redis Cluster would use for `key`.
+    fn hash_tag(key: &str) -> &str {
+        if let Some(open) = key.find('{') {
+            if let Some(len) = key[open + 1..].find('}') {
+                if len > 0 {
+                    return &key[open + 1..open + 1 + len];
+                }
+            }
+        }
+        key
+    }
+
+    #[test]
+    fn all_keys_of_a_lock_share_one_hash_tag() {
+        for name in ["plain", "{}", "}{", "a}b", "{x}", "%7B", "with space:colon", "锁"] {
+            let k = LockKeys::new("hasp", name);
+            assert_eq!(hash_tag(&k.lock), hash_tag(&k.fence), "{name}");
+            assert_eq!(hash_tag(&k.lock), hash_tag(&k.channel), "{name}");
+            assert_ne!(hash_tag(&k.lock), &*k.lock, "{name} must have a tag");
+        }
+    }
+
+    #[test]
+    fn names_that_look_alike_map_to_distinct_keys() {
+        let names = ["{", "%7B", "%257B", "}", "%7D", "%", "%25", "a", "a:fence", "a}:fence"];
+        let mut seen = std::collections::HashSet::new();
+        for name in names {
+            let k = LockKeys::new("hasp", name);
+            assert!(seen.insert(k.lock.to_string()), "collision for {name}");
+            assert!(seen.insert(k.fence.clone()), "collision for {name}");
+        }
+    }
+}

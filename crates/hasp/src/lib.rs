@@ -1,0 +1,69 @@
+//! # hasp — distributed locks on Redis for async Rust
+//!
+//! Redisson's lock family, built for tokio: reentrant locks with owner
+//! identity, leases renewed by a per-client watchdog, waiting woken by
+//! pub/sub (not polling), and fencing tokens.
+//!
+//! ```no_run
+//! # async fn example() -> hasp::Result<()> {
+//! let client = hasp::Client::open("redis://127.0.0.1/").await?;
+//! let lock = client.lock("stock:voucher-7")?;
+//!
+//! let guard = lock.lock().await?;          // waits; watchdog keeps it alive
+//! let again = lock.lock().await?;          // same task: re-entry, no wait
+//! assert_eq!(lock.hold_count(), 2);
+//! assert_eq!(again.fencing_token(), guard.fencing_token());
+//! again.unlock().await?;
+//! guard.unlock().await?;                   // now free for others
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! * [`Client`] — one per Redis deployment; clone it freely.
+//! * [`Lock`] — a named lock handle: [`Lock::lock`] waits,
+//!   [`Lock::try_lock`] never waits, [`Lock::try_lock_for`] waits a bounded
+//!   time; [`Lock::with_lease`] / [`Lock::with_owner`] configure it.
+//! * [`Guard`] — a held lock: [`Guard::unlock`], [`Guard::fencing_token`],
+//!   [`Guard::lost`].
+//! * [`Error`] — separates outcomes ([`Error::NotHeld`]) from failures
+//!   ([`Error::Redis`]).
+//!
+//! The key layout is documented in the [`keys`](crate#key-layout) section
+//! below.
+//!
+//! ## Key layout
+//!
+//! For a lock named `N` under prefix `P` (default `hasp`), with `E` = `N`
+//! where `%`, `{`, `}` are percent-encoded:
+//!
+//! | key / channel              | type    | content                                   |
+//! |----------------------------|---------|-------------------------------------------|
+//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:t` → fencing token; `:w` → some client waits |
+//! | `P:{E}:fence`              | string  | last fencing token issued (no TTL)        |
+//! | `P:{E}:released`           | channel | release notifications                     |
+//!
+//! `{E}` is the hash tag of all three, so one lock lives in one Redis
+//! Cluster slot whatever characters its name holds, and distinct names never
+//! share keys.
+
+#![warn(missing_docs)]
+
+mod client;
+mod config;
+mod detach;
+mod error;
+mod guard;
+mod holds;
+mod keys;
+mod lock;
+mod owner;
+mod pubsub;
+mod scripts;
+mod watchdog;
+
+pub use client::{Client, Stats};
+pub use config::Settings;
+pub use error::{Error, Result};
+pub use guard::Guard;
+pub use lock::Lock;
+pub use owner::Owner;

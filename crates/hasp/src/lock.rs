@@ -1,0 +1,419 @@
+//! A named reentrant lock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::client::{Client, Shared};
+use crate::config::validate_lease;
+use crate::detach::{boxed, Detachable};
+use crate::error::{Error, Result};
+use crate::guard::{release_call, Guard};
+use crate::holds::Lease;
+use crate::keys::LockKeys;
+use crate::owner::Owner;
+use crate::scripts::{ACQUIRE, FORCE_RELEASE, RENEW};
+
+/// A handle on one named, reentrant distributed lock.
+///
+/// Made by [`Client::lock`]; cheap to clone. The handle itself holds
+/// nothing: acquiring returns a [`Guard`], and the lock is held until the
+/// guard is released.
+///
+/// * **Owner.** By default the owner is the current task (see [`Owner`]);
+///   [`with_owner`](Self::with_owner) picks an explicit one.
+/// * **Lease.** By default the lock has the client's watchdog timeout
+///   (30 s) as lease and the client's watchdog renews it every third of
+///   that for as long as it is held, so it never expires under a live
+///   holder and frees itself within one timeout when the holder's process
+///   dies. [`with_lease`](Self::with_lease) sets a fixed lease instead, never
+///   renewed: the lock expires after it even if still in use.
+/// * **Reentrancy.** The owner that holds the lock acquires it again at
+///   once; it is free for others after as many releases as acquisitions.
+///   A re-entry keeps the lease mode of the first acquisition; with a fixed
+///   lease it re-arms that lease.
+/// * **Waiting.** [`lock`](Self::lock) and [`try_lock_for`](Self::try_lock_for)
+///   subscribe to the lock's release channel (one subscription per name per
+///   client) and retry when woken, or when the holder's lease runs out; they
+///   never poll. Tasks of one client are served in the order they started
+///   waiting.
+/// * **Fencing.** Each acquisition of a free lock gets a token greater than
+///   every token issued before for the name ([`Guard::fencing_token`]); pass
+///   it to the resource you protect so that it can reject a stale holder.
+///
+/// # When not to use it
+/// To exclude tasks of one process only, `tokio::sync::Mutex` is cheaper by
+/// orders of magnitude. A single Redis server is a single point of truth:
+/// if it loses data (restart without persistence, failover to a lagging
+/// replica) two holders can overlap; use fencing tokens where that matters.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example(client: hasp::Client) -> hasp::Result<()> {
+/// use std::time::Duration;
+///
+/// let lock = client.lock("order:1001")?;
+/// // Wait at most 100 ms; hold for at most 10 s, no renewal.
+/// let lock = lock.with_lease(Duration::from_secs(10))?;
+/// match lock.try_lock_for(Duration::from_millis(100)).await? {
+///     Some(guard) => {
+///         let token = guard.fencing_token();
+///         // ... write, tagged with `token` ...
+///         guard.unlock().await?;
+///     }
+///     None => println!("busy, try later"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Lock {
+    client: Client,
+    keys: Arc<LockKeys>,
+    lease: Lease,
+    owner: Option<Owner>,
+}
+
+enum Attempt {
+    Acquired(Guard),
+    /// Held by another owner; remaining TTL if it has one.
+    Held(Option<Duration>),
+}
+
+impl Lock {
+    pub(crate) fn new(client: Client, name: &str) -> Result<Self> {
+        if name.is_empty() {
+            return Err(Error::invalid("name", "must not be empty"));
+        }
+        let max = client.shared.settings.max_name_len;
+        if name.len() > max {
+            return Err(Error::invalid(
+                "name",
+                format!("{} bytes exceeds the limit of {max}", name.len()),
+            ));
+        }
+        let keys = Arc::new(LockKeys::new(&client.shared.settings.prefix, name));
+        Ok(Self {
+            client,
+            keys,
+            lease: Lease::Watchdog,
+            owner: None,
+        })
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.keys.name
+    }
+
+    /// This handle with a fixed lease: acquisitions expire after `lease`
+    /// unless released, and are never renewed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `lease` is zero or above the client's
+    /// `max_lease`.
+    pub fn with_lease(mut self, lease: Duration) -> Result<Self> {
+        self.lease = Lease::Fixed(validate_lease(&self.client.shared.settings, lease)?);
+        Ok(self)
+    }
+
+    /// This handle in watchdog mode (the default): leases renewed while held.
+    pub fn with_watchdog(mut self) -> Self {
+        self.lease = Lease::Watchdog;
+        self
+    }
+
+    /// This handle acting for `owner` instead of the current task.
+    pub fn with_owner(mut self, owner: Owner) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// The owner this handle acts for, resolved now (the current task unless
+    /// an explicit owner was set).
+    pub fn owner(&self) -> Owner {
+        match &self.owner {
+            Some(owner) => owner.clone(),
+            None => Owner::current(&self.client.shared.id),
+        }
+    }
+
+    /// Acquires the lock, waiting as long as it takes.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis cannot be reached (the wait ends with the
+    /// error; it is never reported as acquired).
+    ///
+    /// # Cancel safety
+    /// Cancel safe. Dropping the future leaves no lock held (an acquisition
+    /// racing the drop is released in the background), no renewal and no
+    /// subscription; the task loses its place in the queue of waiters.
+    pub async fn lock(&self) -> Result<Guard> {
+        self.acquire(None, true).await?.ok_or_else(|| {
+            Error::Protocol("an unbounded wait ended without the lock".to_owned())
+        })
+    }
+
+    /// Tries once, never waiting for a holder: `Ok(None)` if another owner
+    /// holds the lock.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`lock`](Self::lock).
+    pub async fn try_lock(&self) -> Result<Option<Guard>> {
+        self.acquire(Some(Instant::now()), false).await
+    }
+
+    /// Tries for at most `wait`: `Ok(None)` if the lock was still held by
+    /// another owner when the wait ran out. A zero `wait` is
+    /// [`try_lock`](Self::try_lock).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `wait` is too large to represent as a
+    /// deadline; [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`lock`](Self::lock).
+    pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<Guard>> {
+        let deadline = Instant::now()
+            .checked_add(wait)
+            .ok_or_else(|| Error::invalid("wait", format!("{wait:?} is too large")))?;
+        self.acquire(Some(deadline), !wait.is_zero()).await
+    }
+
+    /// As [`try_lock_for`](Self::try_lock_for), but running out of time is
+    /// an [`Error::TimedOut`].
+    ///
+    /// # Errors
+    /// [`Error::TimedOut`], and those of `try_lock_for`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`lock`](Self::lock).
+    pub async fn lock_within(&self, wait: Duration) -> Result<Guard> {
+        self.try_lock_for(wait).await?.ok_or_else(|| Error::TimedOut {
+            name: self.name().to_owned(),
+            waited: wait,
+        })
+    }
+
+    async fn acquire(&self, deadline: Option<Instant>, wait: bool) -> Result<Option<Guard>> {
+        let owner = self.owner();
+        if let Some(guard) = self.reenter(&owner).await? {
+            return Ok(Some(guard));
+        }
+        let shared = &self.client.shared;
+        // Queue behind local waiters rather than barge past them.
+        let mut behind_local_waiters = wait && shared.pubsub.has_waiters(&self.keys.channel);
+        let mut ttl = None;
+        if !behind_local_waiters {
+            match self.attempt(&owner, wait).await? {
+                Attempt::Acquired(guard) => return Ok(Some(guard)),
+                Attempt::Held(t) => ttl = t,
+            }
+            if !wait || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+        }
+
+        let subscription = shared.pubsub.subscribe(&self.keys.channel);
+        let _queued = subscription.enter_queue();
+        let confirm_limit = remaining(deadline).min(shared.settings.response_timeout);
+        subscription.ready(confirm_limit).await;
+        loop {
+            let notified = subscription.state().notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !behind_local_waiters {
+                match self.attempt(&owner, true).await? {
+                    Attempt::Acquired(guard) => return Ok(Some(guard)),
+                    Attempt::Held(t) => ttl = t,
+                }
+            }
+            behind_local_waiters = false;
+            let left = remaining(deadline);
+            if left.is_zero() {
+                return Ok(None);
+            }
+            // An unknown TTL (a key without expiry, or not yet asked) is
+            // re-checked at least once per watchdog timeout.
+            let slice = ttl.unwrap_or(shared.settings.watchdog_timeout).min(left);
+            let woken = tokio::time::timeout(slice, notified).await.is_ok();
+            if !woken && deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+        }
+    }
+
+    fn lease_ms(&self) -> u64 {
+        match self.lease {
+            Lease::Fixed(ms) => ms,
+            Lease::Watchdog => self.client.shared.watchdog_lease_ms,
+        }
+    }
+
+    /// Re-enters a hold this client already has for `owner`.
+    async fn reenter(&self, owner: &Owner) -> Result<Option<Guard>> {
+        let shared = &self.client.shared;
+        let Some(state) = shared.holds.live(&self.keys, owner) else {
+            return Ok(None);
+        };
+        if let Lease::Fixed(ms) = self.lease {
+            let started = Instant::now();
+            let renewed: Vec<i64> = RENEW
+                .key(&*self.keys.lock)
+                .arg(ms)
+                .arg(owner.id())
+                .invoke_async(&mut shared.conn.clone())
+                .await?;
+            if renewed.first() != Some(&1) {
+                state.mark_lost();
+                return Ok(None);
+            }
+            state.set_expires_at(started + Duration::from_millis(ms));
+        }
+        if shared.holds.reenter(&state) {
+            Ok(Some(Guard::new(self.client.clone(), state)))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// One acquire script call.
+    async fn attempt(&self, owner: &Owner, will_wait: bool) -> Result<Attempt> {
+        let shared = &self.client.shared;
+        let lease_ms = self.lease_ms();
+        let mut invocation = ACQUIRE.prepare_invoke();
+        invocation
+            .key(&*self.keys.lock)
+            .key(&self.keys.fence)
+            .arg(owner.id())
+            .arg(lease_ms)
+            .arg(if will_wait { "1" } else { "0" });
+        let mut conn = shared.conn.clone();
+        let call = async move { invocation.invoke_async::<i64>(&mut conn).await };
+        // If the caller drops us after the script was sent, the lock may be
+        // taken with nobody to hold it: release it in the background.
+        let undo_shared = shared.clone();
+        let undo_keys = self.keys.clone();
+        let undo_owner = owner.clone();
+        let started = Instant::now();
+        let reply = Detachable::new(call, &shared.runtime, move |reply| {
+            boxed(async move {
+                if matches!(reply, Ok(token) if token > 0) {
+                    undo_acquire(undo_shared, undo_keys, undo_owner, lease_ms).await;
+                }
+            })
+        })
+        .await?;
+        Ok(match reply {
+            token if token > 0 => {
+                let expires_at = match self.lease {
+                    Lease::Fixed(ms) => Some(started + Duration::from_millis(ms)),
+                    Lease::Watchdog => None,
+                };
+                let state =
+                    shared
+                        .holds
+                        .insert(&self.keys, owner, token as u64, self.lease, expires_at);
+                Attempt::Acquired(Guard::new(self.client.clone(), state))
+            }
+            0 => Attempt::Held(None),
+            negative_ttl => Attempt::Held(Some(Duration::from_millis(negative_ttl.unsigned_abs()))),
+        })
+    }
+
+    /// Frees the lock whoever holds it and wakes its waiters. Returns whether
+    /// a lock was there. Holders find out through renewal (their guards
+    /// report the loss) and get [`Error::NotHeld`] on release.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe; once sent, the call takes effect whether awaited or not.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        let freed: i64 = FORCE_RELEASE
+            .key(&*self.keys.lock)
+            .key(&*self.keys.channel)
+            .arg("*")
+            .invoke_async(&mut self.client.shared.conn.clone())
+            .await?;
+        Ok(freed == 1)
+    }
+
+    /// Whether any owner holds the lock now.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (read only).
+    pub async fn is_locked(&self) -> Result<bool> {
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&*self.keys.lock)
+            .query_async(&mut self.client.shared.conn.clone())
+            .await?;
+        Ok(exists)
+    }
+
+    /// Whether this handle's owner holds the lock, as Redis sees it now.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (read only).
+    pub async fn is_held_by_me(&self) -> Result<bool> {
+        let held: bool = redis::cmd("HEXISTS")
+            .arg(&*self.keys.lock)
+            .arg(self.owner().id())
+            .query_async(&mut self.client.shared.conn.clone())
+            .await?;
+        Ok(held)
+    }
+
+    /// How many times this handle's owner holds the lock through this client
+    /// (0 if not held, or if the hold is known to be lost). Answered locally.
+    pub fn hold_count(&self) -> u32 {
+        self.client.shared.holds.count(&self.keys, &self.owner())
+    }
+
+    /// Time until the lock expires: `None` if no one holds it.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis cannot be reached; [`Error::Protocol`] if
+    /// the key exists without an expiry (not set by this library).
+    ///
+    /// # Cancel safety
+    /// Cancel safe (read only).
+    pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&*self.keys.lock)
+            .query_async(&mut self.client.shared.conn.clone())
+            .await?;
+        match ttl {
+            -2 => Ok(None),
+            ms if ms >= 0 => Ok(Some(Duration::from_millis(ms as u64))),
+            _ => Err(Error::Protocol(format!(
+                "lock key {:?} has no expiry",
+                self.keys.lock
+            ))),
+        }
+    }
+}
+
+fn remaining(deadline: Option<Instant>) -> Duration {
+    match deadline {
+        Some(d) => d.saturating_duration_since(Instant::now()),
+        None => Duration::MAX,
+    }
+}
+
+/// Releases an acquisition whose caller went away before seeing it.
+async fn undo_acquire(shared: Arc<Shared>, keys: Arc<LockKeys>, owner: Owner, lease_ms: u64) {
+    if let Err(e) = release_call(&shared, &keys, &owner, lease_ms, 1).await {
+        tracing::warn!(error = %e, lock = %keys.name, "could not undo an abandoned acquisition");
+    }
+}

@@ -1,0 +1,112 @@
+//! Who holds a lock.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// The identity a lock is held by.
+///
+/// By default a lock is owned by the *current task on this client* — the
+/// async analogue of Redisson's thread id: a lock taken in one task is
+/// re-entered by that task and released by it, and another task of the same
+/// client is a different owner. The guard remembers its owner, so a
+/// [`Guard`](crate::Guard) can be moved to another task and released there.
+///
+/// When a lock must be *re-entered* or *checked* from several tasks, give
+/// them an explicit owner: create one with [`Owner::new`] and pass it to
+/// [`Lock::with_owner`](crate::Lock::with_owner). An owner is cheap to clone
+/// and can be sent between tasks; its [`id`](Owner::id) can even cross
+/// processes with [`Owner::from_id`].
+///
+/// ```
+/// let owner = hasp::Owner::new();
+/// let same = hasp::Owner::from_id(owner.id()).unwrap();
+/// assert_eq!(owner, same);
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Owner(Arc<str>);
+
+impl Owner {
+    /// A new owner, distinct from every other owner (a random UUID).
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        Self(format!("o:{}", uuid::Uuid::new_v4()).into())
+    }
+
+    /// The owner with this id. Ids must be non-empty, at most 256 bytes, and
+    /// must not start with `:` (reserved for the lock's own fields).
+    pub fn from_id(id: impl Into<String>) -> Result<Self> {
+        let id = id.into();
+        if id.is_empty() {
+            return Err(Error::invalid("owner", "must not be empty"));
+        }
+        if id.len() > 256 {
+            return Err(Error::invalid("owner", "must be at most 256 bytes"));
+        }
+        if id.starts_with(':') {
+            return Err(Error::invalid("owner", "must not start with ':'"));
+        }
+        Ok(Self(id.into()))
+    }
+
+    /// The id stored in Redis as the lock hash's field.
+    pub fn id(&self) -> &str {
+        &self.0
+    }
+
+    pub(crate) fn as_arc(&self) -> &Arc<str> {
+        &self.0
+    }
+
+    /// The default owner: the current tokio task, or, outside any task (for
+    /// instance the future passed to `block_on`), the current thread.
+    pub(crate) fn current(client_id: &str) -> Self {
+        let id = match tokio::task::try_id() {
+            Some(task) => format!("{client_id}:t{task}"),
+            None => format!("{client_id}:th{}", thread_number()),
+        };
+        Self(id.into())
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Owner").field(&&*self.0).finish()
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn thread_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    NUMBER.with(|n| *n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_and_empty_ids_are_rejected() {
+        assert!(Owner::from_id("").is_err());
+        assert!(Owner::from_id(":t").is_err());
+        assert!(Owner::from_id("x".repeat(257)).is_err());
+        assert!(Owner::from_id("worker-7").is_ok());
+    }
+
+    #[tokio::test]
+    async fn tasks_are_distinct_owners() {
+        let here = tokio::spawn(async { Owner::current("c") }).await.unwrap();
+        let there = tokio::spawn(async { Owner::current("c") }).await.unwrap();
+        assert_ne!(here, there);
+    }
+}

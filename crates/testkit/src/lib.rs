@@ -1,0 +1,304 @@
+//! Test support shared by every crate in the workspace: real `redis-server`
+//! processes started per test (or per suite), on private unix sockets or free
+//! TCP ports, killed and cleaned up on drop.
+//!
+//! Fault tests need more than start/stop, so a [`RedisServer`] can also be
+//! paused (`SIGSTOP`), resumed (`SIGCONT`), killed (`SIGKILL`) and restarted on
+//! the same address.
+//!
+//! ```no_run
+//! let server = testkit::RedisServer::start();
+//! let url = server.url(); // "redis+unix:///tmp/.../redis.sock"
+//! # let _ = url;
+//! ```
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How a test server is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// A unix socket in the server's private temporary directory (the default:
+    /// no port can clash with another test or with a system Redis).
+    Unix,
+    /// A free TCP port on 127.0.0.1.
+    Tcp,
+}
+
+/// Options for [`RedisServer::start_with`].
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Unix socket or TCP.
+    pub transport: Transport,
+    /// `requirepass`, if any.
+    pub password: Option<String>,
+    /// Extra `--name value` arguments passed to redis-server.
+    pub extra_args: Vec<String>,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            transport: Transport::Unix,
+            password: None,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// A private `redis-server` process, killed when dropped.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    dir: PathBuf,
+    port: Option<u16>,
+    options: ServerOptions,
+}
+
+fn redis_server_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("REDIS_SERVER") {
+        return PathBuf::from(path);
+    }
+    for dir in ["/usr/bin", "/usr/local/bin", "/usr/sbin"] {
+        let candidate = Path::new(dir).join("redis-server");
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    PathBuf::from("redis-server")
+}
+
+fn free_tcp_port() -> u16 {
+    // Binding port 0 asks the kernel for a free port; we release it right
+    // away and hand it to redis-server. The window for a clash is tiny and a
+    // clash fails loudly at start-up rather than silently.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local addr").port()
+}
+
+fn unique_dir() -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("hasp-redis-{}-{}", std::process::id(), n));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir for redis-server");
+    dir
+}
+
+impl RedisServer {
+    /// Starts a server on a private unix socket with no persistence.
+    ///
+    /// # Panics
+    /// If `redis-server` is missing (with a message saying how to install it)
+    /// or does not become ready within 10 s.
+    pub fn start() -> Self {
+        Self::start_with(ServerOptions::default())
+    }
+
+    /// Starts a server on a free TCP port on 127.0.0.1.
+    pub fn start_tcp() -> Self {
+        Self::start_with(ServerOptions {
+            transport: Transport::Tcp,
+            ..ServerOptions::default()
+        })
+    }
+
+    /// Starts a server with the given options.
+    pub fn start_with(options: ServerOptions) -> Self {
+        let port = match options.transport {
+            Transport::Tcp => Some(free_tcp_port()),
+            Transport::Unix => None,
+        };
+        let mut server = Self {
+            child: None,
+            dir: unique_dir(),
+            port,
+            options,
+        };
+        server.spawn();
+        server
+    }
+
+    fn socket_path(&self) -> PathBuf {
+        self.dir.join("redis.sock")
+    }
+
+    fn spawn(&mut self) {
+        let binary = redis_server_binary();
+        let mut cmd = Command::new(&binary);
+        cmd.arg("--save")
+            .arg("")
+            .arg("--appendonly")
+            .arg("no")
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--daemonize")
+            .arg("no")
+            .arg("--loglevel")
+            .arg("warning");
+        match self.port {
+            Some(port) => {
+                cmd.arg("--port")
+                    .arg(port.to_string())
+                    .arg("--bind")
+                    .arg("127.0.0.1");
+            }
+            None => {
+                cmd.arg("--port")
+                    .arg("0")
+                    .arg("--unixsocket")
+                    .arg(self.socket_path())
+                    .arg("--unixsocketperm")
+                    .arg("700");
+            }
+        }
+        if let Some(password) = &self.options.password {
+            cmd.arg("--requirepass").arg(password);
+        }
+        for arg in &self.options.extra_args {
+            cmd.arg(arg);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "`{}` not found: the tests need redis-server. Run `scripts/ensure-deps.sh` \
+                 (installs Debian's redis-server with apt-get) or set REDIS_SERVER=/path/to/redis-server",
+                binary.display()
+            ),
+            Err(e) => panic!("failed to start {}: {e}", binary.display()),
+        };
+        // redis-server prints "Ready to accept connections" once it listens.
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("Ready to accept connections") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        if rx.recv_timeout(Duration::from_secs(10)).is_err() {
+            let _ = child.kill();
+            let mut err = String::new();
+            if let Some(mut stderr) = child.stderr.take() {
+                let _ = stderr.read_to_string(&mut err);
+            }
+            panic!("redis-server did not become ready within 10 s: {err}");
+        }
+        self.child = Some(child);
+    }
+
+    /// A URL for the `redis` crate (and so for `hasp::Client::open`).
+    pub fn url(&self) -> String {
+        let auth = self
+            .options
+            .password
+            .as_ref()
+            .map(|p| format!(":{p}@"))
+            .unwrap_or_default();
+        match self.port {
+            Some(port) => format!("redis://{auth}127.0.0.1:{port}/"),
+            None => match &self.options.password {
+                Some(p) => format!("redis+unix://{}?pass={p}", self.socket_path().display()),
+                None => format!("redis+unix://{}", self.socket_path().display()),
+            },
+        }
+    }
+
+    /// Arguments that point `redis-cli` / `redis-benchmark` at this server.
+    pub fn cli_args(&self) -> Vec<String> {
+        let mut args = match self.port {
+            Some(port) => vec!["-p".into(), port.to_string(), "-h".into(), "127.0.0.1".into()],
+            None => vec!["-s".into(), self.socket_path().display().to_string()],
+        };
+        if let Some(password) = &self.options.password {
+            args.extend(["-a".into(), password.clone(), "--no-auth-warning".into()]);
+        }
+        args
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(pid) = self.pid() {
+            let status = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(pid.to_string())
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill -{signal} {pid} failed");
+        }
+    }
+
+    /// Freezes the server (`SIGSTOP`): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Resumes a paused server (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    /// Kills the server (`SIGKILL`) and waits for it to exit. Its data is lost.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(self.socket_path());
+    }
+
+    /// Starts the server again on the same address after [`kill`](Self::kill).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // A TCP port can linger briefly after the kill; retry until free.
+            match self.port {
+                Some(port) if TcpListener::bind(("127.0.0.1", port)).is_err() => {
+                    assert!(Instant::now() < deadline, "port {port} never freed");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                _ => break,
+            }
+        }
+        self.spawn();
+    }
+
+    /// Runs a `redis-cli` command against this server and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(self.cli_args())
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            // A paused server ignores SIGTERM but not SIGKILL; kill is what we want.
+            self.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Several independent servers at once (for MultiLock/RedLock tests).
+pub fn start_servers(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
