@@ -104,7 +104,8 @@ impl Client {
             .set_connection_timeout(Some(settings.connection_timeout))
             .set_number_of_retries(2)
             .set_max_delay(std::time::Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(redis.clone(), config).await?;
+        let mut conn = ConnectionManager::new_with_config(redis.clone(), config).await?;
+        crate::scripts::preload(&mut conn).await?;
         let id: Arc<str> = format!("c:{}", uuid::Uuid::new_v4()).into();
         let runtime = tokio::runtime::Handle::current();
         let pubsub = PubSub::start(redis, id.clone(), &runtime);

@@ -8,11 +8,29 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+const SOURCES: [&str; 4] = [
+    include_str!("scripts/acquire.lua"),
+    include_str!("scripts/release.lua"),
+    include_str!("scripts/force_release.lua"),
+    include_str!("scripts/renew.lua"),
+];
+
 pub(crate) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
+    LazyLock::new(|| Script::new(SOURCES[0]));
 pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+    LazyLock::new(|| Script::new(SOURCES[1]));
 pub(crate) static FORCE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/force_release.lua")));
+    LazyLock::new(|| Script::new(SOURCES[2]));
 pub(crate) static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
+    LazyLock::new(|| Script::new(SOURCES[3]));
+
+/// Loads every script into the server's cache, so the first burst of calls
+/// after connecting does not meet `NOSCRIPT` all at once (each call would
+/// then load and retry). Later cache losses are handled per call.
+pub(crate) async fn preload(conn: &mut redis::aio::ConnectionManager) -> redis::RedisResult<()> {
+    let mut pipe = redis::pipe();
+    for source in SOURCES {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+    }
+    pipe.query_async(conn).await
+}

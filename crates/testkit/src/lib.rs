@@ -12,7 +12,7 @@
 //! # let _ = url;
 //! ```
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -162,9 +162,10 @@ impl RedisServer {
         for arg in &self.options.extra_args {
             cmd.arg(arg);
         }
+        let log = std::fs::File::create(self.dir.join("redis.log")).expect("create redis.log");
         cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stdout(log.try_clone().expect("clone log handle"))
+            .stderr(log);
         let mut child = match cmd.spawn() {
             Ok(child) => child,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
@@ -174,26 +175,43 @@ impl RedisServer {
             ),
             Err(e) => panic!("failed to start {}: {e}", binary.display()),
         };
-        // redis-server prints "Ready to accept connections" once it listens.
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if line.contains("Ready to accept connections") {
-                    let _ = tx.send(());
-                }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.answers_ping() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("redis-server exited with {status}: {}", self.log());
             }
-        });
-        if rx.recv_timeout(Duration::from_secs(10)).is_err() {
-            let _ = child.kill();
-            let mut err = String::new();
-            if let Some(mut stderr) = child.stderr.take() {
-                let _ = stderr.read_to_string(&mut err);
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("redis-server did not answer PING within 10 s: {}", self.log());
             }
-            panic!("redis-server did not become ready within 10 s: {err}");
+            std::thread::sleep(Duration::from_millis(5));
         }
         self.child = Some(child);
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+
+    /// Whether the server answers an inline PING right now.
+    fn answers_ping(&self) -> bool {
+        fn ping(mut stream: impl Read + Write) -> bool {
+            let mut reply = [0u8; 64];
+            stream.write_all(b"PING\r\n").is_ok()
+                && matches!(stream.read(&mut reply), Ok(n) if reply[..n].starts_with(b"+PONG")
+                    || reply[..n].starts_with(b"-NOAUTH"))
+        }
+        let timeout = Some(Duration::from_millis(200));
+        match self.port {
+            Some(port) => match std::net::TcpStream::connect(("127.0.0.1", port)) {
+                Ok(s) => s.set_read_timeout(timeout).is_ok() && ping(s),
+                Err(_) => false,
+            },
+            None => match std::os::unix::net::UnixStream::connect(self.socket_path()) {
+                Ok(s) => s.set_read_timeout(timeout).is_ok() && ping(s),
+                Err(_) => false,
+            },
+        }
     }
 
     /// A URL for the `redis` crate (and so for `hasp::Client::open`).
@@ -301,4 +319,24 @@ impl Drop for RedisServer {
 /// Several independent servers at once (for MultiLock/RedLock tests).
 pub fn start_servers(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
+}
+
+/// Polls `check` until it returns true or `limit` passes; returns whether it
+/// did. For conditions that live in another process (a Redis server's
+/// subscription count, a key's existence) where there is no event to await.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -1,0 +1,153 @@
+//! Spec §21–24: waiting for a held lock.
+
+use std::time::{Duration, Instant};
+
+use crate::helpers::*;
+
+/// Holder releases a watchdog-mode lock (30 s lease): a waiter that only
+/// polled or waited for the TTL would take seconds; one woken by the release
+/// takes about a round trip.
+async fn hand_off_time(holder: hasp::Lock, waiter: hasp::Lock) -> Duration {
+    let guard = holder.lock().await.unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let waiting = tokio::spawn(async move {
+        let g = waiter.lock().await.unwrap();
+        let acquired = Instant::now();
+        g.unlock().await.unwrap();
+        let _ = tx.send(());
+        acquired
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await; // let it subscribe and wait
+    guard.unlock().await.unwrap();
+    let released = Instant::now();
+    let acquired = waiting.await.unwrap();
+    rx.await.unwrap();
+    acquired.saturating_duration_since(released)
+}
+
+#[tokio::test]
+async fn a_waiter_in_another_client_is_woken_by_the_release() {
+    let ctx = Ctx::new();
+    let holder = ctx.client().await.lock("handoff").unwrap();
+    let waiter = ctx.client().await.lock("handoff").unwrap();
+    for _ in 0..5 {
+        let t = hand_off_time(holder.clone(), waiter.clone()).await;
+        assert!(t < Duration::from_millis(250), "hand-off took {t:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_in_the_same_client_is_woken_by_the_release() {
+    let ctx = Ctx::new();
+    let lock = ctx.client().await.lock("handoff-local").unwrap();
+    for _ in 0..5 {
+        let t = hand_off_time(lock.clone(), lock.clone()).await;
+        assert!(t < Duration::from_millis(250), "hand-off took {t:?}");
+    }
+}
+
+#[tokio::test]
+async fn waiters_of_one_client_share_one_subscription_and_leave_none_behind() {
+    let ctx = Ctx::new();
+    let client = ctx.client().await;
+    let mut raw = ctx.raw().await;
+    let holder = ctx.client().await.lock("shared-sub").unwrap();
+    let guard = holder.lock().await.unwrap();
+    let lock = client.lock("shared-sub").unwrap();
+    let waiters: Vec<_> = (0..5)
+        .map(|_| {
+            let lock = lock.clone();
+            tokio::spawn(async move {
+                let g = lock.lock().await.unwrap();
+                g.unlock().await.unwrap();
+            })
+        })
+        .collect();
+    let subscribed = testkit::eventually(Duration::from_secs(3), || {
+        let mut raw = raw.clone();
+        async move { subscribers(&mut raw, &channel("shared-sub")).await == 1 }
+    })
+    .await;
+    assert!(subscribed, "expected exactly one subscription");
+    assert_eq!(client.stats().subscribed_channels, 1);
+    guard.unlock().await.unwrap();
+    for w in waiters {
+        tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .expect("every waiter served")
+            .unwrap();
+    }
+    assert_eq!(client.stats().subscribed_channels, 0);
+    let gone = testkit::eventually(Duration::from_secs(3), || {
+        let mut raw = raw.clone();
+        async move { subscribers(&mut raw, &channel("shared-sub")).await == 0 }
+    })
+    .await;
+    assert!(gone, "a channel stayed subscribed");
+    let all: Vec<String> = query(&mut raw, &["PUBSUB", "CHANNELS"]).await;
+    assert!(all.is_empty(), "{all:?}");
+}
+
+#[tokio::test]
+async fn a_waiter_that_gets_no_message_acquires_when_the_lease_runs_out() {
+    // A lease that runs out publishes nothing: the waiter must rely on the
+    // TTL it was told when it failed.
+    let ctx = Ctx::new();
+    let lease = Duration::from_millis(800);
+    let holder = ctx.client().await.lock("silent").unwrap().with_lease(lease).unwrap();
+    let waiter = ctx.client().await.lock("silent").unwrap();
+    let guard = holder.lock().await.unwrap();
+    let started = Instant::now();
+    let g = waiter
+        .lock_within(Duration::from_secs(5))
+        .await
+        .expect("acquired after the lease");
+    let waited = started.elapsed();
+    assert!(waited >= lease - Duration::from_millis(100), "{waited:?}");
+    assert!(waited < lease + Duration::from_millis(600), "{waited:?}");
+    g.unlock().await.unwrap();
+    drop(guard);
+}
+
+#[tokio::test]
+async fn tasks_across_clients_increment_a_shared_counter_exactly() {
+    const CLIENTS: usize = 3;
+    const TASKS: usize = 6;
+    const ROUNDS: usize = 40;
+    let ctx = Ctx::new();
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let client = ctx.client().await;
+        for _ in 0..TASKS {
+            let lock = client.lock("counter").unwrap();
+            let mut raw = ctx.raw().await;
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let g = lock.lock().await.unwrap();
+                    let n: Option<i64> = redis::cmd("GET")
+                        .arg("counter-value")
+                        .query_async(&mut raw)
+                        .await
+                        .unwrap();
+                    tokio::task::yield_now().await; // widen the race window
+                    let _: () = redis::cmd("SET")
+                        .arg("counter-value")
+                        .arg(n.unwrap_or(0) + 1)
+                        .query_async(&mut raw)
+                        .await
+                        .unwrap();
+                    g.unlock().await.unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("no task starves")
+            .unwrap();
+    }
+    let mut raw = ctx.raw().await;
+    let n: i64 = query(&mut raw, &["GET", "counter-value"]).await;
+    assert_eq!(n, (CLIENTS * TASKS * ROUNDS) as i64);
+}

@@ -1,0 +1,235 @@
+//! Spec §15–20: lease renewal by the watchdog.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hasp::{Client, Settings};
+
+use crate::helpers::*;
+
+const WATCHDOG: Duration = Duration::from_millis(900);
+
+#[tokio::test]
+async fn a_lock_without_lease_never_expires_while_its_client_lives() {
+    let ctx = Ctx::new();
+    let client = ctx.fast_watchdog_client(WATCHDOG).await;
+    let other = ctx.client().await.lock("long").unwrap();
+    let lock = client.lock("long").unwrap();
+    let guard = lock.lock().await.unwrap();
+    // Five watchdog timeouts: without renewal it would have expired at 0.9 s.
+    tokio::time::sleep(WATCHDOG * 5).await;
+    assert!(lock.is_held_by_me().await.unwrap());
+    assert!(other.try_lock().await.unwrap().is_none());
+    assert!(!guard.is_lost());
+    guard.unlock().await.unwrap();
+}
+
+/// Not a test of its own: `a_dead_holders_lock_frees_within_one_watchdog_timeout`
+/// runs it in a child process, which it then kills.
+#[tokio::test]
+#[ignore = "helper run in a child process by another test"]
+async fn child_process_holds_a_lock_until_killed() {
+    let Ok(url) = std::env::var("HASP_CHILD_URL") else {
+        return;
+    };
+    let settings = Settings::default().set_watchdog_timeout(WATCHDOG);
+    let client = Client::open_with(&url, settings).await.unwrap();
+    let guard = client.lock("orphan").unwrap().lock().await.unwrap();
+    println!("HELD {}", guard.fencing_token());
+    std::future::pending::<()>().await;
+}
+
+#[tokio::test]
+async fn a_dead_holders_lock_frees_within_one_watchdog_timeout() {
+    let ctx = Ctx::new();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "watchdog::child_process_holds_a_lock_until_killed",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("HASP_CHILD_URL", ctx.server.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let held = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|line| line.starts_with("HELD"))
+    })
+    .await
+    .unwrap();
+    assert!(held, "child never took the lock");
+
+    let lock = ctx.client().await.lock("orphan").unwrap();
+    // Alive, the child keeps renewing past its watchdog timeout.
+    tokio::time::sleep(WATCHDOG * 2).await;
+    assert!(lock.try_lock().await.unwrap().is_none());
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let guard = lock
+        .lock_within(Duration::from_secs(5))
+        .await
+        .expect("freed after the holder died");
+    let freed_after = killed.elapsed();
+    assert!(
+        freed_after <= WATCHDOG + Duration::from_millis(300),
+        "{freed_after:?}"
+    );
+    guard.unlock().await.unwrap();
+}
+
+async fn evalsha_calls(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = query(raw, &["INFO", "commandstats"]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn ten_thousand_locks_cost_one_script_call_per_hundred_per_period() {
+    let ctx = Ctx::new();
+    let watchdog = Duration::from_secs(3); // renew period 1 s
+    let client = ctx.fast_watchdog_client(watchdog).await;
+    let mut raw = ctx.raw().await;
+    let locks: Vec<_> = (0..10_000)
+        .map(|i| client.lock(&format!("many-{i}")).unwrap())
+        .collect();
+    let server_start = evalsha_calls(&mut raw).await;
+    let mut guards = Vec::with_capacity(locks.len());
+    for chunk in locks.chunks(1000) {
+        let got = futures_util::future::join_all(chunk.iter().map(|l| l.lock())).await;
+        guards.extend(got.into_iter().map(Result::unwrap));
+    }
+    assert_eq!(client.stats().held_locks, 10_000);
+    let acquired_at = std::time::Instant::now();
+    let server_acquires = evalsha_calls(&mut raw).await - server_start;
+    assert_eq!(server_acquires, 10_000, "one script call per acquisition");
+
+    // Let three renewal rounds happen, then compare the client's count of
+    // renewal calls with what the server executed.
+    let three_rounds = testkit::eventually(Duration::from_secs(6), || {
+        let c = client.clone();
+        async move { c.stats().renew_calls >= 300 }
+    })
+    .await;
+    assert!(three_rounds, "renewal rounds are missing");
+    let elapsed = acquired_at.elapsed();
+    let client_calls = client.stats().renew_calls;
+    let server_agrees = testkit::eventually(Duration::from_secs(2), || {
+        let mut raw = raw.clone();
+        let expected = server_start + 10_000 + client_calls;
+        async move { evalsha_calls(&mut raw).await == expected }
+    })
+    .await;
+    assert!(server_agrees, "the server saw script calls the client did not count");
+    assert_eq!(client_calls, 300, "100 calls per round of 10,000 locks");
+    // Rounds come once per period (1 s), not faster.
+    assert!(elapsed >= Duration::from_millis(1900), "{elapsed:?}");
+    // Every lock is still alive.
+    for name in ["many-0", "many-5000", "many-9999"] {
+        let ttl: i64 = query(&mut raw, &["PTTL", &lock_key(name)]).await;
+        assert!(ttl > 1000, "{name}: {ttl}");
+    }
+    for g in guards {
+        g.unlock().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn renewal_stops_after_the_last_release() {
+    let ctx = Ctx::new();
+    let client = ctx.fast_watchdog_client(Duration::from_millis(300)).await;
+    let mut raw = ctx.raw().await;
+    let lock = client.lock("stop").unwrap();
+    let outer = lock.lock().await.unwrap();
+    let inner = lock.lock().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(client.stats().renew_calls > 0, "renewal while held");
+    inner.unlock().await.unwrap();
+    outer.unlock().await.unwrap();
+    assert_eq!(client.stats().held_locks, 0);
+    let calls = client.stats().renew_calls;
+    tokio::time::sleep(Duration::from_millis(800)).await; // several periods
+    assert_eq!(client.stats().renew_calls, calls, "renewal traffic after release");
+    let exists: i64 = query(&mut raw, &["EXISTS", &lock_key("stop")]).await;
+    assert_eq!(exists, 0, "renewal resurrected the key");
+}
+
+#[tokio::test]
+async fn a_holder_learns_promptly_that_its_lock_was_deleted() {
+    let ctx = Ctx::new();
+    let client = ctx.fast_watchdog_client(WATCHDOG).await;
+    let mut raw = ctx.raw().await;
+    let guard = client.lock("deleted").unwrap().lock().await.unwrap();
+    assert!(!guard.is_lost());
+    let _: i64 = query(&mut raw, &["DEL", &lock_key("deleted")]).await;
+    tokio::time::timeout(WATCHDOG, guard.lost())
+        .await
+        .expect("loss noticed within one renewal period");
+    assert!(guard.is_lost());
+    assert_not_held(guard.unlock().await.unwrap_err());
+}
+
+#[tokio::test]
+async fn a_holder_learns_that_a_redis_restart_lost_its_lock_and_later_locks_renew() {
+    let mut ctx = Ctx::new();
+    let client = ctx.fast_watchdog_client(WATCHDOG).await;
+    let lock = client.lock("restart").unwrap();
+    let guard = lock.lock().await.unwrap();
+    ctx.server.restart(); // no persistence: the lock and script cache are gone
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("loss noticed after the restart");
+    assert_not_held(guard.unlock().await.unwrap_err());
+
+    // A lock taken after the restart is renewed (scripts reloaded on NOSCRIPT).
+    let guard = lock.lock().await.unwrap();
+    tokio::time::sleep(WATCHDOG * 3).await;
+    assert!(lock.is_held_by_me().await.unwrap());
+    assert!(!guard.is_lost());
+    guard.unlock().await.unwrap();
+}
+
+#[tokio::test]
+async fn renewal_survives_a_script_cache_flush() {
+    let ctx = Ctx::new();
+    let client = ctx.fast_watchdog_client(WATCHDOG).await;
+    let mut raw = ctx.raw().await;
+    let lock = client.lock("flushed").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let _: String = query(&mut raw, &["SCRIPT", "FLUSH"]).await;
+    tokio::time::sleep(WATCHDOG * 3).await;
+    assert!(lock.is_held_by_me().await.unwrap());
+    assert!(!guard.is_lost());
+    guard.unlock().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_holder_learns_that_its_lease_ran_out_while_redis_was_paused() {
+    let ctx = Ctx::new();
+    let client = ctx
+        .client_with(
+            Settings::default()
+                .set_watchdog_timeout(Duration::from_millis(600))
+                .set_response_timeout(Duration::from_millis(300)),
+        )
+        .await;
+    let guard = client.lock("paused").unwrap().lock().await.unwrap();
+    ctx.server.pause();
+    tokio::time::sleep(Duration::from_millis(1500)).await; // > lease, renewals time out
+    ctx.server.resume();
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("loss noticed after the pause");
+    assert_not_held(guard.unlock().await.unwrap_err());
+}
