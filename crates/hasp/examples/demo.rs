@@ -38,7 +38,11 @@ async fn main() -> anyhow::Result<()> {
     let mut raw = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
-    let _: () = redis::cmd("DEL").arg("demo:counter").arg("demo:last-token").query_async(&mut raw).await?;
+    let _: () = redis::cmd("DEL")
+        .arg("demo:counter")
+        .arg("demo:last-token")
+        .query_async(&mut raw)
+        .await?;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..CLIENTS {
@@ -75,7 +79,10 @@ async fn main() -> anyhow::Result<()> {
         waits.extend(t.await??);
     }
     let took = started.elapsed();
-    let counter: i64 = redis::cmd("GET").arg("demo:counter").query_async(&mut raw).await?;
+    let counter: i64 = redis::cmd("GET")
+        .arg("demo:counter")
+        .query_async(&mut raw)
+        .await?;
     let expected = (CLIENTS * TASKS_PER_CLIENT * ROUNDS) as i64;
     waits.sort();
     let pct = |p: f64| waits[((waits.len() - 1) as f64 * p) as usize];
@@ -95,16 +102,28 @@ async fn main() -> anyhow::Result<()> {
     let guard = lock.lock().await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let ttl = lock.remaining_ttl().await?.context("lock vanished")?;
-    println!("watchdog: held for 3 s with a 1 s lease; remaining TTL {ttl:?}; renew calls so far {}", client.stats().renew_calls);
-    ensure!(lock.is_held_by_me().await?, "the watchdog let the lock expire");
+    println!(
+        "watchdog: held for 3 s with a 1 s lease; remaining TTL {ttl:?}; renew calls so far {}",
+        client.stats().renew_calls
+    );
+    ensure!(
+        lock.is_held_by_me().await?,
+        "the watchdog let the lock expire"
+    );
 
     // 3. Loss detection: someone deletes the key behind the holder's back.
-    let _: () = redis::cmd("DEL").arg("hasp:{demo:long-job}").query_async(&mut raw).await?;
+    let _: () = redis::cmd("DEL")
+        .arg("hasp:{demo:long-job}")
+        .query_async(&mut raw)
+        .await?;
     let noticed = Instant::now();
     tokio::time::timeout(Duration::from_secs(2), guard.lost())
         .await
         .context("loss was not noticed")?;
-    println!("loss detection: noticed {:?} after the key was deleted", noticed.elapsed());
+    println!(
+        "loss detection: noticed {:?} after the key was deleted",
+        noticed.elapsed()
+    );
     ensure!(
         matches!(guard.unlock().await, Err(hasp::Error::NotHeld { .. })),
         "release of a lost lock must be NotHeld"

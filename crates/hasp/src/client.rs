@@ -97,8 +97,8 @@ impl Client {
     /// Cancel safe.
     pub async fn open_with(url: &str, settings: Settings) -> Result<Self> {
         settings.validate()?;
-        let redis = redis::Client::open(url)
-            .map_err(|e| Error::invalid("url", format!("{url:?}: {e}")))?;
+        let redis =
+            redis::Client::open(url).map_err(|e| Error::invalid("url", format!("{url:?}: {e}")))?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(settings.response_timeout))
             .set_connection_timeout(Some(settings.connection_timeout))
@@ -123,10 +123,9 @@ impl Client {
             watchdog_lease_ms,
             _shutdown: shutdown,
         });
-        shared.runtime.spawn(crate::watchdog::run(
-            Arc::downgrade(&shared),
-            shutdown_rx,
-        ));
+        shared
+            .runtime
+            .spawn(crate::watchdog::run(Arc::downgrade(&shared), shutdown_rx));
         Ok(Self { shared })
     }
 

@@ -184,8 +184,17 @@ mod tests {
 
     #[test]
     fn braces_in_prefix_are_rejected() {
-        let err = Settings::default().set_prefix("a{b").validate().unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument { argument: "prefix", .. }));
+        let err = Settings::default()
+            .set_prefix("a{b")
+            .validate()
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            Error::InvalidArgument {
+                argument: "prefix",
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -68,7 +68,8 @@ where
 {
     fn drop(&mut self) {
         if let (Some(call), Some(on_abandon)) = (self.call.take(), self.on_abandon.take()) {
-            self.runtime.spawn(async move { on_abandon(call.await).await });
+            self.runtime
+                .spawn(async move { on_abandon(call.await).await });
         }
     }
 }

@@ -68,7 +68,16 @@ mod tests {
 
     #[test]
     fn all_keys_of_a_lock_share_one_hash_tag() {
-        for name in ["plain", "{}", "}{", "a}b", "{x}", "%7B", "with space:colon", "锁"] {
+        for name in [
+            "plain",
+            "{}",
+            "}{",
+            "a}b",
+            "{x}",
+            "%7B",
+            "with space:colon",
+            "锁",
+        ] {
             let k = LockKeys::new("hasp", name);
             assert_eq!(hash_tag(&k.lock), hash_tag(&k.fence), "{name}");
             assert_eq!(hash_tag(&k.lock), hash_tag(&k.channel), "{name}");
@@ -78,7 +87,9 @@ mod tests {
 
     #[test]
     fn names_that_look_alike_map_to_distinct_keys() {
-        let names = ["{", "%7B", "%257B", "}", "%7D", "%", "%25", "a", "a:fence", "a}:fence"];
+        let names = [
+            "{", "%7B", "%257B", "}", "%7D", "%", "%25", "a", "a:fence", "a}:fence",
+        ];
         let mut seen = std::collections::HashSet::new();
         for name in names {
             let k = LockKeys::new("hasp", name);

@@ -149,9 +149,9 @@ impl Lock {
     /// racing the drop is released in the background), no renewal and no
     /// subscription; the task loses its place in the queue of waiters.
     pub async fn lock(&self) -> Result<Guard> {
-        self.acquire(None, true).await?.ok_or_else(|| {
-            Error::Protocol("an unbounded wait ended without the lock".to_owned())
-        })
+        self.acquire(None, true)
+            .await?
+            .ok_or_else(|| Error::Protocol("an unbounded wait ended without the lock".to_owned()))
     }
 
     /// Tries once, never waiting for a holder: `Ok(None)` if another owner
@@ -192,10 +192,12 @@ impl Lock {
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Self::lock).
     pub async fn lock_within(&self, wait: Duration) -> Result<Guard> {
-        self.try_lock_for(wait).await?.ok_or_else(|| Error::TimedOut {
-            name: self.name().to_owned(),
-            waited: wait,
-        })
+        self.try_lock_for(wait)
+            .await?
+            .ok_or_else(|| Error::TimedOut {
+                name: self.name().to_owned(),
+                waited: wait,
+            })
     }
 
     async fn acquire(&self, deadline: Option<Instant>, wait: bool) -> Result<Option<Guard>> {

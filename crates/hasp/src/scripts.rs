@@ -15,14 +15,10 @@ const SOURCES: [&str; 4] = [
     include_str!("scripts/renew.lua"),
 ];
 
-pub(crate) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(SOURCES[0]));
-pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(SOURCES[1]));
-pub(crate) static FORCE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(SOURCES[2]));
-pub(crate) static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(SOURCES[3]));
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[0]));
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[1]));
+pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[2]));
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[3]));
 
 /// Loads every script into the server's cache, so the first burst of calls
 /// after connecting does not meet `NOSCRIPT` all at once (each call would

@@ -31,7 +31,9 @@ pub(crate) async fn run(shared: Weak<Shared>, mut shutdown: watch::Receiver<()>)
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let Some(shared) = shared.upgrade() else { return };
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
         renew_all(&shared).await;
     }
 }

@@ -182,7 +182,10 @@ impl RedisServer {
             }
             if Instant::now() >= deadline {
                 let _ = child.kill();
-                panic!("redis-server did not answer PING within 10 s: {}", self.log());
+                panic!(
+                    "redis-server did not answer PING within 10 s: {}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -234,7 +237,12 @@ impl RedisServer {
     /// Arguments that point `redis-cli` / `redis-benchmark` at this server.
     pub fn cli_args(&self) -> Vec<String> {
         let mut args = match self.port {
-            Some(port) => vec!["-p".into(), port.to_string(), "-h".into(), "127.0.0.1".into()],
+            Some(port) => vec![
+                "-p".into(),
+                port.to_string(),
+                "-h".into(),
+                "127.0.0.1".into(),
+            ],
             None => vec!["-s".into(), self.socket_path().display().to_string()],
         };
         if let Some(password) = &self.options.password {

@@ -37,10 +37,17 @@ async fn same_owner_reenters_and_others_wait_for_every_release() {
     assert!(other.try_lock().await.unwrap().is_none());
     inner.unlock().await.unwrap();
     assert_eq!(lock.hold_count(), 1);
-    assert!(other.try_lock().await.unwrap().is_none(), "one hold remains");
+    assert!(
+        other.try_lock().await.unwrap().is_none(),
+        "one hold remains"
+    );
     outer.unlock().await.unwrap();
     assert_eq!(lock.hold_count(), 0);
-    let theirs = other.try_lock().await.unwrap().expect("free after both releases");
+    let theirs = other
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free after both releases");
     theirs.unlock().await.unwrap();
 }
 
@@ -70,7 +77,11 @@ async fn an_explicit_owner_reenters_from_another_task_and_a_guard_moves_between_
     let token = guard.fencing_token();
     let lock2 = lock.clone();
     let (inner_token, count) = tokio::spawn(async move {
-        let inner = lock2.try_lock().await.unwrap().expect("same explicit owner re-enters");
+        let inner = lock2
+            .try_lock()
+            .await
+            .unwrap()
+            .expect("same explicit owner re-enters");
         let t = inner.fencing_token();
         let c = lock2.hold_count();
         inner.unlock().await.unwrap();
@@ -80,7 +91,10 @@ async fn an_explicit_owner_reenters_from_another_task_and_a_guard_moves_between_
     .unwrap();
     assert_eq!((inner_token, count), (token, 2));
     // The guard carries its owner: released from yet another task.
-    tokio::spawn(async move { guard.unlock().await }).await.unwrap().unwrap();
+    tokio::spawn(async move { guard.unlock().await })
+        .await
+        .unwrap()
+        .unwrap();
     assert!(!lock.is_locked().await.unwrap());
 }
 
@@ -110,7 +124,11 @@ async fn a_stale_holder_release_is_not_held_and_leaves_the_real_owner_alone() {
     let b = ctx.client().await.lock("stolen").unwrap();
     let stale = a.lock().await.unwrap();
     assert!(b.force_unlock().await.unwrap());
-    let real = b.try_lock().await.unwrap().expect("free after force unlock");
+    let real = b
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free after force unlock");
     let err = stale.unlock().await.unwrap_err();
     assert_not_held(err);
     assert!(b.is_held_by_me().await.unwrap());
@@ -121,7 +139,13 @@ async fn a_stale_holder_release_is_not_held_and_leaves_the_real_owner_alone() {
 async fn an_explicit_lease_expires_and_the_late_release_does_not_disturb_the_next_owner() {
     let ctx = Ctx::new();
     let lease = Duration::from_millis(600);
-    let a = ctx.client().await.lock("leased").unwrap().with_lease(lease).unwrap();
+    let a = ctx
+        .client()
+        .await
+        .lock("leased")
+        .unwrap()
+        .with_lease(lease)
+        .unwrap();
     let b = ctx.client().await.lock("leased").unwrap();
     let started = Instant::now();
     let old = a.lock().await.unwrap();
@@ -147,7 +171,10 @@ async fn remaining_ttl_follows_the_lease_and_reports_no_lock_after_release() {
     let lock = client.lock("ttl").unwrap().with_lease(lease).unwrap();
     let guard = lock.lock().await.unwrap();
     let ttl = lock.remaining_ttl().await.unwrap().unwrap();
-    assert!(ttl <= lease && ttl > lease - Duration::from_secs(1), "{ttl:?}");
+    assert!(
+        ttl <= lease && ttl > lease - Duration::from_secs(1),
+        "{ttl:?}"
+    );
     guard.unlock().await.unwrap();
     assert_eq!(lock.remaining_ttl().await.unwrap(), None);
 
@@ -195,8 +222,14 @@ async fn a_bounded_wait_on_a_held_lock_gives_up_on_time() {
     assert!(waiter.try_lock_for(wait).await.unwrap().is_none());
     let took = started.elapsed();
     assert!(took >= wait, "gave up early: {took:?}");
-    assert!(took < wait + Duration::from_millis(500), "gave up late: {took:?}");
-    let err = waiter.lock_within(Duration::from_millis(100)).await.unwrap_err();
+    assert!(
+        took < wait + Duration::from_millis(500),
+        "gave up late: {took:?}"
+    );
+    let err = waiter
+        .lock_within(Duration::from_millis(100))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::TimedOut { .. }), "{err:?}");
     guard.unlock().await.unwrap();
 }
@@ -237,7 +270,10 @@ async fn force_unlock_frees_the_lock_and_wakes_waiters() {
     })
     .await
     .expect("waiters are woken by the force unlock, long before the 30 s lease");
-    assert!(!holder.force_unlock().await.unwrap(), "nothing left to free");
+    assert!(
+        !holder.force_unlock().await.unwrap(),
+        "nothing left to free"
+    );
     assert_not_held(guard.unlock().await.unwrap_err());
 }
 
@@ -267,7 +303,11 @@ async fn cancelled_acquires_leave_no_lock_no_renewal_and_no_subscription() {
     let guard = holder.lock().await.unwrap();
     let lock = client.lock("cancel").unwrap();
     for _ in 0..5 {
-        assert!(tokio::time::timeout(Duration::from_millis(100), lock.lock()).await.is_err());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), lock.lock())
+                .await
+                .is_err()
+        );
     }
     assert_eq!(client.stats().subscribed_channels, 0);
     assert!(
@@ -313,7 +353,10 @@ async fn an_unreachable_redis_is_an_error_never_not_acquired() {
     // Paused: connected, but nothing answers.
     ctx.server.pause();
     let err = lock.try_lock().await.unwrap_err();
-    assert!(matches!(err, Error::Redis(_)) && err.is_retryable(), "{err:?}");
+    assert!(
+        matches!(err, Error::Redis(_)) && err.is_retryable(),
+        "{err:?}"
+    );
     ctx.server.resume();
 
     // Killed: nothing listens.
@@ -322,7 +365,10 @@ async fn an_unreachable_redis_is_an_error_never_not_acquired() {
         let err = attempt.expect("must not acquire without Redis");
         assert!(matches!(err, Error::Redis(_)), "{err:?}");
     }
-    assert!(matches!(lock.try_lock_for(Duration::from_secs(1)).await, Err(Error::Redis(_))));
+    assert!(matches!(
+        lock.try_lock_for(Duration::from_secs(1)).await,
+        Err(Error::Redis(_))
+    ));
 
     // Back again: the same client recovers.
     ctx.server.restart();

@@ -53,7 +53,11 @@ async fn tokens_survive_expiry_and_deletion_of_the_lock() {
     let other = ctx.client().await.lock("fence-expiry").unwrap();
     let third = other.lock().await.unwrap();
     assert!(third.fencing_token() > t2);
-    let fence_ttl: i64 = query(&mut raw, &["PTTL", &format!("{}:fence", lock_key("fence-expiry"))]).await;
+    let fence_ttl: i64 = query(
+        &mut raw,
+        &["PTTL", &format!("{}:fence", lock_key("fence-expiry"))],
+    )
+    .await;
     assert_eq!(fence_ttl, -1, "the counter must never expire");
     third.unlock().await.unwrap();
     drop((first, second));

@@ -25,7 +25,10 @@ async fn bad_arguments_are_rejected_before_any_redis_call() {
     assert_invalid(client.lock(&"x".repeat(1025)), "name");
     let lock = client.lock(&"x".repeat(1024)).unwrap();
     assert_invalid(lock.clone().with_lease(Duration::ZERO), "lease");
-    assert_invalid(lock.clone().with_lease(Duration::from_secs(8 * 24 * 3600)), "lease");
+    assert_invalid(
+        lock.clone().with_lease(Duration::from_secs(8 * 24 * 3600)),
+        "lease",
+    );
     assert_invalid(lock.clone().with_lease(Duration::MAX), "lease");
     assert_invalid(lock.try_lock_for(Duration::MAX).await, "wait");
     assert_invalid(lock.lock_within(Duration::MAX).await, "wait");
@@ -35,9 +38,15 @@ async fn bad_arguments_are_rejected_before_any_redis_call() {
     for (settings, argument) in [
         (Settings::default().set_prefix("a{b}"), "prefix"),
         (Settings::default().set_prefix(""), "prefix"),
-        (Settings::default().set_watchdog_timeout(Duration::ZERO), "watchdog_timeout"),
+        (
+            Settings::default().set_watchdog_timeout(Duration::ZERO),
+            "watchdog_timeout",
+        ),
         (Settings::default().set_renew_batch(0), "renew_batch"),
-        (Settings::default().set_max_lease(Duration::MAX), "max_lease"),
+        (
+            Settings::default().set_max_lease(Duration::MAX),
+            "max_lease",
+        ),
     ] {
         assert_invalid(Client::open_with(&url, settings).await, argument);
     }
@@ -68,8 +77,17 @@ async fn names_are_opaque_and_never_collide() {
     let a = ctx.client().await;
     let b = ctx.client().await;
     let names = [
-        "plain", "with space", "colon:sep", "{braced}", "a{b}", "a%7Bb%7D", "}{", "%", "%25",
-        "锁/ключ/🔒", "hasp:{x}:fence",
+        "plain",
+        "with space",
+        "colon:sep",
+        "{braced}",
+        "a{b}",
+        "a%7Bb%7D",
+        "}{",
+        "%",
+        "%25",
+        "锁/ключ/🔒",
+        "hasp:{x}:fence",
     ];
     let mut guards = Vec::new();
     for name in names {
@@ -77,7 +95,10 @@ async fn names_are_opaque_and_never_collide() {
     }
     for name in names {
         // Each name is its own lock: held, and by a, not by b.
-        assert!(b.lock(name).unwrap().try_lock().await.unwrap().is_none(), "{name}");
+        assert!(
+            b.lock(name).unwrap().try_lock().await.unwrap().is_none(),
+            "{name}"
+        );
         let exists: i64 = query(&mut raw, &["EXISTS", &lock_key(name)]).await;
         assert_eq!(exists, 1, "{name} is not at its documented key");
     }
@@ -93,11 +114,16 @@ async fn names_are_opaque_and_never_collide() {
 async fn a_custom_prefix_moves_every_key() {
     let ctx = Ctx::new();
     let mut raw = ctx.raw().await;
-    let client = ctx.client_with(Settings::default().set_prefix("shop")).await;
+    let client = ctx
+        .client_with(Settings::default().set_prefix("shop"))
+        .await;
     let g = client.lock("n").unwrap().lock().await.unwrap();
     let keys: Vec<String> = query(&mut raw, &["KEYS", "*"]).await;
     let mut keys = keys;
     keys.sort();
-    assert_eq!(keys, vec!["shop:{n}".to_owned(), "shop:{n}:fence".to_owned()]);
+    assert_eq!(
+        keys,
+        vec!["shop:{n}".to_owned(), "shop:{n}:fence".to_owned()]
+    );
     g.unlock().await.unwrap();
 }

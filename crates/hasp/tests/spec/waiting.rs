@@ -94,7 +94,13 @@ async fn a_waiter_that_gets_no_message_acquires_when_the_lease_runs_out() {
     // TTL it was told when it failed.
     let ctx = Ctx::new();
     let lease = Duration::from_millis(800);
-    let holder = ctx.client().await.lock("silent").unwrap().with_lease(lease).unwrap();
+    let holder = ctx
+        .client()
+        .await
+        .lock("silent")
+        .unwrap()
+        .with_lease(lease)
+        .unwrap();
     let waiter = ctx.client().await.lock("silent").unwrap();
     let guard = holder.lock().await.unwrap();
     let started = Instant::now();

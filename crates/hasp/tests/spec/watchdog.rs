@@ -131,7 +131,10 @@ async fn ten_thousand_locks_cost_one_script_call_per_hundred_per_period() {
         async move { evalsha_calls(&mut raw).await == expected }
     })
     .await;
-    assert!(server_agrees, "the server saw script calls the client did not count");
+    assert!(
+        server_agrees,
+        "the server saw script calls the client did not count"
+    );
     assert_eq!(client_calls, 300, "100 calls per round of 10,000 locks");
     // Rounds come once per period (1 s), not faster.
     assert!(elapsed >= Duration::from_millis(1900), "{elapsed:?}");
@@ -160,7 +163,11 @@ async fn renewal_stops_after_the_last_release() {
     assert_eq!(client.stats().held_locks, 0);
     let calls = client.stats().renew_calls;
     tokio::time::sleep(Duration::from_millis(800)).await; // several periods
-    assert_eq!(client.stats().renew_calls, calls, "renewal traffic after release");
+    assert_eq!(
+        client.stats().renew_calls,
+        calls,
+        "renewal traffic after release"
+    );
     let exists: i64 = query(&mut raw, &["EXISTS", &lock_key("stop")]).await;
     assert_eq!(exists, 0, "renewal resurrected the key");
 }

@@ -1,0 +1,473 @@
+//! `cargo bench -p hasp --bench lock [-- --duration SECS]`
+//!
+//! Side by side in one run, each on a fresh private redis-server (TCP
+//! loopback, no persistence):
+//!
+//! * **W1 uncontended**: C = 1, 16, 64 tasks, each locking and unlocking its
+//!   own name for a fixed time: pairs/s. hasp (watchdog mode: reentrant,
+//!   fenced, renewed) vs rslock (`SET NX PX`, compare-and-delete script), and
+//!   redis-benchmark running hasp's own acquire and release scripts on one
+//!   connection with 64 in flight.
+//! * **W2 contended**: 32 tasks on one name, each holding it 1 ms:
+//!   acquisitions/s against the hand-off ceiling, hand-off latency (release
+//!   returns → next acquire returns), acquire-wait p99/max, tasks served.
+//! * **(c) renewal cost**: script calls per renewal period while holding
+//!   10,000 locks.
+//!
+//! See `benches/README.md` for how to read the figures.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hasp::{Client, Settings};
+use hdrhistogram::Histogram;
+use rslock::LockManager;
+use testkit::RedisServer;
+
+const W1_CONCURRENCY: [usize; 3] = [1, 16, 64];
+const W2_TASKS: usize = 32;
+const W2_HOLD: Duration = Duration::from_millis(1);
+
+struct Args {
+    duration: Duration,
+    /// Sections to run (w1, rb, w2, c); empty = all.
+    only: Vec<String>,
+}
+
+impl Args {
+    fn runs(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == section)
+    }
+}
+
+fn parse_args() -> Args {
+    let mut duration = Duration::from_secs(5);
+    let mut only = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--duration" {
+            let secs: f64 = args
+                .next()
+                .and_then(|s| s.parse().ok())
+                .expect("--duration SECS");
+            duration = Duration::from_secs_f64(secs);
+        }
+        if a == "--only" {
+            only.extend(
+                args.next()
+                    .expect("--only w1,rb,w2,c")
+                    .split(',')
+                    .map(str::to_owned),
+            );
+        }
+        // cargo bench passes `--bench`; ignore anything else.
+    }
+    Args { duration, only }
+}
+
+fn main() {
+    let args = parse_args();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run(args));
+}
+
+async fn run(args: Args) {
+    println!(
+        "hasp lock benchmark: {:?} per measurement, {} cores, redis-server over TCP loopback",
+        args.duration,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    let mut hasp_c1 = 0.0;
+    if args.runs("w1") {
+        println!("\n## W1 uncontended: pairs/s (lock + unlock of a task's own name)\n");
+        println!("| C | hasp pairs/s | rslock pairs/s | hasp / rslock | Redis CPU µs/pair: hasp | rslock |");
+        println!("|---|---:|---:|---:|---:|---:|");
+        for c in W1_CONCURRENCY {
+            let server = RedisServer::start_tcp();
+            let cpu = server_cpu(&server);
+            let h = w1_hasp(&server.url(), c, args.duration).await;
+            let h_cpu = (server_cpu(&server) - cpu) / (h * args.duration.as_secs_f64()) * 1e6;
+            drop(server);
+            let server = RedisServer::start_tcp();
+            let cpu = server_cpu(&server);
+            let r = w1_rslock(&server.url(), c, args.duration).await;
+            let r_cpu = (server_cpu(&server) - cpu) / (r * args.duration.as_secs_f64()) * 1e6;
+            drop(server);
+            if c == 1 {
+                hasp_c1 = h;
+            }
+            println!(
+                "| {c} | {h:.0} | {r:.0} | {:.2} | {h_cpu:.1} | {r_cpu:.1} |",
+                h / r
+            );
+        }
+    }
+    if args.runs("rb") {
+        let server = RedisServer::start_tcp();
+        let rb = redis_benchmark_pairs(&server);
+        drop(server);
+        println!(
+            "\nredis-benchmark, hasp's acquire.lua + release.lua, 1 connection, 64 in flight: \
+         acquire {:.0}/s, release {:.0}/s ({:.1}% of releases hit a held lock) => {:.0} pairs/s",
+            rb.acquire,
+            rb.release,
+            rb.release_hit_rate * 100.0,
+            rb.pairs()
+        );
+    }
+    if hasp_c1 == 0.0 {
+        let server = RedisServer::start_tcp();
+        hasp_c1 = w1_hasp(&server.url(), 1, Duration::from_secs(2)).await;
+    }
+    if args.runs("w2") {
+        println!("\n## W2 contended: {W2_TASKS} tasks, one name, {W2_HOLD:?} hold\n");
+        println!("| lib | acq/s | ceiling | % of ceiling | hand-off p50 | hand-off p99 | wait p99 | wait max | tasks served |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let server = RedisServer::start_tcp();
+        let client = Client::open(&server.url()).await.unwrap();
+        let lock = client.lock("w2").unwrap();
+        let report = w2(args.duration * 2, move || {
+            let lock = lock.clone();
+            async move {
+                let guard = lock.lock().await.unwrap();
+                move || async move { guard.unlock().await.unwrap() }
+            }
+        })
+        .await;
+        report.print("hasp", hasp_c1);
+        drop(server);
+
+        let server = RedisServer::start_tcp();
+        let manager = LockManager::new(vec![server.url()]);
+        let report = w2(args.duration * 2, move || {
+            let manager = manager.clone();
+            async move {
+                let guard = manager
+                    .acquire("w2".as_bytes(), Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                move || async move { guard.release().await }
+            }
+        })
+        .await;
+        report.print("rslock", hasp_c1);
+        drop(server);
+    }
+    if !args.runs("c") {
+        return;
+    }
+
+    println!("\n## (c) renewal cost while holding 10,000 locks\n");
+    let server = RedisServer::start_tcp();
+    let (calls, periods) = renewal_cost(&server).await;
+    println!(
+        "hasp: {calls} renewal script calls in {periods} periods = {:.0} per period \
+         (Redisson: 10,000 / 100 = 100; rslock has no watchdog: extending each lock is one call, 10,000 per period)",
+        calls as f64 / periods as f64
+    );
+}
+
+async fn w1_hasp(url: &str, concurrency: usize, duration: Duration) -> f64 {
+    let client = Client::open(url).await.unwrap();
+    let deadline = Instant::now() + duration;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|i| {
+            let lock = client.lock(&format!("w1-{i}")).unwrap();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    let guard = lock.lock().await.unwrap();
+                    guard.unlock().await.unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn w1_rslock(url: &str, concurrency: usize, duration: Duration) -> f64 {
+    let manager = LockManager::new(vec![url.to_owned()]);
+    let deadline = Instant::now() + duration;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|i| {
+            let manager = manager.clone();
+            let name = format!("w1-{i}");
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    let lock = manager
+                        .lock(name.as_bytes(), Duration::from_secs(30))
+                        .await
+                        .unwrap();
+                    manager.unlock(&lock).await;
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+/// CPU seconds (user + system) the server process has used so far.
+fn server_cpu(server: &RedisServer) -> f64 {
+    let pid = server.pid().expect("server running");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the
+    // 12th and 13th of them, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    ticks as f64 / 100.0
+}
+
+struct RedisBenchmark {
+    acquire: f64,
+    release: f64,
+    release_hit_rate: f64,
+}
+
+impl RedisBenchmark {
+    fn pairs(&self) -> f64 {
+        1.0 / (1.0 / self.acquire + 1.0 / self.release)
+    }
+}
+
+fn cli(server: &RedisServer, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(server.cli_args())
+        .args(args)
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn redis_benchmark_rate(server: &RedisServer, n: u64, keyspace: u64, command: &[&str]) -> f64 {
+    let out = std::process::Command::new("redis-benchmark")
+        .args(server.cli_args())
+        .args(["-c", "1", "-P", "64", "-q", "--csv"])
+        .args(["-n", &n.to_string(), "-r", &keyspace.to_string()])
+        .args(command)
+        .output()
+        .expect("redis-benchmark (scripts/ensure-deps.sh installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // CSV: "test","rps",...; the second line holds the figures.
+    text.lines()
+        .nth(1)
+        .and_then(|l| l.split(',').nth(1))
+        .and_then(|v| v.trim_matches('"').parse().ok())
+        .unwrap_or_else(|| panic!("unexpected redis-benchmark output: {text}"))
+}
+
+/// hasp's scripts, run by redis-benchmark. Acquire: random fresh names (the
+/// free-lock path). Release: redis-benchmark cannot replay the acquired
+/// names, so 1,000,000 held locks are created first and random ones are
+/// released; the hit rate says how many took the full release path.
+fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts");
+    let load = |file: &str| {
+        let source = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
+        cli(server, &["SCRIPT", "LOAD", &source])
+    };
+    let acquire = load("acquire.lua");
+    let release = load("release.lua");
+    let n = 300_000;
+    let acquire_rate = redis_benchmark_rate(
+        server,
+        n,
+        1_000_000_000,
+        &[
+            "EVALSHA",
+            &acquire,
+            "2",
+            "hasp:{b:__rand_int__}",
+            "hasp:{b:__rand_int__}:fence",
+            "owner-1",
+            "30000",
+            "0",
+        ],
+    );
+    cli(server, &["FLUSHALL"]);
+    let keyspace = 1_000_000u64;
+    let populate = "for i = 0, tonumber(ARGV[1]) - 1 do \
+        local k = 'hasp:{r:' .. string.format('%012d', i) .. '}' \
+        redis.call('hset', k, 'owner-1', 1, ':t', 1) redis.call('pexpire', k, 600000) end";
+    cli(server, &["EVAL", populate, "0", &keyspace.to_string()]);
+    let before: u64 = cli(server, &["DBSIZE"]).parse().unwrap();
+    let release_n = 100_000;
+    let release_rate = redis_benchmark_rate(
+        server,
+        release_n,
+        keyspace,
+        &[
+            "EVALSHA",
+            &release,
+            "2",
+            "hasp:{r:__rand_int__}",
+            "hasp:{r:__rand_int__}:released",
+            "owner-1",
+            "30000",
+            "c",
+            "1",
+        ],
+    );
+    let after: u64 = cli(server, &["DBSIZE"]).parse().unwrap();
+    RedisBenchmark {
+        acquire: acquire_rate,
+        release: release_rate,
+        release_hit_rate: (before - after) as f64 / release_n as f64,
+    }
+}
+
+struct W2Report {
+    acquisitions: u64,
+    elapsed: Duration,
+    hold: Histogram<u64>,
+    handoff: Histogram<u64>,
+    wait: Histogram<u64>,
+    served: usize,
+}
+
+impl W2Report {
+    fn print(&self, lib: &str, uncontended_pairs_per_sec: f64) {
+        let rate = self.acquisitions as f64 / self.elapsed.as_secs_f64();
+        // Ceiling: one hold (as actually slept) plus one uncontended
+        // release + acquire (W1 at C = 1) per acquisition.
+        let cycle = self.hold.mean() / 1e6 + 1.0 / uncontended_pairs_per_sec;
+        let ceiling = 1.0 / cycle;
+        let us = |h: &Histogram<u64>, q: f64| {
+            format!("{:.2} ms", h.value_at_quantile(q) as f64 / 1000.0)
+        };
+        println!(
+            "| {lib} | {rate:.0} | {ceiling:.0} | {:.0}% | {} | {} | {} | {} | {}/{W2_TASKS} |",
+            100.0 * rate / ceiling,
+            us(&self.handoff, 0.5),
+            us(&self.handoff, 0.99),
+            us(&self.wait, 0.99),
+            format_args!("{:.2} ms", self.wait.max() as f64 / 1000.0),
+            self.served
+        );
+    }
+}
+
+/// Runs W2 with any lock: `acquire` returns once held and yields a release.
+async fn w2<A, AF, R, RF>(duration: Duration, acquire: A) -> W2Report
+where
+    A: Fn() -> AF + Clone + Send + 'static,
+    AF: std::future::Future<Output = R> + Send,
+    R: FnOnce() -> RF + Send,
+    RF: std::future::Future<Output = ()> + Send,
+{
+    let base = Instant::now();
+    let last_release = Arc::new(AtomicU64::new(0)); // ns since base, 0 = none
+    let histograms = Arc::new(Mutex::new((
+        Histogram::<u64>::new(3).unwrap(),
+        Histogram::<u64>::new(3).unwrap(),
+        Histogram::<u64>::new(3).unwrap(),
+    )));
+    let deadline = base + duration;
+    let tasks: Vec<_> = (0..W2_TASKS)
+        .map(|_| {
+            let acquire = acquire.clone();
+            let last_release = last_release.clone();
+            let histograms = histograms.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    let asked = Instant::now();
+                    let release = acquire().await;
+                    let got = Instant::now();
+                    let prev = last_release.load(Ordering::Acquire);
+                    let held_from = Instant::now();
+                    tokio::time::sleep(W2_HOLD).await;
+                    let hold = held_from.elapsed();
+                    {
+                        let mut h = histograms.lock().unwrap();
+                        h.2.record((got - asked).as_micros() as u64).unwrap();
+                        h.0.record(hold.as_micros() as u64).unwrap();
+                        if prev != 0 {
+                            let since = got.duration_since(base).as_nanos() as u64;
+                            h.1.record(since.saturating_sub(prev) / 1000).unwrap();
+                        }
+                    }
+                    release().await;
+                    last_release.store(base.elapsed().as_nanos() as u64, Ordering::Release);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut acquisitions = 0;
+    let mut served = 0;
+    for t in tasks {
+        let n = t.await.unwrap();
+        acquisitions += n;
+        served += usize::from(n > 0);
+    }
+    let elapsed = base.elapsed();
+    let (hold, handoff, wait) = Arc::try_unwrap(histograms).unwrap().into_inner().unwrap();
+    W2Report {
+        acquisitions,
+        elapsed,
+        hold,
+        handoff,
+        wait,
+        served,
+    }
+}
+
+async fn renewal_cost(server: &RedisServer) -> (u64, u64) {
+    let settings = Settings::default().set_watchdog_timeout(Duration::from_secs(3));
+    let client = Client::open_with(&server.url(), settings).await.unwrap();
+    let locks: Vec<_> = (0..10_000)
+        .map(|i| client.lock(&format!("c-{i}")).unwrap())
+        .collect();
+    let mut guards = Vec::new();
+    for chunk in locks.chunks(1000) {
+        for g in futures_util::future::join_all(chunk.iter().map(|l| l.lock())).await {
+            guards.push(g.unwrap());
+        }
+    }
+    let evalsha = || -> u64 {
+        cli(server, &["INFO", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|r| r.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    // Count whole periods: from just after one round to just after another.
+    let period = Duration::from_secs(1);
+    let start_round = client.stats().renew_calls;
+    while client.stats().renew_calls == start_round {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await; // let the round finish
+    let before = evalsha();
+    tokio::time::sleep(period * 3).await;
+    let after = evalsha();
+    for g in guards {
+        g.unlock().await.unwrap();
+    }
+    (after - before, 3)
+}
