@@ -86,24 +86,26 @@ async fn run(args: Args) {
     let mut hasp_c1 = 0.0;
     if args.runs("w1") {
         println!("\n## W1 uncontended: pairs/s (lock + unlock of a task's own name)\n");
-        println!("| C | hasp pairs/s | rslock pairs/s | hasp / rslock | Redis CPU µs/pair: hasp | rslock |");
-        println!("|---|---:|---:|---:|---:|---:|");
+        println!("| C | hasp pairs/s | rslock pairs/s | hasp / rslock | Redis CPU µs/pair: hasp | rslock | client CPU µs/pair: hasp | rslock |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|");
         for c in W1_CONCURRENCY {
             let server = RedisServer::start_tcp();
-            let cpu = server_cpu(&server);
+            let (cpu, me) = (server_cpu(&server), process_cpu("self"));
             let h = w1_hasp(&server.url(), c, args.duration).await;
             let h_cpu = (server_cpu(&server) - cpu) / (h * args.duration.as_secs_f64()) * 1e6;
+            let h_me = (process_cpu("self") - me) / (h * args.duration.as_secs_f64()) * 1e6;
             drop(server);
             let server = RedisServer::start_tcp();
-            let cpu = server_cpu(&server);
+            let (cpu, me) = (server_cpu(&server), process_cpu("self"));
             let r = w1_rslock(&server.url(), c, args.duration).await;
             let r_cpu = (server_cpu(&server) - cpu) / (r * args.duration.as_secs_f64()) * 1e6;
+            let r_me = (process_cpu("self") - me) / (r * args.duration.as_secs_f64()) * 1e6;
             drop(server);
             if c == 1 {
                 hasp_c1 = h;
             }
             println!(
-                "| {c} | {h:.0} | {r:.0} | {:.2} | {h_cpu:.1} | {r_cpu:.1} |",
+                "| {c} | {h:.0} | {r:.0} | {:.2} | {h_cpu:.1} | {r_cpu:.1} | {h_me:.1} | {r_me:.1} |",
                 h / r
             );
         }
@@ -229,7 +231,11 @@ async fn w1_rslock(url: &str, concurrency: usize, duration: Duration) -> f64 {
 
 /// CPU seconds (user + system) the server process has used so far.
 fn server_cpu(server: &RedisServer) -> f64 {
-    let pid = server.pid().expect("server running");
+    process_cpu(&server.pid().expect("server running").to_string())
+}
+
+/// CPU seconds (user + system) of a process (`"self"` for this one).
+fn process_cpu(pid: &str) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the parenthesised command name; utime and stime are the
     // 12th and 13th of them, in clock ticks (100 per second on Linux).
@@ -398,7 +404,11 @@ where
                     let got = Instant::now();
                     let prev = last_release.load(Ordering::Acquire);
                     let held_from = Instant::now();
-                    tokio::time::sleep(W2_HOLD).await;
+                    // tokio's timer has 1 ms granularity: `sleep(1 ms)` takes
+                    // ~2 ms. Block this worker instead (one holder at a time,
+                    // so at most one worker is blocked; block_in_place moves
+                    // its other tasks away).
+                    tokio::task::block_in_place(|| std::thread::sleep(W2_HOLD));
                     let hold = held_from.elapsed();
                     {
                         let mut h = histograms.lock().unwrap();

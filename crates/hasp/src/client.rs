@@ -6,6 +6,7 @@ use std::sync::Arc;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::watch;
 
+use crate::batch::Batcher;
 use crate::config::{lease_millis, Settings};
 use crate::error::{Error, Result};
 use crate::holds::Holds;
@@ -45,6 +46,7 @@ pub(crate) struct Shared {
     pub(crate) id: Arc<str>,
     pub(crate) holds: Holds,
     pub(crate) pubsub: Arc<PubSub>,
+    pub(crate) batcher: Batcher,
     pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) stats: Counters,
     pub(crate) watchdog_lease_ms: u64,
@@ -109,6 +111,7 @@ impl Client {
         let id: Arc<str> = format!("c:{}", uuid::Uuid::new_v4()).into();
         let runtime = tokio::runtime::Handle::current();
         let pubsub = PubSub::start(redis, id.clone(), &runtime);
+        let batcher = Batcher::start(conn.clone(), id.clone(), pubsub.clone(), &runtime);
         let (shutdown, shutdown_rx) = watch::channel(());
         let watchdog_lease_ms = lease_millis(settings.watchdog_timeout)
             .ok_or_else(|| Error::invalid("watchdog_timeout", "too large"))?;
@@ -118,6 +121,7 @@ impl Client {
             id,
             holds: Holds::default(),
             pubsub,
+            batcher,
             runtime,
             stats: Counters::default(),
             watchdog_lease_ms,

@@ -1,15 +1,11 @@
 //! Proof that a lock is held.
 
-use std::future::Future;
 use std::sync::Arc;
 
-use crate::client::{Client, Shared};
-use crate::detach::{boxed, Detachable};
+use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::holds::{HoldState, Lease, ReleaseStep};
-use crate::keys::LockKeys;
 use crate::owner::Owner;
-use crate::scripts::RELEASE;
 
 /// A held lock, returned by [`Lock::lock`](crate::Lock::lock) and friends.
 ///
@@ -110,14 +106,15 @@ impl Guard {
             ReleaseStep::Local if !self.state.is_lost() => Ok(()),
             ReleaseStep::Local | ReleaseStep::NotHeld => Err(self.not_held()),
             ReleaseStep::Final { redis_holds } => {
-                let call = release_call(
-                    shared,
-                    &self.state.keys,
-                    &self.state.owner,
-                    self.lease_ms(),
-                    redis_holds,
-                );
-                let remaining = Detachable::new(call, &shared.runtime, |_| boxed(async {})).await?;
+                let remaining = shared
+                    .batcher
+                    .release(
+                        &self.state.keys,
+                        &self.state.owner,
+                        self.lease_ms(),
+                        redis_holds,
+                    )
+                    .await?;
                 if remaining < 0 {
                     Err(self.not_held())
                 } else {
@@ -148,49 +145,12 @@ impl Drop for Guard {
         }
         let shared = &self.client.shared;
         if let ReleaseStep::Final { redis_holds } = shared.holds.release(&self.state) {
-            let call = release_call(
-                shared,
+            shared.batcher.release_detached(
                 &self.state.keys,
                 &self.state.owner,
                 self.lease_ms(),
                 redis_holds,
             );
-            let name = self.state.keys.name.clone();
-            shared.runtime.spawn(async move {
-                if let Err(e) = call.await {
-                    tracing::warn!(error = %e, lock = %name, "background release of a dropped guard failed");
-                }
-            });
         }
-    }
-}
-
-/// The release script call for `redis_holds` holds of `owner`; on a full
-/// release it wakes one local waiter directly (remote clients get the
-/// published message). Built eagerly so the returned future is `'static`.
-pub(crate) fn release_call(
-    shared: &Arc<Shared>,
-    keys: &LockKeys,
-    owner: &Owner,
-    lease_ms: u64,
-    redis_holds: u32,
-) -> impl Future<Output = Result<i64>> + Send + 'static {
-    let mut invocation = RELEASE.prepare_invoke();
-    invocation
-        .key(&*keys.lock)
-        .key(&*keys.channel)
-        .arg(owner.id())
-        .arg(lease_ms)
-        .arg(&*shared.id)
-        .arg(redis_holds);
-    let shared = shared.clone();
-    let channel = keys.channel.clone();
-    async move {
-        let mut conn = shared.conn.clone();
-        let remaining: i64 = invocation.invoke_async(&mut conn).await?;
-        if remaining == 0 {
-            shared.pubsub.wake_one(&channel);
-        }
-        Ok(remaining)
     }
 }

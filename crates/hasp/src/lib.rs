@@ -48,9 +48,9 @@
 
 #![warn(missing_docs)]
 
+mod batch;
 mod client;
 mod config;
-mod detach;
 mod error;
 mod guard;
 mod holds;

@@ -3,15 +3,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::{Client, Shared};
+use crate::client::Client;
 use crate::config::validate_lease;
-use crate::detach::{boxed, Detachable};
 use crate::error::{Error, Result};
-use crate::guard::{release_call, Guard};
+use crate::guard::Guard;
 use crate::holds::Lease;
 use crate::keys::LockKeys;
 use crate::owner::Owner;
-use crate::scripts::{ACQUIRE, FORCE_RELEASE, RENEW};
+use crate::scripts::{FORCE_RELEASE, RENEW};
 
 /// A handle on one named, reentrant distributed lock.
 ///
@@ -282,33 +281,14 @@ impl Lock {
         }
     }
 
-    /// One acquire script call.
+    /// One acquire attempt (batched with whatever else is pending).
     async fn attempt(&self, owner: &Owner, will_wait: bool) -> Result<Attempt> {
         let shared = &self.client.shared;
-        let lease_ms = self.lease_ms();
-        let mut invocation = ACQUIRE.prepare_invoke();
-        invocation
-            .key(&*self.keys.lock)
-            .key(&self.keys.fence)
-            .arg(owner.id())
-            .arg(lease_ms)
-            .arg(if will_wait { "1" } else { "0" });
-        let mut conn = shared.conn.clone();
-        let call = async move { invocation.invoke_async::<i64>(&mut conn).await };
-        // If the caller drops us after the script was sent, the lock may be
-        // taken with nobody to hold it: release it in the background.
-        let undo_shared = shared.clone();
-        let undo_keys = self.keys.clone();
-        let undo_owner = owner.clone();
         let started = Instant::now();
-        let reply = Detachable::new(call, &shared.runtime, move |reply| {
-            boxed(async move {
-                if matches!(reply, Ok(token) if token > 0) {
-                    undo_acquire(undo_shared, undo_keys, undo_owner, lease_ms).await;
-                }
-            })
-        })
-        .await?;
+        let reply = shared
+            .batcher
+            .acquire(&self.keys, owner, self.lease_ms(), will_wait)
+            .await?;
         Ok(match reply {
             token if token > 0 => {
                 let expires_at = match self.lease {
@@ -410,12 +390,5 @@ fn remaining(deadline: Option<Instant>) -> Duration {
     match deadline {
         Some(d) => d.saturating_duration_since(Instant::now()),
         None => Duration::MAX,
-    }
-}
-
-/// Releases an acquisition whose caller went away before seeing it.
-async fn undo_acquire(shared: Arc<Shared>, keys: Arc<LockKeys>, owner: Owner, lease_ms: u64) {
-    if let Err(e) = release_call(&shared, &keys, &owner, lease_ms, 1).await {
-        tracing::warn!(error = %e, lock = %keys.name, "could not undo an abandoned acquisition");
     }
 }

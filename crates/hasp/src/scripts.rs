@@ -8,17 +8,15 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-const SOURCES: [&str; 4] = [
-    include_str!("scripts/acquire.lua"),
-    include_str!("scripts/release.lua"),
+const SOURCES: [&str; 3] = [
+    include_str!("scripts/batch.lua"),
     include_str!("scripts/force_release.lua"),
     include_str!("scripts/renew.lua"),
 ];
 
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[0]));
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[1]));
-pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[2]));
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[3]));
+pub(crate) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[0]));
+pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[1]));
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[2]));
 
 /// Loads every script into the server's cache, so the first burst of calls
 /// after connecting does not meet `NOSCRIPT` all at once (each call would

@@ -112,8 +112,13 @@ async fn ten_thousand_locks_cost_one_script_call_per_hundred_per_period() {
     }
     assert_eq!(client.stats().held_locks, 10_000);
     let acquired_at = std::time::Instant::now();
-    let server_acquires = evalsha_calls(&mut raw).await - server_start;
-    assert_eq!(server_acquires, 10_000, "one script call per acquisition");
+    let acquire_calls = evalsha_calls(&mut raw).await - server_start;
+    // Concurrent acquisitions are batched: far fewer calls than locks.
+    assert!(
+        (100..=2_000).contains(&acquire_calls),
+        "{acquire_calls} script calls for 10,000 concurrent acquisitions"
+    );
+    let server_start = server_start + acquire_calls;
 
     // Let three renewal rounds happen, then compare the client's count of
     // renewal calls with what the server executed.
@@ -127,7 +132,7 @@ async fn ten_thousand_locks_cost_one_script_call_per_hundred_per_period() {
     let client_calls = client.stats().renew_calls;
     let server_agrees = testkit::eventually(Duration::from_secs(2), || {
         let mut raw = raw.clone();
-        let expected = server_start + 10_000 + client_calls;
+        let expected = server_start + client_calls;
         async move { evalsha_calls(&mut raw).await == expected }
     })
     .await;
