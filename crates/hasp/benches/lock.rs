@@ -115,7 +115,7 @@ async fn run(args: Args) {
         let rb = redis_benchmark_pairs(&server);
         drop(server);
         println!(
-            "\nredis-benchmark, hasp's acquire.lua + release.lua, 1 connection, 64 in flight: \
+            "\nredis-benchmark, hasp's batch.lua with one acquire / one release per call, 1 connection, 64 in flight: \
          acquire {:.0}/s, release {:.0}/s ({:.1}% of releases hit a held lock) => {:.0} pairs/s",
             rb.acquire,
             rb.release,
@@ -284,7 +284,8 @@ fn redis_benchmark_rate(server: &RedisServer, n: u64, keyspace: u64, command: &[
         .unwrap_or_else(|| panic!("unexpected redis-benchmark output: {text}"))
 }
 
-/// hasp's scripts, run by redis-benchmark. Acquire: random fresh names (the
+/// hasp's script (`batch.lua`, one operation per call, as an idle client
+/// sends it), run by redis-benchmark. Acquire: random fresh names (the
 /// free-lock path). Release: redis-benchmark cannot replay the acquired
 /// names, so 1,000,000 held locks are created first and random ones are
 /// released; the hit rate says how many took the full release path.
@@ -294,8 +295,7 @@ fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
         let source = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
         cli(server, &["SCRIPT", "LOAD", &source])
     };
-    let acquire = load("acquire.lua");
-    let release = load("release.lua");
+    let batch = load("batch.lua");
     let n = 300_000;
     let acquire_rate = redis_benchmark_rate(
         server,
@@ -303,10 +303,12 @@ fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
         1_000_000_000,
         &[
             "EVALSHA",
-            &acquire,
+            &batch,
             "2",
             "hasp:{b:__rand_int__}",
             "hasp:{b:__rand_int__}:fence",
+            "client-1",
+            "a",
             "owner-1",
             "30000",
             "0",
@@ -316,7 +318,7 @@ fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
     let keyspace = 1_000_000u64;
     let populate = "for i = 0, tonumber(ARGV[1]) - 1 do \
         local k = 'hasp:{r:' .. string.format('%012d', i) .. '}' \
-        redis.call('hset', k, 'owner-1', 1, ':t', 1) redis.call('pexpire', k, 600000) end";
+        redis.call('hset', k, 'owner-1', 1) redis.call('pexpire', k, 600000) end";
     cli(server, &["EVAL", populate, "0", &keyspace.to_string()]);
     let before: u64 = cli(server, &["DBSIZE"]).parse().unwrap();
     let release_n = 100_000;
@@ -326,13 +328,14 @@ fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
         keyspace,
         &[
             "EVALSHA",
-            &release,
+            &batch,
             "2",
             "hasp:{r:__rand_int__}",
             "hasp:{r:__rand_int__}:released",
+            "client-1",
+            "r",
             "owner-1",
             "30000",
-            "c",
             "1",
         ],
     );

@@ -17,19 +17,29 @@ use crate::pubsub::PubSub;
 ///
 /// A client owns one multiplexed connection for commands (pipelined by all
 /// tasks, reconnected automatically), one pub/sub connection for release
-/// notifications, and one watchdog task that renews the leases of every lock
-/// it holds in watchdog mode. Clone it freely: clones share all of that.
+/// notifications, one task that batches the lock operations pending at the
+/// same moment into one script call, and one watchdog task that renews the
+/// leases of every lock it holds in watchdog mode. Clone it freely: clones share all of that.
 /// When the last clone and the last guard are dropped, the background tasks
 /// stop and locks still held expire after their lease.
 ///
 /// # Examples
 ///
-/// ```no_run
-/// # async fn example() -> hasp::Result<()> {
-/// let client = hasp::Client::open("redis://127.0.0.1/").await?;
-/// let lock = client.lock("inventory:sku-42")?;
-/// let guard = lock.lock().await?;
-/// // ... critical section; `guard.fencing_token()` orders writes ...
+/// Two clients (think: two service instances) contending for one lock:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> hasp::Result<()> {
+/// # let server = testkit::RedisServer::start();
+/// # let url = server.url(); // e.g. "redis://127.0.0.1:6379/"
+/// let instance_a = hasp::Client::open(&url).await?;
+/// let instance_b = hasp::Client::open(&url).await?;
+///
+/// let guard = instance_a.lock("inventory:sku-42")?.lock().await?;
+/// // Held by A: B's attempt fails at once.
+/// assert!(instance_b.lock("inventory:sku-42")?.try_lock().await?.is_none());
+/// guard.unlock().await?;
+/// let guard = instance_b.lock("inventory:sku-42")?.try_lock().await?.expect("free now");
 /// guard.unlock().await?;
 /// # Ok(())
 /// # }

@@ -27,8 +27,13 @@ use crate::owner::Owner;
 ///
 /// # Examples
 ///
-/// ```no_run
-/// # async fn example(client: hasp::Client) -> hasp::Result<()> {
+/// Stop working as soon as the lock is lost:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> hasp::Result<()> {
+/// # let server = testkit::RedisServer::start();
+/// # let client = hasp::Client::open(&server.url()).await?;
 /// let guard = client.lock("report")?.lock().await?;
 /// tokio::select! {
 ///     _ = guard.lost() => eprintln!("lost the lock: stop writing"),

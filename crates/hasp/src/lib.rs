@@ -4,9 +4,12 @@
 //! identity, leases renewed by a per-client watchdog, waiting woken by
 //! pub/sub (not polling), and fencing tokens.
 //!
-//! ```no_run
-//! # async fn example() -> hasp::Result<()> {
-//! let client = hasp::Client::open("redis://127.0.0.1/").await?;
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> hasp::Result<()> {
+//! # let server = testkit::RedisServer::start();
+//! # let url = server.url();
+//! let client = hasp::Client::open(&url).await?;
 //! let lock = client.lock("stock:voucher-7")?;
 //!
 //! let guard = lock.lock().await?;          // waits; watchdog keeps it alive
@@ -15,9 +18,15 @@
 //! assert_eq!(again.fencing_token(), guard.fencing_token());
 //! again.unlock().await?;
 //! guard.unlock().await?;                   // now free for others
+//! assert!(!lock.is_locked().await?);
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Under the hood a client batches the lock operations its tasks have
+//! pending at the same moment into one script call (group commit), renews
+//! every lease-less lock it holds from one watchdog task, 100 locks per call,
+//! and shares one pub/sub subscription per lock name among its waiters.
 //!
 //! * [`Client`] — one per Redis deployment; clone it freely.
 //! * [`Lock`] — a named lock handle: [`Lock::lock`] waits,
@@ -27,9 +36,6 @@
 //!   [`Guard::lost`].
 //! * [`Error`] — separates outcomes ([`Error::NotHeld`]) from failures
 //!   ([`Error::Redis`]).
-//!
-//! The key layout is documented in the [`keys`](crate#key-layout) section
-//! below.
 //!
 //! ## Key layout
 //!

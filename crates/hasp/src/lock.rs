@@ -47,8 +47,11 @@ use crate::scripts::{FORCE_RELEASE, RENEW};
 ///
 /// # Examples
 ///
-/// ```no_run
-/// # async fn example(client: hasp::Client) -> hasp::Result<()> {
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> hasp::Result<()> {
+/// # let server = testkit::RedisServer::start();
+/// # let client = hasp::Client::open(&server.url()).await?;
 /// use std::time::Duration;
 ///
 /// let lock = client.lock("order:1001")?;
@@ -58,10 +61,35 @@ use crate::scripts::{FORCE_RELEASE, RENEW};
 ///     Some(guard) => {
 ///         let token = guard.fencing_token();
 ///         // ... write, tagged with `token` ...
+///         # assert!(token >= 1);
 ///         guard.unlock().await?;
 ///     }
 ///     None => println!("busy, try later"),
 /// }
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Handing a lock to another task with an explicit owner:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> hasp::Result<()> {
+/// # let server = testkit::RedisServer::start();
+/// # let client = hasp::Client::open(&server.url()).await?;
+/// let job = client.lock("job:7")?.with_owner(hasp::Owner::new());
+/// let guard = job.lock().await?;
+/// let worker = {
+///     let job = job.clone();
+///     tokio::spawn(async move {
+///         // Same owner: a re-entry, not a wait.
+///         let inner = job.lock().await?;
+///         assert_eq!(job.hold_count(), 2);
+///         inner.unlock().await
+///     })
+/// };
+/// worker.await.expect("worker panicked")?;
+/// guard.unlock().await?;
 /// # Ok(())
 /// # }
 /// ```
