@@ -101,6 +101,10 @@ pub struct Lock {
     owner: Option<Owner>,
 }
 
+/// Longest first wait of a task that queued behind local waiters without
+/// asking Redis (so without knowing the lock's TTL).
+const QUEUED_RECHECK: Duration = Duration::from_secs(1);
+
 enum Attempt {
     Acquired(Guard),
     /// Held by another owner; remaining TTL if it has one.
@@ -260,14 +264,21 @@ impl Lock {
                     Attempt::Held(t) => ttl = t,
                 }
             }
-            behind_local_waiters = false;
+            let queued_blind = std::mem::take(&mut behind_local_waiters);
             let left = remaining(deadline);
             if left.is_zero() {
                 return Ok(None);
             }
-            // An unknown TTL (a key without expiry, or not yet asked) is
-            // re-checked at least once per watchdog timeout.
-            let slice = ttl.unwrap_or(shared.settings.watchdog_timeout).min(left);
+            // Unknown TTL: a key without expiry is re-checked once per
+            // watchdog timeout; a task queued behind local waiters (it has
+            // not asked yet) re-checks after a second at most, in case the
+            // lock expired silently while the waiter ahead gave up.
+            let unknown_ttl = if queued_blind {
+                QUEUED_RECHECK
+            } else {
+                shared.settings.watchdog_timeout
+            };
+            let slice = ttl.unwrap_or(unknown_ttl).min(left);
             let woken = tokio::time::timeout(slice, notified).await.is_ok();
             if !woken && deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
@@ -288,7 +299,13 @@ impl Lock {
         let Some(state) = shared.holds.live(&self.keys, owner) else {
             return Ok(None);
         };
-        if let Lease::Fixed(ms) = self.lease {
+        // A re-entry keeps the hold's lease mode; a fixed lease is re-armed
+        // (with this handle's lease if it sets one).
+        if let Lease::Fixed(held_ms) = state.lease {
+            let ms = match self.lease {
+                Lease::Fixed(ms) => ms,
+                Lease::Watchdog => held_ms,
+            };
             let started = Instant::now();
             let renewed: Vec<i64> = RENEW
                 .key(&*self.keys.lock)

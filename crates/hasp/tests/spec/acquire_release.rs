@@ -384,3 +384,25 @@ async fn an_unreachable_redis_is_an_error_never_not_acquired() {
     .await;
     assert!(recovered, "client did not reconnect");
 }
+
+#[tokio::test]
+async fn a_reentry_keeps_the_lease_mode_of_the_first_acquisition() {
+    let ctx = Ctx::new();
+    let client = ctx.fast_watchdog_client(Duration::from_millis(900)).await;
+    let watchdog = client.lock("mode").unwrap();
+    let fixed = watchdog
+        .clone()
+        .with_lease(Duration::from_millis(300))
+        .unwrap();
+    let outer = watchdog.lock().await.unwrap();
+    let inner = fixed.lock().await.unwrap(); // same task: a re-entry
+    assert_eq!(inner.fencing_token(), outer.fencing_token());
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        watchdog.is_held_by_me().await.unwrap(),
+        "the watchdog still renews it"
+    );
+    assert!(!inner.is_lost());
+    inner.unlock().await.unwrap();
+    outer.unlock().await.unwrap();
+}

@@ -157,3 +157,37 @@ async fn tasks_across_clients_increment_a_shared_counter_exactly() {
     let n: i64 = query(&mut raw, &["GET", "counter-value"]).await;
     assert_eq!(n, (CLIENTS * TASKS * ROUNDS) as i64);
 }
+
+#[tokio::test]
+async fn a_task_queued_behind_a_waiter_that_gives_up_still_gets_a_silently_expiring_lock() {
+    // The newcomer queues behind a local waiter without asking Redis; the
+    // waiter ahead leaves, and the lock then expires without any message.
+    let ctx = Ctx::new();
+    let holder = ctx
+        .client()
+        .await
+        .lock("expiring")
+        .unwrap()
+        .with_lease(Duration::from_millis(1500))
+        .unwrap();
+    let local = ctx.client().await.lock("expiring").unwrap();
+    let held = holder.lock().await.unwrap();
+    let impatient = {
+        let local = local.clone();
+        tokio::spawn(async move { local.try_lock_for(Duration::from_millis(300)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await; // let it queue first
+    let started = Instant::now();
+    let guard = local
+        .lock_within(Duration::from_secs(5))
+        .await
+        .expect("acquired once the lease ran out, not after the 30 s watchdog timeout");
+    assert!(impatient.await.unwrap().unwrap().is_none());
+    assert!(
+        started.elapsed() < Duration::from_millis(2600),
+        "{:?}",
+        started.elapsed()
+    );
+    guard.unlock().await.unwrap();
+    drop(held);
+}
