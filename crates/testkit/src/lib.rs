@@ -37,6 +37,8 @@ pub struct ServerOptions {
     pub password: Option<String>,
     /// Extra `--name value` arguments passed to redis-server.
     pub extra_args: Vec<String>,
+    /// TCP port of a primary on 127.0.0.1 to replicate (`--replicaof`).
+    pub replica_of: Option<u16>,
 }
 
 impl Default for ServerOptions {
@@ -45,6 +47,7 @@ impl Default for ServerOptions {
             transport: Transport::Unix,
             password: None,
             extra_args: Vec::new(),
+            replica_of: None,
         }
     }
 }
@@ -158,6 +161,12 @@ impl RedisServer {
         }
         if let Some(password) = &self.options.password {
             cmd.arg("--requirepass").arg(password);
+            cmd.arg("--masterauth").arg(password);
+        }
+        if let Some(port) = self.options.replica_of {
+            cmd.arg("--replicaof")
+                .arg("127.0.0.1")
+                .arg(port.to_string());
         }
         for arg in &self.options.extra_args {
             cmd.arg(arg);
@@ -249,6 +258,35 @@ impl RedisServer {
             args.extend(["-a".into(), password.clone(), "--no-auth-warning".into()]);
         }
         args
+    }
+
+    /// The TCP port, for a server started with [`Transport::Tcp`].
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
+    /// Starts a replica of `primary` (which must use TCP: replication has no
+    /// unix-socket form) and waits until its link to the primary is up.
+    pub fn start_replica_of(primary: &RedisServer) -> RedisServer {
+        let port = primary.port.expect("replication needs a TCP primary");
+        let replica = Self::start_with(ServerOptions {
+            transport: Transport::Tcp,
+            password: primary.options.password.clone(),
+            replica_of: Some(port),
+            ..ServerOptions::default()
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "replica never linked to its primary"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        replica
     }
 
     /// The server's process id, while it runs.
@@ -346,5 +384,67 @@ where
             return false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A Redis Cluster of private servers on free TCP ports, every slot
+/// assigned, no replicas; stopped when dropped.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The nodes, each a master of a share of the slots.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `masters` nodes (at least 3, as Redis requires) and joins them
+    /// with `redis-cli --cluster create`; returns once the cluster is ok.
+    pub fn start(masters: usize) -> Self {
+        assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| {
+                RedisServer::start_with(ServerOptions {
+                    transport: Transport::Tcp,
+                    extra_args: vec![
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-config-file".into(),
+                        "nodes.conf".into(),
+                        "--cluster-node-timeout".into(),
+                        "2000".into(),
+                    ],
+                    ..ServerOptions::default()
+                })
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port.expect("tcp")))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !nodes
+            .iter()
+            .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            assert!(Instant::now() < deadline, "cluster never reached state ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { nodes }
+    }
+
+    /// `redis://` URLs of every node (seed list for a cluster client).
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
     }
 }

@@ -5,6 +5,7 @@
 mod helpers;
 
 mod acquire_release;
+mod connect;
 mod fencing;
 mod input;
 mod waiting;
