@@ -1,0 +1,42 @@
+//! The library error of the service's building blocks.
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument was rejected before any Redis call.
+    #[error("invalid `{field}`: {reason}")]
+    Invalid {
+        /// Which field or argument.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// More than 2^32 order ids were asked for in one day.
+    #[error("the order sequence of day {day} is exhausted")]
+    SequenceExhausted {
+        /// Days since 1970-01-01.
+        day: u64,
+    },
+    /// The clock is outside the range order ids can encode.
+    #[error("the clock is outside the order id range: {0}")]
+    Clock(String),
+    /// Redis could not be reached or answered with an error.
+    #[error("redis error: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Redis answered something unexpected.
+    #[error("unexpected reply from redis: {0}")]
+    Protocol(String),
+}
+
+impl Error {
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::Invalid {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

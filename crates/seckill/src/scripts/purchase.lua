@@ -1,0 +1,47 @@
+-- The fast path of a flash-sale purchase, atomically: sale window, stock,
+-- one order per user; on success decrement the stock, record the buyer and
+-- append the order to the voucher's order stream.
+--
+-- All keys share the voucher's hash tag, so the script runs on one Redis
+-- Cluster slot.
+-- KEYS[1]  voucher hash: stock, begin_ms, end_ms (epoch milliseconds)
+-- KEYS[2]  buyers set of the voucher (user ids)
+-- KEYS[3]  order stream of the voucher
+-- ARGV[1]  user id
+-- ARGV[2]  order id
+-- ARGV[3]  voucher id (written into the stream entry)
+--
+-- The sale window is judged by the Redis server's clock (TIME), the one
+-- clock every service instance shares.
+--
+-- Returns  0  accepted (stock decremented, buyer recorded, order appended)
+--          1  the sale has not started
+--          2  the sale has ended
+--          3  sold out
+--          4  this user already bought this voucher
+--          5  unknown voucher
+local v = redis.call('hmget', KEYS[1], 'stock', 'begin_ms', 'end_ms')
+if not v[1] then
+  return 5
+end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now < tonumber(v[2]) then
+  return 1
+end
+if now >= tonumber(v[3]) then
+  return 2
+end
+if tonumber(v[1]) <= 0 then
+  -- A buyer asking again learns that, not that the sale sold out.
+  if redis.call('sismember', KEYS[2], ARGV[1]) == 1 then
+    return 4
+  end
+  return 3
+end
+if redis.call('sadd', KEYS[2], ARGV[1]) == 0 then
+  return 4
+end
+redis.call('hincrby', KEYS[1], 'stock', -1)
+redis.call('xadd', KEYS[3], '*', 'order', ARGV[2], 'user', ARGV[1], 'voucher', ARGV[3])
+return 0

@@ -1,0 +1,126 @@
+//! The atomic Redis purchase (seed 002's fast path).
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionManager;
+use redis::Script;
+
+use crate::domain::voucher::SaleTerms;
+use crate::error::{Error, Result};
+use crate::store::keys::VoucherKeys;
+use crate::store::order_ids::OrderIdGenerator;
+use crate::OrderId;
+
+static PURCHASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/purchase.lua")));
+
+/// Why a purchase was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The sale has not begun.
+    NotStarted,
+    /// The sale is over.
+    Ended,
+    /// No stock left.
+    SoldOut,
+    /// This user already has an order for this voucher.
+    AlreadyBought,
+    /// No such voucher is on sale.
+    UnknownVoucher,
+}
+
+/// The outcome of a purchase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purchase {
+    /// Accepted: the order is in the voucher's stream under this id.
+    Accepted(OrderId),
+    /// Refused; nothing changed.
+    Refused(Refusal),
+}
+
+/// Purchases decided entirely in Redis, one script call each.
+#[derive(Debug)]
+pub struct FastPath {
+    conn: ConnectionManager,
+    prefix: String,
+    ids: OrderIdGenerator,
+}
+
+impl FastPath {
+    /// A fast path over `conn`, with keys under `prefix` and order ids from
+    /// `ids`.
+    pub fn new(conn: ConnectionManager, prefix: impl Into<String>, ids: OrderIdGenerator) -> Self {
+        Self {
+            conn,
+            prefix: prefix.into(),
+            ids,
+        }
+    }
+
+    /// Puts voucher `id` on sale with `terms`. Loading again updates the
+    /// window but never resets the stock of a sale already loaded.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable.
+    pub async fn load_voucher(&self, id: i64, terms: &SaleTerms) -> Result<()> {
+        let keys = VoucherKeys::new(&self.prefix, id);
+        let () = redis::pipe()
+            .atomic()
+            .hset_nx(&keys.voucher, "stock", terms.stock())
+            .ignore()
+            .hset(&keys.voucher, "begin_ms", terms.begin_ms())
+            .ignore()
+            .hset(&keys.voucher, "end_ms", terms.end_ms())
+            .ignore()
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// Tries to buy voucher `voucher_id` for `user_id`.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable (then nothing was bought:
+    /// the script either ran whole or not at all).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: once sent, the purchase takes effect even if this
+    /// future is dropped, and its order id is lost to the caller (the order
+    /// is still in the stream).
+    pub async fn purchase(&self, voucher_id: i64, user_id: i64) -> Result<Purchase> {
+        let order = self.ids.next_id().await?;
+        let keys = VoucherKeys::new(&self.prefix, voucher_id);
+        let code: i64 = PURCHASE
+            .key(&keys.voucher)
+            .key(&keys.buyers)
+            .key(&keys.orders)
+            .arg(user_id)
+            .arg(order.as_i64())
+            .arg(voucher_id)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(match code {
+            0 => Purchase::Accepted(order),
+            1 => Purchase::Refused(Refusal::NotStarted),
+            2 => Purchase::Refused(Refusal::Ended),
+            3 => Purchase::Refused(Refusal::SoldOut),
+            4 => Purchase::Refused(Refusal::AlreadyBought),
+            5 => Purchase::Refused(Refusal::UnknownVoucher),
+            other => return Err(Error::Protocol(format!("purchase script returned {other}"))),
+        })
+    }
+
+    /// Stock left in Redis for voucher `id`, if it is loaded.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable.
+    pub async fn remaining_stock(&self, id: i64) -> Result<Option<i64>> {
+        let keys = VoucherKeys::new(&self.prefix, id);
+        let stock: Option<i64> = redis::cmd("HGET")
+            .arg(&keys.voucher)
+            .arg("stock")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(stock)
+    }
+}

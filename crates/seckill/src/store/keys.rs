@@ -1,0 +1,38 @@
+//! Redis key layout of the sale.
+//!
+//! | key | type | content |
+//! |---|---|---|
+//! | `P:{v<id>}:voucher` | hash | `stock`, `begin_ms`, `end_ms` |
+//! | `P:{v<id>}:buyers` | set | user ids that bought the voucher |
+//! | `P:{v<id>}:orders` | stream | accepted orders: `order`, `user`, `voucher` |
+//! | `P:order-seq:YYYYMMDD` | string | the day's order sequence counter |
+//!
+//! `{v<id>}` is the hash tag: one purchase touches one Redis Cluster slot.
+
+/// The keys of one voucher's sale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VoucherKeys {
+    /// Sale terms and live stock.
+    pub voucher: String,
+    /// Buyers (one order per user).
+    pub buyers: String,
+    /// Accepted orders awaiting the database.
+    pub orders: String,
+}
+
+impl VoucherKeys {
+    /// Keys of voucher `id` under `prefix`.
+    pub fn new(prefix: &str, id: i64) -> Self {
+        let tag = format!("{prefix}:{{v{id}}}");
+        Self {
+            voucher: format!("{tag}:voucher"),
+            buyers: format!("{tag}:buyers"),
+            orders: format!("{tag}:orders"),
+        }
+    }
+}
+
+/// The per-day order sequence counter.
+pub(crate) fn order_sequence(prefix: &str, yyyymmdd: &str) -> String {
+    format!("{prefix}:order-seq:{yyyymmdd}")
+}

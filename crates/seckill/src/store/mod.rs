@@ -1,0 +1,9 @@
+//! Redis state of the sale: keys, order ids, the fast path.
+
+mod fast_path;
+mod keys;
+mod order_ids;
+
+pub use fast_path::{FastPath, Purchase, Refusal};
+pub use keys::VoucherKeys;
+pub use order_ids::OrderIdGenerator;

@@ -1,0 +1,215 @@
+//! The Redis fast path and order ids, against a real redis-server.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use redis::aio::ConnectionManager;
+use seckill::domain::voucher::SaleTerms;
+use seckill::store::{FastPath, OrderIdGenerator, Purchase, Refusal, VoucherKeys};
+use testkit::RedisServer;
+
+async fn conn(server: &RedisServer) -> ConnectionManager {
+    ConnectionManager::new(redis::Client::open(server.url()).unwrap())
+        .await
+        .unwrap()
+}
+
+/// One service instance's view: its own connection and id generator.
+async fn instance(server: &RedisServer) -> FastPath {
+    let conn = conn(server).await;
+    let ids = OrderIdGenerator::new(conn.clone(), "seckill", 100).unwrap();
+    FastPath::new(conn, "seckill", ids)
+}
+
+fn open_sale(stock: i64) -> SaleTerms {
+    let now = SystemTime::now();
+    SaleTerms::new(
+        stock,
+        now - Duration::from_secs(60),
+        now + Duration::from_secs(3600),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_concurrent_purchases_never_oversell_and_give_one_order_per_user() {
+    const STOCK: i64 = 100;
+    const USERS: i64 = 1_500;
+    let server = RedisServer::start();
+    let a = Arc::new(instance(&server).await);
+    let b = Arc::new(instance(&server).await);
+    a.load_voucher(7, &open_sale(STOCK)).await.unwrap();
+
+    // Every user asks twice, once through each instance, all at once.
+    let mut calls = Vec::new();
+    for user in 0..USERS {
+        for path in [&a, &b] {
+            let path = path.clone();
+            calls.push(tokio::spawn(async move {
+                (user, path.purchase(7, user).await.unwrap())
+            }));
+        }
+    }
+    let mut accepted = Vec::new();
+    for call in calls {
+        match call.await.unwrap() {
+            (user, Purchase::Accepted(id)) => accepted.push((user, id)),
+            (_, Purchase::Refused(Refusal::SoldOut | Refusal::AlreadyBought)) => {}
+            (_, other) => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    // No oversell, and no undersell while buyers remained.
+    assert_eq!(accepted.len() as i64, STOCK);
+    let users: HashSet<i64> = accepted.iter().map(|(u, _)| *u).collect();
+    assert_eq!(users.len() as i64, STOCK, "a user got two orders");
+    assert_eq!(a.remaining_stock(7).await.unwrap(), Some(0));
+
+    let keys = VoucherKeys::new("seckill", 7);
+    let mut raw = conn(&server).await;
+    let buyers: i64 = redis::cmd("SCARD")
+        .arg(&keys.buyers)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(buyers, STOCK);
+    // Every accepted order, and only those, is in the stream.
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&keys.orders)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let streamed: HashSet<i64> = entries
+        .ids
+        .iter()
+        .map(|e| e.get::<i64>("order").unwrap())
+        .collect();
+    let ids: HashSet<i64> = accepted.iter().map(|(_, id)| id.as_i64()).collect();
+    assert_eq!(streamed, ids);
+}
+
+#[tokio::test]
+async fn refusals_for_the_sale_window_and_unknown_vouchers_change_nothing() {
+    let server = RedisServer::start();
+    let path = instance(&server).await;
+    let now = SystemTime::now();
+    let hour = Duration::from_secs(3600);
+    path.load_voucher(1, &SaleTerms::new(5, now + hour, now + 2 * hour).unwrap())
+        .await
+        .unwrap();
+    path.load_voucher(2, &SaleTerms::new(5, now - 2 * hour, now - hour).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        path.purchase(1, 9).await.unwrap(),
+        Purchase::Refused(Refusal::NotStarted)
+    );
+    assert_eq!(
+        path.purchase(2, 9).await.unwrap(),
+        Purchase::Refused(Refusal::Ended)
+    );
+    assert_eq!(
+        path.purchase(3, 9).await.unwrap(),
+        Purchase::Refused(Refusal::UnknownVoucher)
+    );
+    assert_eq!(path.remaining_stock(1).await.unwrap(), Some(5));
+    assert_eq!(path.remaining_stock(2).await.unwrap(), Some(5));
+    assert_eq!(path.remaining_stock(3).await.unwrap(), None);
+    let mut raw = conn(&server).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*buyers*")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "a refusal recorded a buyer: {keys:?}");
+
+    path.load_voucher(4, &open_sale(1)).await.unwrap();
+    assert!(matches!(
+        path.purchase(4, 1).await.unwrap(),
+        Purchase::Accepted(_)
+    ));
+    assert_eq!(
+        path.purchase(4, 1).await.unwrap(),
+        Purchase::Refused(Refusal::AlreadyBought)
+    );
+    assert_eq!(
+        path.purchase(4, 2).await.unwrap(),
+        Purchase::Refused(Refusal::SoldOut)
+    );
+}
+
+#[tokio::test]
+async fn reloading_a_voucher_keeps_its_live_stock() {
+    let server = RedisServer::start();
+    let path = instance(&server).await;
+    path.load_voucher(5, &open_sale(3)).await.unwrap();
+    assert!(matches!(
+        path.purchase(5, 1).await.unwrap(),
+        Purchase::Accepted(_)
+    ));
+    path.load_voucher(5, &open_sale(3)).await.unwrap(); // e.g. after a restart
+    assert_eq!(path.remaining_stock(5).await.unwrap(), Some(2));
+}
+
+async fn incrby_calls(raw: &mut ConnectionManager) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_incrby:calls="))
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_ids_are_unique_across_instances_and_restarts_and_cost_one_call_per_block() {
+    const PER_GENERATOR: usize = 5_000;
+    const BLOCK: u32 = 100;
+    let server = RedisServer::start();
+    let mut raw = conn(&server).await;
+    let mut all = HashSet::new();
+    // Two instances at once, then a "restarted" instance.
+    for round in 0..2 {
+        let generators: Vec<_> = (0..if round == 0 { 2 } else { 1 })
+            .map(|_| {
+                let server_url = server.url();
+                tokio::spawn(async move {
+                    let c = ConnectionManager::new(redis::Client::open(server_url).unwrap())
+                        .await
+                        .unwrap();
+                    let generator = Arc::new(OrderIdGenerator::new(c, "seckill", BLOCK).unwrap());
+                    let tasks: Vec<_> = (0..PER_GENERATOR)
+                        .map(|_| {
+                            let g = generator.clone();
+                            tokio::spawn(async move { g.next_id().await.unwrap() })
+                        })
+                        .collect();
+                    let mut ids = Vec::new();
+                    for t in tasks {
+                        ids.push(t.await.unwrap());
+                    }
+                    ids
+                })
+            })
+            .collect();
+        for g in generators {
+            for id in g.await.unwrap() {
+                assert!(id.as_i64() > 0);
+                assert!(all.insert(id), "duplicate order id {id}");
+            }
+        }
+    }
+    assert_eq!(all.len(), 3 * PER_GENERATOR);
+    let calls = incrby_calls(&mut raw).await;
+    assert_eq!(
+        calls as usize,
+        3 * PER_GENERATOR / BLOCK as usize,
+        "one INCRBY per block"
+    );
+    assert!(OrderIdGenerator::new(raw, "seckill", 0).is_err());
+}
