@@ -120,7 +120,7 @@ impl Client {
         crate::scripts::preload(&mut conn).await?;
         let id: Arc<str> = format!("c:{}", uuid::Uuid::new_v4()).into();
         let runtime = tokio::runtime::Handle::current();
-        let pubsub = PubSub::start(redis, id.clone(), &runtime);
+        let pubsub = PubSub::start(redis, settings.connection_timeout, id.clone(), &runtime);
         let batcher = Batcher::start(conn.clone(), id.clone(), pubsub.clone(), &runtime);
         let (shutdown, shutdown_rx) = watch::channel(());
         let watchdog_lease_ms = lease_millis(settings.watchdog_timeout)

@@ -252,7 +252,12 @@ impl Lock {
 
         let subscription = shared.pubsub.subscribe(&self.keys.channel);
         let _queued = subscription.enter_queue();
-        let confirm_limit = remaining(deadline).min(shared.settings.response_timeout);
+        // Wait for the server to confirm the subscription (a release before
+        // that would be missed), but no longer than the lock's TTL: past it
+        // the next attempt is due anyway.
+        let confirm_limit = remaining(deadline)
+            .min(shared.settings.response_timeout)
+            .min(ttl.unwrap_or(QUEUED_RECHECK));
         subscription.ready(confirm_limit).await;
         loop {
             let notified = subscription.state().notify.notified();

@@ -65,12 +65,19 @@ impl PubSub {
     /// dropped (with the client) and the last subscription is gone.
     pub(crate) fn start(
         client: redis::Client,
+        connect_timeout: Duration,
         client_id: Arc<str>,
         runtime: &tokio::runtime::Handle,
     ) -> Arc<Self> {
         let channels: Channels = Arc::default();
         let (requests, rx) = mpsc::unbounded_channel();
-        runtime.spawn(run(client, client_id, channels.clone(), rx));
+        runtime.spawn(run(
+            client,
+            connect_timeout,
+            client_id,
+            channels.clone(),
+            rx,
+        ));
         Arc::new(Self { channels, requests })
     }
 
@@ -187,28 +194,38 @@ impl Drop for QueueToken<'_> {
 
 async fn run(
     client: redis::Client,
+    connect_timeout: Duration,
     client_id: Arc<str>,
     channels: Channels,
     mut requests: mpsc::UnboundedReceiver<Request>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        let connection = tokio::select! {
-            c = client.get_async_pubsub() => c,
-            // Requests made while disconnected are reconciled on connect;
-            // a closed queue means the client is gone.
-            r = requests.recv() => match r {
-                Some(_) => continue,
-                None => return,
-            },
+        // One connect attempt, not restarted by requests arriving meanwhile
+        // (a burst of them must not starve the connection). Those requests
+        // are dropped: on connect, the wanted set is read from the map.
+        let connect = tokio::time::timeout(connect_timeout, client.get_async_pubsub());
+        tokio::pin!(connect);
+        let connection = loop {
+            tokio::select! {
+                c = &mut connect => break c.unwrap_or_else(|_| Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "pub/sub connect timed out",
+                )))),
+                r = requests.recv() => if r.is_none() { return },
+            }
         };
         let (mut sink, mut stream) = match connection {
             Ok(c) => c.split(),
             Err(e) => {
                 tracing::debug!(error = %e, "pub/sub connect failed; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    r = requests.recv() => if r.is_none() { return },
+                let pause = tokio::time::sleep(backoff);
+                tokio::pin!(pause);
+                loop {
+                    tokio::select! {
+                        _ = &mut pause => break,
+                        r = requests.recv() => if r.is_none() { return },
+                    }
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
