@@ -24,6 +24,13 @@ pub enum Error {
     /// Redis could not be reached or answered with an error.
     #[error("redis error: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The SQL database failed (unreachable, constraint not mapped to an
+    /// outcome, …). Nothing was committed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("migration failed: {0}")]
+    Migration(#[from] sqlx::migrate::MigrateError),
     /// Redis answered something unexpected.
     #[error("unexpected reply from redis: {0}")]
     Protocol(String),

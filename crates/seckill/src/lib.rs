@@ -13,8 +13,10 @@
 
 #![warn(missing_docs)]
 
+pub mod db;
 pub mod domain;
 mod error;
+pub mod pipeline;
 pub mod store;
 
 pub use domain::order_id::OrderId;

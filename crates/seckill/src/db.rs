@@ -1,0 +1,303 @@
+//! The durable side: vouchers and orders in SQL.
+//!
+//! One URL picks the backend: `sqlite://path/to/file.db` (the embedded
+//! default), `postgres://…`, or `mysql://…` (MariaDB 10.5+). Queries are
+//! written once with `?` placeholders and numbered for PostgreSQL; each
+//! backend has its own migrations (`migrations/<backend>/`).
+//!
+//! The database is the final guard: `stock >= 0` and `UNIQUE (user_id,
+//! voucher_id)` hold whatever the Redis fast path or a retrying consumer
+//! does, and [`Database::record_order`] decides every case from the
+//! constraints, never from a check-then-insert.
+
+use std::borrow::Cow;
+use std::sync::Once;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, AssertSqlSafe, Row};
+
+use crate::domain::voucher::SaleTerms;
+use crate::error::{Error, Result};
+use crate::OrderId;
+
+/// Which SQL server a [`Database`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// SQLite (a file).
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+    /// MariaDB or MySQL.
+    MySql,
+}
+
+/// An order as the pipeline writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OrderRecord {
+    /// The global order id minted at purchase.
+    pub id: OrderId,
+    /// The buyer.
+    pub user_id: i64,
+    /// The voucher bought.
+    pub voucher_id: i64,
+    /// When Redis accepted it (Unix milliseconds).
+    pub created_ms: i64,
+}
+
+/// What [`Database::record_order`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// The order is new: inserted, stock decremented, committed.
+    Created,
+    /// This order id is already stored (a re-delivery): nothing changed.
+    AlreadyStored,
+    /// The user already has another order for this voucher: nothing changed.
+    UserAlreadyOrdered,
+    /// The voucher has no stock left in the database: nothing changed.
+    OutOfStock,
+    /// No such voucher in the database: nothing changed.
+    UnknownVoucher,
+}
+
+/// A pool of connections to the sale's database.
+#[derive(Debug, Clone)]
+pub struct Database {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+impl Database {
+    /// Connects to `url`; for SQLite, creates the file (and its directory)
+    /// if missing.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an unsupported URL, [`Error::Database`] if
+    /// the server cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self> {
+        static DRIVERS: Once = Once::new();
+        DRIVERS.call_once(sqlx::any::install_default_drivers);
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+            Backend::MySql
+        } else {
+            return Err(Error::invalid(
+                "database_url",
+                format!("{url:?}: expected sqlite:, postgres: or mysql:"),
+            ));
+        };
+        let url = match backend {
+            Backend::Sqlite => sqlite_url(url)?,
+            _ => url.replacen("mariadb:", "mysql:", 1),
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(match backend {
+                // One writer at a time is all SQLite allows; more only queue.
+                Backend::Sqlite => 1,
+                _ => 10,
+            })
+            .connect(&url)
+            .await?;
+        Ok(Self { pool, backend })
+    }
+
+    /// The backend behind this pool.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Applies the backend's migrations (idempotent).
+    ///
+    /// # Errors
+    /// [`Error::Migration`] if a migration fails or the applied ones differ
+    /// from the embedded ones.
+    pub async fn migrate(&self) -> Result<()> {
+        let migrator = match self.backend {
+            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+            Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+            Backend::MySql => sqlx::migrate!("./migrations/mysql"),
+        };
+        migrator.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// `?` placeholders numbered for PostgreSQL (`$1`, `$2`, …). Takes only
+    /// `'static` text: the rewrite never lets data into the SQL.
+    fn sql(&self, query: &'static str) -> AssertSqlSafe<Cow<'static, str>> {
+        AssertSqlSafe(self.numbered(query))
+    }
+
+    fn numbered(&self, query: &'static str) -> Cow<'static, str> {
+        if self.backend != Backend::Postgres {
+            return Cow::Borrowed(query);
+        }
+        let mut out = String::with_capacity(query.len() + 8);
+        let mut n = 0;
+        for c in query.chars() {
+            if c == '?' {
+                n += 1;
+                out.push('$');
+                out.push_str(&n.to_string());
+            } else {
+                out.push(c);
+            }
+        }
+        Cow::Owned(out)
+    }
+
+    /// Stores a new voucher and returns its id.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an empty or over-long title;
+    /// [`Error::Database`] on failure.
+    pub async fn create_voucher(&self, title: &str, terms: &SaleTerms) -> Result<i64> {
+        let title = title.trim();
+        if title.is_empty() || title.chars().count() > 200 {
+            return Err(Error::invalid("title", "must be 1 to 200 characters"));
+        }
+        let row: AnyRow = sqlx::query(self.sql(
+            "INSERT INTO seckill_voucher (title, stock, begin_ms, end_ms, created_ms) \
+             VALUES (?, ?, ?, ?, ?) RETURNING id",
+        ))
+        .bind(title)
+        .bind(terms.stock())
+        .bind(terms.begin_ms())
+        .bind(terms.end_ms())
+        .bind(now_ms())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// Stock left in the database for voucher `id`.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn voucher_stock(&self, id: i64) -> Result<Option<i64>> {
+        let row = sqlx::query(self.sql("SELECT stock FROM seckill_voucher WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
+    }
+
+    /// Number of orders stored for voucher `id`.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn order_count(&self, voucher_id: i64) -> Result<i64> {
+        let row = sqlx::query(self.sql("SELECT COUNT(*) FROM voucher_order WHERE voucher_id = ?"))
+            .bind(voucher_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// Stores `order` and takes its unit of stock, in one transaction, or
+    /// changes nothing. Safe to repeat: a re-delivered order is recognised
+    /// by its id.
+    ///
+    /// # Errors
+    /// [`Error::Database`] for failures other than the outcomes in
+    /// [`Recorded`] (then nothing was committed; retrying is safe).
+    pub async fn record_order(&self, order: &OrderRecord) -> Result<Recorded> {
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(self.sql(
+            "INSERT INTO voucher_order (id, user_id, voucher_id, created_ms) VALUES (?, ?, ?, ?)",
+        ))
+        .bind(order.id.as_i64())
+        .bind(order.user_id)
+        .bind(order.voucher_id)
+        .bind(order.created_ms)
+        .execute(&mut *tx)
+        .await;
+        if let Err(sqlx::Error::Database(e)) = &inserted {
+            if e.is_unique_violation() || e.is_foreign_key_violation() {
+                let foreign_key = e.is_foreign_key_violation();
+                drop(tx); // rolls back (PostgreSQL aborted it anyway)
+                if foreign_key {
+                    return Ok(Recorded::UnknownVoucher);
+                }
+                return self.classify_duplicate(order).await;
+            }
+        }
+        inserted?;
+        // The constraint-checked decrement: never below zero.
+        let taken = sqlx::query(
+            self.sql("UPDATE seckill_voucher SET stock = stock - 1 WHERE id = ? AND stock > 0"),
+        )
+        .bind(order.voucher_id)
+        .execute(&mut *tx)
+        .await?;
+        if taken.rows_affected() == 0 {
+            drop(tx);
+            return Ok(match self.voucher_stock(order.voucher_id).await? {
+                Some(_) => Recorded::OutOfStock,
+                None => Recorded::UnknownVoucher,
+            });
+        }
+        tx.commit().await?;
+        Ok(Recorded::Created)
+    }
+
+    async fn classify_duplicate(&self, order: &OrderRecord) -> Result<Recorded> {
+        let same_id = sqlx::query(self.sql("SELECT 1 FROM voucher_order WHERE id = ?"))
+            .bind(order.id.as_i64())
+            .fetch_optional(&self.pool)
+            .await?
+            .is_some();
+        Ok(if same_id {
+            Recorded::AlreadyStored
+        } else {
+            Recorded::UserAlreadyOrdered
+        })
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `sqlite://path` with create-if-missing, creating the parent directory.
+fn sqlite_url(url: &str) -> Result<String> {
+    let path = url
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:")
+        .split('?')
+        .next()
+        .unwrap_or_default();
+    if path.is_empty() || path == ":memory:" {
+        return Err(Error::invalid(
+            "database_url",
+            "SQLite needs a file path (orders must survive a restart)",
+        ));
+    }
+    if let Some(dir) = std::path::Path::new(path).parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::invalid("database_url", format!("{}: {e}", dir.display())))?;
+        }
+    }
+    Ok(format!("sqlite://{path}?mode=rwc"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_urls_need_a_file() {
+        assert!(sqlite_url("sqlite::memory:").is_err());
+        assert!(sqlite_url("sqlite://").is_err());
+        let dir = std::env::temp_dir().join(format!("seckill-url-{}", std::process::id()));
+        let url = sqlite_url(&format!("sqlite://{}/x.db", dir.display())).unwrap();
+        assert!(url.ends_with("x.db?mode=rwc"));
+        assert!(dir.exists());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,370 @@
+//! The durable order pipeline: from each voucher's Redis stream into SQL.
+//!
+//! The fast path appends every accepted order to its voucher's stream. Each
+//! service instance runs an [`OrderPipeline`] with its own consumer name in
+//! one shared consumer group, so an order is handed to one instance at a
+//! time, and:
+//!
+//! * writes it with [`Database::record_order`], which is idempotent (the
+//!   order id is the primary key), so a re-delivery never doubles an order;
+//! * acknowledges and deletes the entry only after the commit, so a crash
+//!   between the two re-delivers rather than loses;
+//! * takes over entries left pending by a consumer that died (idle longer
+//!   than `reclaim_idle`), counting deliveries;
+//! * moves an entry to the dead-letter stream (and counts it) when it can
+//!   never succeed (malformed, voucher unknown to the database, stock or
+//!   user conflict between Redis and the database) or was delivered more
+//!   than `max_deliveries` times;
+//! * leaves an entry pending when the database fails transiently: it is
+//!   retried after `reclaim_idle`.
+//!
+//! [`OrderPipeline::step`] does one round for one voucher, so tests and the
+//! service's worker loop control it step by step.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::streams::{StreamClaimReply, StreamId, StreamReadReply};
+
+use crate::db::{Database, OrderRecord, Recorded};
+use crate::error::{Error, Result};
+use crate::store::VoucherKeys;
+use crate::OrderId;
+
+/// How a pipeline consumes.
+#[derive(Debug, Clone)]
+pub struct PipelineSettings {
+    /// Consumer group shared by all instances.
+    pub group: String,
+    /// This instance's consumer name (unique per instance).
+    pub consumer: String,
+    /// Entries read per round.
+    pub batch: usize,
+    /// An entry pending this long on any consumer is taken over.
+    pub reclaim_idle: Duration,
+    /// Deliveries after which an entry is dead-lettered.
+    pub max_deliveries: u64,
+}
+
+impl PipelineSettings {
+    /// Defaults for consumer `consumer`: group `orders`, batches of 100,
+    /// reclaim after 30 s, dead-letter after 5 deliveries.
+    pub fn new(consumer: impl Into<String>) -> Self {
+        Self {
+            group: "orders".into(),
+            consumer: consumer.into(),
+            batch: 100,
+            reclaim_idle: Duration::from_secs(30),
+            max_deliveries: 5,
+        }
+    }
+}
+
+/// What one [`OrderPipeline::step`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StepReport {
+    /// Orders newly stored.
+    pub created: u64,
+    /// Re-deliveries of orders already stored (acknowledged, no change).
+    pub already_stored: u64,
+    /// Entries moved to the dead-letter stream.
+    pub dead_lettered: u64,
+    /// Entries taken over from other (dead) consumers.
+    pub reclaimed: u64,
+    /// Entries left pending after a transient database failure.
+    pub left_pending: u64,
+}
+
+impl StepReport {
+    /// Entries this step finished with (stored, re-delivered or dead).
+    pub fn handled(&self) -> u64 {
+        self.created + self.already_stored + self.dead_lettered
+    }
+}
+
+/// Moves accepted orders from Redis into the database.
+#[derive(Debug)]
+pub struct OrderPipeline {
+    conn: ConnectionManager,
+    db: Database,
+    prefix: String,
+    settings: PipelineSettings,
+    dead_letters: AtomicU64,
+}
+
+/// One stream entry to handle, with how often it has been delivered.
+struct Delivery {
+    entry: StreamId,
+    deliveries: u64,
+}
+
+impl OrderPipeline {
+    /// A pipeline for the streams under `prefix`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an empty group or consumer, a zero batch or
+    /// a zero delivery limit.
+    pub fn new(
+        conn: ConnectionManager,
+        db: Database,
+        prefix: impl Into<String>,
+        settings: PipelineSettings,
+    ) -> Result<Self> {
+        if settings.group.is_empty() {
+            return Err(Error::invalid("group", "must not be empty"));
+        }
+        if settings.consumer.is_empty() {
+            return Err(Error::invalid("consumer", "must not be empty"));
+        }
+        if settings.batch == 0 {
+            return Err(Error::invalid("batch", "must be at least 1"));
+        }
+        if settings.max_deliveries == 0 {
+            return Err(Error::invalid("max_deliveries", "must be at least 1"));
+        }
+        Ok(Self {
+            conn,
+            db,
+            prefix: prefix.into(),
+            settings,
+            dead_letters: AtomicU64::new(0),
+        })
+    }
+
+    /// The stream dead letters go to.
+    pub fn dead_letter_stream(&self) -> String {
+        format!("{}:orders:dead", self.prefix)
+    }
+
+    /// Entries this pipeline has dead-lettered since it started.
+    pub fn dead_letters(&self) -> u64 {
+        self.dead_letters.load(Ordering::Relaxed)
+    }
+
+    /// Creates the consumer group of voucher `voucher_id`'s stream (and the
+    /// stream) if missing. Idempotent, safe from several instances at once.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable.
+    pub async fn ensure_group(&self, voucher_id: i64) -> Result<()> {
+        let keys = VoucherKeys::new(&self.prefix, voucher_id);
+        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&keys.orders)
+            .arg(&self.settings.group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut self.conn.clone())
+            .await;
+        match created {
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            other => Ok(other?),
+        }
+    }
+
+    /// One round for voucher `voucher_id`: take over entries idle on dead
+    /// consumers, read new ones, store, acknowledge, dead-letter.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable. Database failures do not
+    /// end the step: the entry stays pending and is counted in
+    /// [`StepReport::left_pending`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe in effect: an entry is acknowledged only after its order
+    /// is committed, so dropping the step at any point leaves entries
+    /// pending (to be reclaimed), never lost; stored orders are not
+    /// doubled on re-delivery.
+    pub async fn step(&self, voucher_id: i64) -> Result<StepReport> {
+        let keys = VoucherKeys::new(&self.prefix, voucher_id);
+        let mut report = StepReport::default();
+        let mut work = self.reclaim(&keys.orders).await?;
+        report.reclaimed = work.len() as u64;
+        work.extend(self.read_new(&keys.orders).await?);
+        for delivery in work {
+            self.handle(&keys.orders, delivery, &mut report).await?;
+        }
+        Ok(report)
+    }
+
+    /// Entries idle past `reclaim_idle` on any consumer, now ours.
+    async fn reclaim(&self, stream: &str) -> Result<Vec<Delivery>> {
+        let idle_ms = self.settings.reclaim_idle.as_millis() as u64;
+        // XPENDING stream group IDLE ms - + count: [[id, consumer, idle, deliveries], …]
+        let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(stream)
+            .arg(&self.settings.group)
+            .arg("IDLE")
+            .arg(idle_ms)
+            .arg("-")
+            .arg("+")
+            .arg(self.settings.batch)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        if pending.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut claim = redis::cmd("XCLAIM");
+        claim
+            .arg(stream)
+            .arg(&self.settings.group)
+            .arg(&self.settings.consumer)
+            .arg(idle_ms);
+        for (id, ..) in &pending {
+            claim.arg(id);
+        }
+        let claimed: StreamClaimReply = claim.query_async(&mut self.conn.clone()).await?;
+        let mut out = Vec::with_capacity(claimed.ids.len());
+        for entry in claimed.ids {
+            // XCLAIM counted one more delivery.
+            let deliveries = pending
+                .iter()
+                .find(|(id, ..)| *id == entry.id)
+                .map_or(1, |(.., n)| n + 1);
+            out.push(Delivery { entry, deliveries });
+        }
+        Ok(out)
+    }
+
+    async fn read_new(&self, stream: &str) -> Result<Vec<Delivery>> {
+        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&self.settings.group)
+            .arg(&self.settings.consumer)
+            .arg("COUNT")
+            .arg(self.settings.batch)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(">")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|k| k.ids)
+            .map(|entry| Delivery {
+                entry,
+                deliveries: 1,
+            })
+            .collect())
+    }
+
+    async fn handle(
+        &self,
+        stream: &str,
+        delivery: Delivery,
+        report: &mut StepReport,
+    ) -> Result<()> {
+        let Delivery { entry, deliveries } = delivery;
+        if deliveries > self.settings.max_deliveries {
+            let reason = format!("delivered {deliveries} times");
+            return self.dead_letter(stream, &entry, &reason, report).await;
+        }
+        let Some(order) = parse(&entry) else {
+            return self
+                .dead_letter(stream, &entry, "malformed entry", report)
+                .await;
+        };
+        match self.db.record_order(&order).await {
+            Ok(Recorded::Created) => {
+                report.created += 1;
+                self.acknowledge(stream, &entry.id).await
+            }
+            Ok(Recorded::AlreadyStored) => {
+                report.already_stored += 1;
+                self.acknowledge(stream, &entry.id).await
+            }
+            // Redis accepted what the database refuses: no retry can fix
+            // it; `reconcile` reports it.
+            Ok(Recorded::UserAlreadyOrdered) => {
+                self.dead_letter(stream, &entry, "user already has an order", report)
+                    .await
+            }
+            Ok(Recorded::OutOfStock) => {
+                self.dead_letter(stream, &entry, "no stock left in the database", report)
+                    .await
+            }
+            Ok(Recorded::UnknownVoucher) => {
+                self.dead_letter(stream, &entry, "voucher unknown to the database", report)
+                    .await
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, entry = %entry.id, "storing an order failed; it stays pending");
+                report.left_pending += 1;
+                Ok(())
+            }
+        }
+    }
+
+    async fn acknowledge(&self, stream: &str, id: &str) -> Result<()> {
+        let () = redis::pipe()
+            .atomic()
+            .cmd("XACK")
+            .arg(stream)
+            .arg(&self.settings.group)
+            .arg(id)
+            .ignore()
+            .cmd("XDEL")
+            .arg(stream)
+            .arg(id)
+            .ignore()
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    async fn dead_letter(
+        &self,
+        stream: &str,
+        entry: &StreamId,
+        reason: &str,
+        report: &mut StepReport,
+    ) -> Result<()> {
+        let mut add = redis::cmd("XADD");
+        add.arg(self.dead_letter_stream())
+            .arg("*")
+            .arg("stream")
+            .arg(stream)
+            .arg("entry")
+            .arg(&entry.id)
+            .arg("reason")
+            .arg(reason);
+        for (field, value) in &entry.map {
+            if let Ok(v) = redis::from_redis_value_ref::<String>(value) {
+                add.arg(field).arg(v);
+            }
+        }
+        let () = redis::pipe()
+            .atomic()
+            .add_command(add)
+            .ignore()
+            .cmd("XACK")
+            .arg(stream)
+            .arg(&self.settings.group)
+            .arg(&entry.id)
+            .ignore()
+            .cmd("XDEL")
+            .arg(stream)
+            .arg(&entry.id)
+            .ignore()
+            .query_async(&mut self.conn.clone())
+            .await?;
+        tracing::warn!(entry = %entry.id, stream, reason, "order dead-lettered");
+        self.dead_letters.fetch_add(1, Ordering::Relaxed);
+        report.dead_lettered += 1;
+        Ok(())
+    }
+}
+
+/// The order in a stream entry; `None` if any field is missing or bad.
+fn parse(entry: &StreamId) -> Option<OrderRecord> {
+    let id = OrderId::from_i64(entry.get::<i64>("order")?).ok()?;
+    let created_ms = entry.id.split('-').next()?.parse().ok()?;
+    Some(OrderRecord {
+        id,
+        user_id: entry.get("user")?,
+        voucher_id: entry.get("voucher")?,
+        created_ms,
+    })
+}

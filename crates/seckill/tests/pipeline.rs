@@ -1,0 +1,270 @@
+//! The order pipeline against a real redis-server and a real SQLite file.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use redis::aio::ConnectionManager;
+use seckill::db::Database;
+use seckill::domain::voucher::SaleTerms;
+use seckill::pipeline::{OrderPipeline, PipelineSettings, StepReport};
+use seckill::store::{FastPath, OrderIdGenerator, Purchase, VoucherKeys};
+use testkit::RedisServer;
+
+struct Sale {
+    server: RedisServer,
+    db: Database,
+    fast: Arc<FastPath>,
+    voucher: i64,
+    _dir: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn conn(server: &RedisServer) -> ConnectionManager {
+    ConnectionManager::new(redis::Client::open(server.url()).unwrap())
+        .await
+        .unwrap()
+}
+
+/// A voucher with `stock` in both the database and Redis.
+async fn sale(stock: i64) -> Sale {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "seckill-pipeline-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let db = Database::connect(&format!("sqlite://{}/orders.db", dir.display()))
+        .await
+        .unwrap();
+    db.migrate().await.unwrap();
+    let now = SystemTime::now();
+    let terms = SaleTerms::new(
+        stock,
+        now - Duration::from_secs(60),
+        now + Duration::from_secs(3600),
+    )
+    .unwrap();
+    let voucher = db
+        .create_voucher("Half-price hotpot", &terms)
+        .await
+        .unwrap();
+    let server = RedisServer::start();
+    let c = conn(&server).await;
+    let fast = FastPath::new(
+        c.clone(),
+        "seckill",
+        OrderIdGenerator::new(c, "seckill", 100).unwrap(),
+    );
+    fast.load_voucher(voucher, &terms).await.unwrap();
+    Sale {
+        server,
+        db,
+        fast: Arc::new(fast),
+        voucher,
+        _dir: TempDir(dir),
+    }
+}
+
+async fn pipeline(sale: &Sale, consumer: &str, reclaim_idle: Duration) -> OrderPipeline {
+    let mut settings = PipelineSettings::new(consumer);
+    settings.reclaim_idle = reclaim_idle;
+    settings.max_deliveries = 3;
+    let p = OrderPipeline::new(
+        conn(&sale.server).await,
+        sale.db.clone(),
+        "seckill",
+        settings,
+    )
+    .unwrap();
+    p.ensure_group(sale.voucher).await.unwrap();
+    p
+}
+
+async fn buy(sale: &Sale, users: std::ops::Range<i64>) -> Vec<i64> {
+    let mut accepted = Vec::new();
+    for user in users {
+        if let Purchase::Accepted(id) = sale.fast.purchase(sale.voucher, user).await.unwrap() {
+            accepted.push(id.as_i64());
+        }
+    }
+    accepted
+}
+
+async fn drain(p: &OrderPipeline, voucher: i64) -> StepReport {
+    let mut total = StepReport::default();
+    loop {
+        let r = p.step(voucher).await.unwrap();
+        if r.handled() == 0 && r.reclaimed == 0 {
+            return total;
+        }
+        total.created += r.created;
+        total.already_stored += r.already_stored;
+        total.dead_lettered += r.dead_lettered;
+        total.reclaimed += r.reclaimed;
+    }
+}
+
+async fn stream_state(sale: &Sale) -> (i64, i64) {
+    let keys = VoucherKeys::new("seckill", sale.voucher);
+    let mut c = conn(&sale.server).await;
+    let len: i64 = redis::cmd("XLEN")
+        .arg(&keys.orders)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let pending: (i64, Option<String>, Option<String>, redis::Value) = redis::cmd("XPENDING")
+        .arg(&keys.orders)
+        .arg("orders")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    (len, pending.0)
+}
+
+#[tokio::test]
+async fn every_accepted_order_reaches_the_database_once_and_the_stream_empties() {
+    let sale = sale(50).await;
+    let accepted = buy(&sale, 0..80).await;
+    assert_eq!(accepted.len(), 50);
+    let p = pipeline(&sale, "instance-a", Duration::from_secs(30)).await;
+    let report = drain(&p, sale.voucher).await;
+    assert_eq!(report.created, 50);
+    assert_eq!(report.dead_lettered, 0);
+    assert_eq!(sale.db.order_count(sale.voucher).await.unwrap(), 50);
+    assert_eq!(sale.db.voucher_stock(sale.voucher).await.unwrap(), Some(0));
+    assert_eq!(
+        sale.fast.remaining_stock(sale.voucher).await.unwrap(),
+        Some(0)
+    );
+    assert_eq!(
+        stream_state(&sale).await,
+        (0, 0),
+        "stream trimmed, nothing pending"
+    );
+    // Creating the group again (another instance starting) is harmless.
+    p.ensure_group(sale.voucher).await.unwrap();
+}
+
+#[tokio::test]
+async fn orders_left_by_a_dead_consumer_are_taken_over_and_stored_exactly_once() {
+    let sale = sale(20).await;
+    let accepted = buy(&sale, 0..20).await;
+    assert_eq!(accepted.len(), 20);
+    // Consumer "a" reads everything, stores half, then dies before any ack.
+    let a = pipeline(&sale, "a", Duration::from_secs(30)).await;
+    let keys = VoucherKeys::new("seckill", sale.voucher);
+    let mut c = conn(&sale.server).await;
+    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("orders")
+        .arg("a")
+        .arg("COUNT")
+        .arg(100)
+        .arg("STREAMS")
+        .arg(&keys.orders)
+        .arg(">")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let entries = &read.keys[0].ids;
+    assert_eq!(entries.len(), 20);
+    for e in entries.iter().take(10) {
+        let order = seckill::db::OrderRecord {
+            id: seckill::OrderId::from_i64(e.get("order").unwrap()).unwrap(),
+            user_id: e.get("user").unwrap(),
+            voucher_id: e.get("voucher").unwrap(),
+            created_ms: 0,
+        };
+        sale.db.record_order(&order).await.unwrap();
+    }
+    drop(a);
+
+    // Consumer "b" leaves them alone while "a" might still be working...
+    let b = pipeline(&sale, "b", Duration::from_millis(300)).await;
+    assert_eq!(b.step(sale.voucher).await.unwrap(), StepReport::default());
+    // ...and takes them over once they have been idle long enough.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let report = drain(&b, sale.voucher).await;
+    assert_eq!(report.reclaimed, 20);
+    assert_eq!((report.created, report.already_stored), (10, 10));
+    assert_eq!(sale.db.order_count(sale.voucher).await.unwrap(), 20);
+    assert_eq!(sale.db.voucher_stock(sale.voucher).await.unwrap(), Some(0));
+    assert_eq!(stream_state(&sale).await, (0, 0));
+}
+
+#[tokio::test]
+async fn entries_that_cannot_succeed_or_keep_failing_are_dead_lettered_and_counted() {
+    let sale = sale(5).await;
+    let keys = VoucherKeys::new("seckill", sale.voucher);
+    let mut c = conn(&sale.server).await;
+    let p = pipeline(&sale, "p", Duration::from_millis(200)).await;
+    // Malformed, and an order for a voucher the database does not know.
+    let _: String = redis::cmd("XADD")
+        .arg(&keys.orders)
+        .arg("*")
+        .arg("junk")
+        .arg("1")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&keys.orders)
+        .arg("*")
+        .arg("order")
+        .arg(1i64 << 32)
+        .arg("user")
+        .arg(9)
+        .arg("voucher")
+        .arg(999_999)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let report = p.step(sale.voucher).await.unwrap();
+    assert_eq!(report.dead_lettered, 2);
+
+    // An entry a dying consumer keeps taking: past 3 deliveries it is dead.
+    buy(&sale, 0..1).await;
+    for consumer in ["x", "y", "z"] {
+        let _: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("orders")
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(1)
+            .arg("STREAMS")
+            .arg(&keys.orders)
+            .arg(if consumer == "x" { ">" } else { "0" })
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: redis::Value = redis::cmd("XAUTOCLAIM")
+            .arg(&keys.orders)
+            .arg("orders")
+            .arg(consumer)
+            .arg(0)
+            .arg("0-0")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let report = p.step(sale.voucher).await.unwrap();
+    assert_eq!(report.dead_lettered, 1, "{report:?}");
+    assert_eq!(p.dead_letters(), 3);
+    let dead: i64 = redis::cmd("XLEN")
+        .arg(p.dead_letter_stream())
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(dead, 3);
+    assert_eq!(sale.db.order_count(sale.voucher).await.unwrap(), 0);
+    assert_eq!(stream_state(&sale).await, (0, 0));
+}
