@@ -1,30 +1,38 @@
 #!/usr/bin/env bash
 # Installs what the project needs to build, test and run its demo, when it is
-# missing: redis-server, redis-cli and redis-benchmark (Debian package
-# redis-server, which pulls in redis-tools). Uses apt-get non-interactively;
-# needs root or sudo. Safe to run repeatedly: does nothing if all is present.
+# missing, from Debian's packages with apt-get (non-interactive; needs root or
+# sudo). Safe to run repeatedly: does nothing if all is present.
+#   redis-server, redis-cli, redis-benchmark  <- redis-server, redis-tools
+#   PostgreSQL (initdb, postgres, psql)        <- postgresql
+#   MariaDB (mariadbd, mariadb-install-db)     <- mariadb-server, mariadb-client
+# The tests start private instances of each (unix sockets in temporary
+# directories); they never use the system services these packages start.
 set -euo pipefail
 
-need_apt=()
+packages=()
 for bin in redis-server redis-cli redis-benchmark; do
-  command -v "$bin" >/dev/null 2>&1 || need_apt+=("$bin")
+  command -v "$bin" >/dev/null 2>&1 || { packages+=(redis-server redis-tools); break; }
+done
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v psql >/dev/null 2>&1; then
+  packages+=(postgresql postgresql-client)
+fi
+for bin in mariadbd mariadb-install-db mariadb; do
+  command -v "$bin" >/dev/null 2>&1 || { packages+=(mariadb-server mariadb-client); break; }
 done
 
-if ((${#need_apt[@]})); then
-  echo "ensure-deps: missing ${need_apt[*]}; installing Debian package redis-server with apt-get" >&2
+if ((${#packages[@]})); then
+  echo "ensure-deps: installing ${packages[*]} with apt-get" >&2
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || { echo "ensure-deps: need root or sudo to apt-get install redis-server" >&2; exit 1; }
+    command -v sudo >/dev/null 2>&1 || { echo "ensure-deps: need root or sudo to apt-get install ${packages[*]}" >&2; exit 1; }
     sudo="sudo"
   fi
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null
-  # The package starts a system service on port 6379; the project never uses
-  # it (every test and the demo start private servers), so leave it be.
+  $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "ensure-deps: cargo not found. Install a Rust toolchain (1.88 or newer) with rustup: https://rustup.rs" >&2
+  echo "ensure-deps: cargo not found. Install a Rust toolchain (1.94 or newer) with rustup: https://rustup.rs" >&2
   exit 1
 fi

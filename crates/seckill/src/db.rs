@@ -204,7 +204,35 @@ impl Database {
     /// [`Error::Database`] for failures other than the outcomes in
     /// [`Recorded`] (then nothing was committed; retrying is safe).
     pub async fn record_order(&self, order: &OrderRecord) -> Result<Recorded> {
+        let mut attempt = 1;
+        loop {
+            match self.try_record_order(order).await {
+                Err(Error::Database(sqlx::Error::Database(e)))
+                    if attempt < SERIALIZATION_RETRIES
+                        && matches!(e.code().as_deref(), Some("40001" | "40P01")) =>
+                {
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn try_record_order(&self, order: &OrderRecord) -> Result<Recorded> {
         let mut tx = self.pool.begin().await?;
+        // Take the voucher row's exclusive lock first. Inserting the order
+        // first would take a shared lock on it (the foreign key) and then
+        // need to upgrade it: two buyers doing that deadlock on InnoDB.
+        let taken = sqlx::query(
+            self.sql("UPDATE seckill_voucher SET stock = stock - 1 WHERE id = ? AND stock > 0"),
+        )
+        .bind(order.voucher_id)
+        .execute(&mut *tx)
+        .await?;
+        if taken.rows_affected() == 0 {
+            drop(tx);
+            return self.classify_refusal(order).await;
+        }
         let inserted = sqlx::query(self.sql(
             "INSERT INTO voucher_order (id, user_id, voucher_id, created_ms) VALUES (?, ?, ?, ?)",
         ))
@@ -214,48 +242,58 @@ impl Database {
         .bind(order.created_ms)
         .execute(&mut *tx)
         .await;
-        if let Err(sqlx::Error::Database(e)) = &inserted {
-            if e.is_unique_violation() || e.is_foreign_key_violation() {
-                let foreign_key = e.is_foreign_key_violation();
-                drop(tx); // rolls back (PostgreSQL aborted it anyway)
-                if foreign_key {
-                    return Ok(Recorded::UnknownVoucher);
-                }
-                return self.classify_duplicate(order).await;
+        match inserted {
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                drop(tx); // rolls the decrement back
+                self.classify_refusal(order).await
+            }
+            other => {
+                other?;
+                tx.commit().await?;
+                Ok(Recorded::Created)
             }
         }
-        inserted?;
-        // The constraint-checked decrement: never below zero.
-        let taken = sqlx::query(
-            self.sql("UPDATE seckill_voucher SET stock = stock - 1 WHERE id = ? AND stock > 0"),
-        )
-        .bind(order.voucher_id)
-        .execute(&mut *tx)
-        .await?;
-        if taken.rows_affected() == 0 {
-            drop(tx);
-            return Ok(match self.voucher_stock(order.voucher_id).await? {
-                Some(_) => Recorded::OutOfStock,
-                None => Recorded::UnknownVoucher,
-            });
-        }
-        tx.commit().await?;
-        Ok(Recorded::Created)
     }
 
-    async fn classify_duplicate(&self, order: &OrderRecord) -> Result<Recorded> {
-        let same_id = sqlx::query(self.sql("SELECT 1 FROM voucher_order WHERE id = ?"))
-            .bind(order.id.as_i64())
-            .fetch_optional(&self.pool)
-            .await?
-            .is_some();
-        Ok(if same_id {
-            Recorded::AlreadyStored
-        } else {
-            Recorded::UserAlreadyOrdered
+    /// Why `order` could not be stored (after a rolled-back attempt).
+    async fn classify_refusal(&self, order: &OrderRecord) -> Result<Recorded> {
+        let exists = |sql: &'static str, a: i64, b: Option<i64>| {
+            let mut q = sqlx::query(self.sql(sql)).bind(a);
+            if let Some(b) = b {
+                q = q.bind(b);
+            }
+            q.fetch_optional(&self.pool)
+        };
+        if exists(
+            "SELECT 1 FROM voucher_order WHERE id = ?",
+            order.id.as_i64(),
+            None,
+        )
+        .await?
+        .is_some()
+        {
+            return Ok(Recorded::AlreadyStored);
+        }
+        if exists(
+            "SELECT 1 FROM voucher_order WHERE user_id = ? AND voucher_id = ?",
+            order.user_id,
+            Some(order.voucher_id),
+        )
+        .await?
+        .is_some()
+        {
+            return Ok(Recorded::UserAlreadyOrdered);
+        }
+        Ok(match self.voucher_stock(order.voucher_id).await? {
+            Some(_) => Recorded::OutOfStock,
+            None => Recorded::UnknownVoucher,
         })
     }
 }
+
+/// Attempts of one order's transaction when the server reports a
+/// serialization failure or deadlock (SQLSTATE 40001 / 40P01).
+const SERIALIZATION_RETRIES: u32 = 3;
 
 fn now_ms() -> i64 {
     SystemTime::now()

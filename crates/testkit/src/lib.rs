@@ -12,6 +12,9 @@
 //! # let _ = url;
 //! ```
 
+mod sql;
+pub use sql::{MariaDbServer, PostgresServer};
+
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

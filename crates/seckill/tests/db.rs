@@ -1,0 +1,121 @@
+//! The SQL layer on each supported backend: SQLite (a file), and private
+//! PostgreSQL and MariaDB servers started by the test.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use seckill::db::{Backend, Database, OrderRecord, Recorded};
+use seckill::domain::voucher::SaleTerms;
+use seckill::OrderId;
+use testkit::{MariaDbServer, PostgresServer};
+
+/// Runs `scenario` against a fresh database of every backend.
+async fn on_every_backend<F, Fut>(scenario: F)
+where
+    F: Fn(Database) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let dir = std::env::temp_dir().join(format!(
+        "seckill-db-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let sqlite = Database::connect(&format!("sqlite://{}/test.db", dir.display()))
+        .await
+        .unwrap();
+    assert_eq!(sqlite.backend(), Backend::Sqlite);
+    scenario(sqlite).await;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let pg = PostgresServer::start();
+    let db = Database::connect(&pg.url()).await.unwrap();
+    assert_eq!(db.backend(), Backend::Postgres);
+    scenario(db).await;
+
+    let maria = MariaDbServer::start();
+    let db = Database::connect(&maria.url()).await.unwrap();
+    assert_eq!(db.backend(), Backend::MySql);
+    scenario(db).await;
+}
+
+fn terms(stock: i64) -> SaleTerms {
+    let now = SystemTime::now();
+    SaleTerms::new(stock, now, now + Duration::from_secs(3600)).unwrap()
+}
+
+fn order(seq: u32, user_id: i64, voucher_id: i64) -> OrderRecord {
+    OrderRecord {
+        id: OrderId::compose(1_000, seq).unwrap(),
+        user_id,
+        voucher_id,
+        created_ms: 1,
+    }
+}
+
+#[tokio::test]
+async fn every_outcome_is_decided_by_the_constraints_on_every_backend() {
+    on_every_backend(|db| async move {
+        db.migrate().await.unwrap();
+        db.migrate().await.unwrap(); // idempotent
+        let v = db.create_voucher("  Hotpot  ", &terms(2)).await.unwrap();
+        assert_eq!(db.voucher_stock(v).await.unwrap(), Some(2));
+        assert_eq!(
+            db.record_order(&order(1, 10, v)).await.unwrap(),
+            Recorded::Created
+        );
+        assert_eq!(
+            db.record_order(&order(1, 10, v)).await.unwrap(),
+            Recorded::AlreadyStored
+        );
+        assert_eq!(
+            db.record_order(&order(2, 10, v)).await.unwrap(),
+            Recorded::UserAlreadyOrdered
+        );
+        assert_eq!(
+            db.record_order(&order(3, 11, v)).await.unwrap(),
+            Recorded::Created
+        );
+        assert_eq!(
+            db.record_order(&order(4, 12, v)).await.unwrap(),
+            Recorded::OutOfStock
+        );
+        assert_eq!(
+            db.record_order(&order(5, 12, v + 1000)).await.unwrap(),
+            Recorded::UnknownVoucher
+        );
+        // Refusals changed nothing.
+        assert_eq!(db.voucher_stock(v).await.unwrap(), Some(0));
+        assert_eq!(db.order_count(v).await.unwrap(), 2);
+        assert!(db.create_voucher("   ", &terms(1)).await.is_err());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_writers_never_take_more_than_the_stock_on_every_backend() {
+    on_every_backend(|db| async move {
+        db.migrate().await.unwrap();
+        let v = db.create_voucher("Contended", &terms(25)).await.unwrap();
+        let db = Arc::new(db);
+        let writers: Vec<_> = (0..100u32)
+            .map(|i| {
+                let db = db.clone();
+                tokio::spawn(
+                    async move { db.record_order(&order(i, i64::from(i), v)).await.unwrap() },
+                )
+            })
+            .collect();
+        let mut created = 0;
+        for w in writers {
+            match w.await.unwrap() {
+                Recorded::Created => created += 1,
+                Recorded::OutOfStock => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(created, 25);
+        assert_eq!(db.voucher_stock(v).await.unwrap(), Some(0));
+        assert_eq!(db.order_count(v).await.unwrap(), 25);
+    })
+    .await;
+}
