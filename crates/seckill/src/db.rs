@@ -12,11 +12,11 @@
 
 use std::borrow::Cow;
 use std::sync::Once;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, AssertSqlSafe, Row};
 
+use crate::domain::now_ms;
 use crate::domain::voucher::SaleTerms;
 use crate::error::{Error, Result};
 use crate::OrderId;
@@ -184,6 +184,24 @@ impl Database {
         Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
     }
 
+    /// The sale terms of voucher `id` as stored: `(stock, begin_ms, end_ms)`.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn voucher_window(&self, id: i64) -> Result<Option<(i64, i64, i64)>> {
+        let row = sqlx::query(
+            self.sql("SELECT stock, begin_ms, end_ms FROM seckill_voucher WHERE id = ?"),
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row
+            .map(|r| -> Result<_, sqlx::Error> {
+                Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))
+            })
+            .transpose()?)
+    }
+
     /// Number of orders stored for voucher `id`.
     ///
     /// # Errors
@@ -294,12 +312,6 @@ impl Database {
 /// Attempts of one order's transaction when the server reports a
 /// serialization failure or deadlock (SQLSTATE 40001 / 40P01).
 const SERIALIZATION_RETRIES: u32 = 3;
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
 
 /// `sqlite://path` with create-if-missing, creating the parent directory.
 fn sqlite_url(url: &str) -> Result<String> {

@@ -31,6 +31,9 @@ pub enum Error {
     /// A migration failed.
     #[error("migration failed: {0}")]
     Migration(#[from] sqlx::migrate::MigrateError),
+    /// A lock operation failed (Redis unreachable, lock wait timed out).
+    #[error("lock error: {0}")]
+    Lock(#[from] hasp::Error),
     /// Redis answered something unexpected.
     #[error("unexpected reply from redis: {0}")]
     Protocol(String),

@@ -18,6 +18,7 @@ pub mod domain;
 mod error;
 pub mod pipeline;
 pub mod store;
+pub mod sync_path;
 
 pub use domain::order_id::OrderId;
 pub use error::{Error, Result};

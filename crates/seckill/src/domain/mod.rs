@@ -2,3 +2,10 @@
 
 pub mod order_id;
 pub mod voucher;
+
+/// The local wall clock in Unix milliseconds.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

@@ -1,0 +1,90 @@
+//! The locked purchase path (seeds 000 and 002): a per-user `hasp` lock
+//! around a database transaction.
+//!
+//! Slower than the [fast path](crate::store::FastPath) — every purchase is a
+//! lock round trip plus a transaction on the voucher's row — but it needs no
+//! Redis copy of the stock and no pipeline: the order is durable when the
+//! call returns. The per-user lock serialises one user's attempts across all
+//! instances, so the existing-order check and the insert are not raced by
+//! the same user; `stock > 0` in the `UPDATE` and the unique (user, voucher)
+//! index stay the final guards.
+
+use std::time::Duration;
+
+use crate::db::{Database, OrderRecord, Recorded};
+use crate::domain::now_ms;
+use crate::error::Result;
+use crate::store::{OrderIdGenerator, Purchase, Refusal};
+
+/// Purchases through a per-user lock and one database transaction.
+#[derive(Debug)]
+pub struct SyncPath {
+    db: Database,
+    locks: hasp::Client,
+    ids: OrderIdGenerator,
+    lock_wait: Duration,
+}
+
+impl SyncPath {
+    /// A sync path; a user's concurrent attempts wait at most `lock_wait`
+    /// for each other.
+    pub fn new(
+        db: Database,
+        locks: hasp::Client,
+        ids: OrderIdGenerator,
+        lock_wait: Duration,
+    ) -> Self {
+        Self {
+            db,
+            locks,
+            ids,
+            lock_wait,
+        }
+    }
+
+    /// Tries to buy voucher `voucher_id` for `user_id`.
+    ///
+    /// # Errors
+    /// [`Error::Lock`](crate::Error::Lock) if the user's lock is not had
+    /// within `lock_wait` or Redis fails; [`Error::Database`](crate::Error::Database)
+    /// on database failure (nothing committed).
+    pub async fn purchase(&self, voucher_id: i64, user_id: i64) -> Result<Purchase> {
+        let Some((_, begin_ms, end_ms)) = self.db.voucher_window(voucher_id).await? else {
+            return Ok(Purchase::Refused(Refusal::UnknownVoucher));
+        };
+        let now = now_ms();
+        if now < begin_ms {
+            return Ok(Purchase::Refused(Refusal::NotStarted));
+        }
+        if now >= end_ms {
+            return Ok(Purchase::Refused(Refusal::Ended));
+        }
+        let lock = self.locks.lock(&format!("seckill:user:{user_id}"))?;
+        let guard = lock.lock_within(self.lock_wait).await?;
+        let outcome = self.purchase_locked(voucher_id, user_id).await;
+        // Release before reporting, whatever the outcome; a failed release
+        // only delays the user's next attempt until the lease ends.
+        if let Err(e) = guard.unlock().await {
+            tracing::warn!(error = %e, user_id, "releasing the user lock failed");
+        }
+        outcome
+    }
+
+    async fn purchase_locked(&self, voucher_id: i64, user_id: i64) -> Result<Purchase> {
+        let id = self.ids.next_id().await?;
+        let order = OrderRecord {
+            id,
+            user_id,
+            voucher_id,
+            created_ms: now_ms(),
+        };
+        Ok(match self.db.record_order(&order).await? {
+            Recorded::Created => Purchase::Accepted(id),
+            Recorded::AlreadyStored | Recorded::UserAlreadyOrdered => {
+                Purchase::Refused(Refusal::AlreadyBought)
+            }
+            Recorded::OutOfStock => Purchase::Refused(Refusal::SoldOut),
+            Recorded::UnknownVoucher => Purchase::Refused(Refusal::UnknownVoucher),
+        })
+    }
+}

@@ -1,0 +1,118 @@
+//! The locked purchase path: real Redis (for the locks), real databases.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use redis::aio::ConnectionManager;
+use seckill::db::Database;
+use seckill::domain::voucher::SaleTerms;
+use seckill::store::{OrderIdGenerator, Purchase, Refusal};
+use seckill::sync_path::SyncPath;
+use testkit::{PostgresServer, RedisServer};
+
+async fn instance(redis: &RedisServer, db: &Database) -> SyncPath {
+    let locks = hasp::Client::open(&redis.url()).await.unwrap();
+    let conn = ConnectionManager::new(redis::Client::open(redis.url()).unwrap())
+        .await
+        .unwrap();
+    let ids = OrderIdGenerator::new(conn, "seckill", 100).unwrap();
+    SyncPath::new(db.clone(), locks, ids, Duration::from_secs(10))
+}
+
+async fn two_instances_sell_exactly_the_stock(db: Database) {
+    const STOCK: i64 = 40;
+    const USERS: i64 = 150;
+    db.migrate().await.unwrap();
+    let now = SystemTime::now();
+    let terms = SaleTerms::new(
+        STOCK,
+        now - Duration::from_secs(1),
+        now + Duration::from_secs(3600),
+    )
+    .unwrap();
+    let voucher = db.create_voucher("Locked path", &terms).await.unwrap();
+    let redis = RedisServer::start();
+    let a = Arc::new(instance(&redis, &db).await);
+    let b = Arc::new(instance(&redis, &db).await);
+    let mut calls = Vec::new();
+    for user in 0..USERS {
+        for path in [&a, &b] {
+            let path = path.clone();
+            calls.push(tokio::spawn(async move {
+                (user, path.purchase(voucher, user).await.unwrap())
+            }));
+        }
+    }
+    let mut buyers = HashSet::new();
+    for call in calls {
+        match call.await.unwrap() {
+            (user, Purchase::Accepted(_)) => {
+                assert!(buyers.insert(user), "user {user} bought twice")
+            }
+            (_, Purchase::Refused(Refusal::SoldOut | Refusal::AlreadyBought)) => {}
+            (_, other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(buyers.len() as i64, STOCK);
+    assert_eq!(db.voucher_stock(voucher).await.unwrap(), Some(0));
+    assert_eq!(db.order_count(voucher).await.unwrap(), STOCK);
+    assert_eq!(
+        a.purchase(voucher + 1000, 1).await.unwrap(),
+        Purchase::Refused(Refusal::UnknownVoucher)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sell_exactly_the_stock_one_per_user_on_sqlite() {
+    let dir = std::env::temp_dir().join(format!("seckill-sync-{}", std::process::id()));
+    let db = Database::connect(&format!("sqlite://{}/sync.db", dir.display()))
+        .await
+        .unwrap();
+    two_instances_sell_exactly_the_stock(db).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sell_exactly_the_stock_one_per_user_on_postgres() {
+    let pg = PostgresServer::start();
+    let db = Database::connect(&pg.url()).await.unwrap();
+    two_instances_sell_exactly_the_stock(db).await;
+}
+
+#[tokio::test]
+async fn the_sale_window_is_enforced() {
+    let dir = std::env::temp_dir().join(format!("seckill-sync-window-{}", std::process::id()));
+    let db = Database::connect(&format!("sqlite://{}/w.db", dir.display()))
+        .await
+        .unwrap();
+    db.migrate().await.unwrap();
+    let now = SystemTime::now();
+    let hour = Duration::from_secs(3600);
+    let future = db
+        .create_voucher(
+            "Later",
+            &SaleTerms::new(5, now + hour, now + 2 * hour).unwrap(),
+        )
+        .await
+        .unwrap();
+    let past = db
+        .create_voucher(
+            "Over",
+            &SaleTerms::new(5, now - 2 * hour, now - hour).unwrap(),
+        )
+        .await
+        .unwrap();
+    let redis = RedisServer::start();
+    let path = instance(&redis, &db).await;
+    assert_eq!(
+        path.purchase(future, 1).await.unwrap(),
+        Purchase::Refused(Refusal::NotStarted)
+    );
+    assert_eq!(
+        path.purchase(past, 1).await.unwrap(),
+        Purchase::Refused(Refusal::Ended)
+    );
+    assert_eq!(db.voucher_stock(future).await.unwrap(), Some(5));
+    let _ = std::fs::remove_dir_all(dir);
+}
