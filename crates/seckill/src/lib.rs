@@ -17,6 +17,7 @@ pub mod db;
 pub mod domain;
 mod error;
 pub mod pipeline;
+pub mod reconcile;
 pub mod store;
 pub mod sync_path;
 

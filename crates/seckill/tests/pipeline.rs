@@ -268,3 +268,77 @@ async fn entries_that_cannot_succeed_or_keep_failing_are_dead_lettered_and_count
     assert_eq!(sale.db.order_count(sale.voucher).await.unwrap(), 0);
     assert_eq!(stream_state(&sale).await, (0, 0));
 }
+
+#[tokio::test]
+async fn reconcile_sees_agreement_mid_pipeline_and_repairs_what_is_safe() {
+    use seckill::reconcile::{reconcile, repair};
+    let sale = sale(10).await;
+    buy(&sale, 0..6).await;
+    let c = conn(&sale.server).await;
+    // Orders still in the stream count as on their way: consistent.
+    let before = reconcile(&c, &sale.db, "seckill", sale.voucher)
+        .await
+        .unwrap();
+    assert!(before.is_consistent(), "{:?}", before.differences());
+    assert_eq!(
+        (before.in_stream, before.db_orders, before.redis_buyers),
+        (6, 0, 6)
+    );
+    let p = pipeline(&sale, "p", Duration::from_secs(30)).await;
+    drain(&p, sale.voucher).await;
+    let after = reconcile(&c, &sale.db, "seckill", sale.voucher)
+        .await
+        .unwrap();
+    assert!(after.is_consistent(), "{:?}", after.differences());
+    assert_eq!((after.redis_stock, after.db_stock), (Some(4), Some(4)));
+
+    // Break it three ways.
+    let keys = VoucherKeys::new("seckill", sale.voucher);
+    let mut raw = conn(&sale.server).await;
+    let _: i64 = redis::cmd("SREM")
+        .arg(&keys.buyers)
+        .arg(3)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("SADD")
+        .arg(&keys.buyers)
+        .arg(77)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("HSET")
+        .arg(&keys.voucher)
+        .arg("stock")
+        .arg(9)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let broken = reconcile(&c, &sale.db, "seckill", sale.voucher)
+        .await
+        .unwrap();
+    assert_eq!(broken.missing_buyers, vec![3]);
+    assert_eq!(broken.lost_orders, vec![77]);
+    assert_eq!(
+        (broken.redis_stock, broken.expected_redis_stock),
+        (Some(9), Some(4))
+    );
+    assert_eq!(broken.differences().len(), 3);
+
+    assert_eq!(repair(&c, "seckill", &broken).await.unwrap(), 2);
+    let repaired = reconcile(&c, &sale.db, "seckill", sale.voucher)
+        .await
+        .unwrap();
+    assert!(repaired.missing_buyers.is_empty());
+    assert_eq!(repaired.redis_stock, Some(4));
+    assert_eq!(
+        repaired.lost_orders,
+        vec![77],
+        "a lost order is for a person to decide"
+    );
+    // User 3 cannot buy again now that the set is repaired.
+    assert_eq!(
+        sale.fast.purchase(sale.voucher, 3).await.unwrap(),
+        Purchase::Refused(seckill::store::Refusal::AlreadyBought)
+    );
+}

@@ -1,0 +1,170 @@
+//! Comparing the Redis side of a sale with the database, and repairing
+//! what can be repaired safely.
+//!
+//! With the fast path, for every voucher:
+//!
+//! * every buyer in Redis has an order in the database or one still in the
+//!   voucher's stream (on its way), and every order has its buyer in Redis;
+//! * the stock Redis shows is the database's stock minus the orders still
+//!   in the stream (the database takes its unit when the pipeline stores it).
+//!
+//! [`reconcile`] reports each breach. [`repair`] fixes the two that have a
+//! safe fix — a database buyer missing from the Redis set is added (else the
+//! user could buy twice), and a Redis stock above what the database allows
+//! is lowered (else Redis would oversell) — and leaves the rest to a person:
+//! a buyer with neither order nor stream entry was accepted and then lost
+//! (look in the dead-letter stream), and a Redis stock below the database's
+//! only undersells.
+
+use std::collections::HashSet;
+
+use redis::aio::ConnectionManager;
+use redis::streams::StreamRangeReply;
+
+use crate::db::Database;
+use crate::error::Result;
+use crate::store::VoucherKeys;
+
+static LOWER_STOCK: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("scripts/lower_stock.lua")));
+
+/// The state of one voucher on both sides, and where they disagree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconciliation {
+    /// The voucher.
+    pub voucher_id: i64,
+    /// Stock in Redis (`None`: not loaded).
+    pub redis_stock: Option<i64>,
+    /// Stock in the database (`None`: no such voucher).
+    pub db_stock: Option<i64>,
+    /// Buyers recorded in Redis.
+    pub redis_buyers: usize,
+    /// Orders stored in the database.
+    pub db_orders: usize,
+    /// Orders accepted and still in the stream.
+    pub in_stream: usize,
+    /// Buyers in Redis with no order in the database nor in the stream.
+    pub lost_orders: Vec<i64>,
+    /// Users with a database order that Redis does not list as buyers.
+    pub missing_buyers: Vec<i64>,
+    /// What Redis' stock should be: database stock minus orders in flight.
+    pub expected_redis_stock: Option<i64>,
+}
+
+impl Reconciliation {
+    /// True when both sides agree.
+    pub fn is_consistent(&self) -> bool {
+        self.lost_orders.is_empty()
+            && self.missing_buyers.is_empty()
+            && self.redis_stock == self.expected_redis_stock
+    }
+
+    /// One line per difference, for people.
+    pub fn differences(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.redis_stock != self.expected_redis_stock {
+            out.push(format!(
+                "voucher {}: Redis stock {:?}, expected {:?} (database {:?} minus {} in the stream)",
+                self.voucher_id, self.redis_stock, self.expected_redis_stock, self.db_stock, self.in_stream
+            ));
+        }
+        for user in &self.lost_orders {
+            out.push(format!(
+                "voucher {}: user {user} is a buyer in Redis but has no order in the database or the stream",
+                self.voucher_id
+            ));
+        }
+        for user in &self.missing_buyers {
+            out.push(format!(
+                "voucher {}: user {user} has a database order but is not a buyer in Redis",
+                self.voucher_id
+            ));
+        }
+        out
+    }
+}
+
+/// Compares voucher `voucher_id` across Redis and the database. Run it when
+/// the sale is quiet: purchases in flight show up as transient differences.
+///
+/// # Errors
+/// [`Error::Redis`](crate::Error::Redis) or
+/// [`Error::Database`](crate::Error::Database) if either side fails.
+pub async fn reconcile(
+    conn: &ConnectionManager,
+    db: &Database,
+    prefix: &str,
+    voucher_id: i64,
+) -> Result<Reconciliation> {
+    let keys = VoucherKeys::new(prefix, voucher_id);
+    let mut conn = conn.clone();
+    let (redis_stock, buyers, stream): (Option<i64>, Vec<i64>, StreamRangeReply) = redis::pipe()
+        .hget(&keys.voucher, "stock")
+        .smembers(&keys.buyers)
+        .cmd("XRANGE")
+        .arg(&keys.orders)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await?;
+    let db_stock = db.voucher_stock(voucher_id).await?;
+    let db_users: HashSet<i64> = db.order_users(voucher_id).await?.into_iter().collect();
+    let streamed: HashSet<i64> = stream.ids.iter().filter_map(|e| e.get("user")).collect();
+    let buyers: HashSet<i64> = buyers.into_iter().collect();
+    let mut lost_orders: Vec<i64> = buyers
+        .iter()
+        .filter(|u| !db_users.contains(u) && !streamed.contains(u))
+        .copied()
+        .collect();
+    lost_orders.sort_unstable();
+    let mut missing_buyers: Vec<i64> = db_users.difference(&buyers).copied().collect();
+    missing_buyers.sort_unstable();
+    let in_stream = stream.ids.len();
+    Ok(Reconciliation {
+        voucher_id,
+        redis_stock,
+        db_stock,
+        redis_buyers: buyers.len(),
+        db_orders: db_users.len(),
+        in_stream,
+        lost_orders,
+        missing_buyers,
+        expected_redis_stock: db_stock.map(|s| s - in_stream as i64),
+    })
+}
+
+/// Applies the safe fixes for `found` (see the module docs) and returns how
+/// many changes were made.
+///
+/// # Errors
+/// [`Error::Redis`](crate::Error::Redis) if Redis fails.
+pub async fn repair(
+    conn: &ConnectionManager,
+    prefix: &str,
+    found: &Reconciliation,
+) -> Result<usize> {
+    let keys = VoucherKeys::new(prefix, found.voucher_id);
+    let mut conn = conn.clone();
+    let mut changes = 0;
+    if !found.missing_buyers.is_empty() {
+        let added: usize = redis::cmd("SADD")
+            .arg(&keys.buyers)
+            .arg(&found.missing_buyers)
+            .query_async(&mut conn)
+            .await?;
+        changes += added;
+    }
+    if let (Some(actual), Some(expected)) = (found.redis_stock, found.expected_redis_stock) {
+        if actual > expected {
+            // Only ever lowered, and only if nobody bought meanwhile.
+            let lowered: i64 = LOWER_STOCK
+                .key(&keys.voucher)
+                .arg(actual)
+                .arg(expected)
+                .invoke_async(&mut conn)
+                .await?;
+            changes += lowered as usize;
+        }
+    }
+    Ok(changes)
+}
