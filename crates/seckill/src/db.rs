@@ -45,6 +45,21 @@ pub struct OrderRecord {
     pub created_ms: i64,
 }
 
+/// A voucher row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VoucherRow {
+    /// Id.
+    pub id: i64,
+    /// Title.
+    pub title: String,
+    /// Stock left in the database.
+    pub stock: i64,
+    /// Sale start (Unix ms).
+    pub begin_ms: i64,
+    /// Sale end, exclusive (Unix ms).
+    pub end_ms: i64,
+}
+
 /// What [`Database::record_order`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recorded {
@@ -182,6 +197,30 @@ impl Database {
             .fetch_optional(&self.pool)
             .await?;
         Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
+    }
+
+    /// Voucher `id` as stored.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn voucher(&self, id: i64) -> Result<Option<VoucherRow>> {
+        let row = sqlx::query(
+            self.sql("SELECT id, title, stock, begin_ms, end_ms FROM seckill_voucher WHERE id = ?"),
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row
+            .map(|r| -> Result<_, sqlx::Error> {
+                Ok(VoucherRow {
+                    id: r.try_get(0)?,
+                    title: r.try_get(1)?,
+                    stock: r.try_get(2)?,
+                    begin_ms: r.try_get(3)?,
+                    end_ms: r.try_get(4)?,
+                })
+            })
+            .transpose()?)
     }
 
     /// The sale terms of voucher `id` as stored: `(stock, begin_ms, end_ms)`.

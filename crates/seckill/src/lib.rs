@@ -13,9 +13,11 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod db;
 pub mod domain;
 mod error;
+pub mod http;
 pub mod pipeline;
 pub mod reconcile;
 pub mod store;

@@ -1,0 +1,137 @@
+//! Request extractors: bearer authentication and JSON bodies whose errors
+//! name the field.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use crate::auth::{Principal, TokenError};
+use crate::http::error::ApiError;
+use crate::http::AppState;
+
+fn principal(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {
+    let header = parts
+        .headers
+        .get(AUTHORIZATION)
+        .ok_or(ApiError::Unauthorized("missing bearer token"))?;
+    let token = header
+        .to_str()
+        .ok()
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .ok_or(ApiError::Unauthorized(
+            "expected `Authorization: Bearer <token>`",
+        ))?;
+    state.tokens.verify(token).map_err(|e| {
+        ApiError::Unauthorized(match e {
+            TokenError::Malformed => "malformed token",
+            TokenError::BadSignature => "bad token signature",
+            TokenError::Expired => "token expired",
+        })
+    })
+}
+
+/// A signed-in buyer.
+#[derive(Debug, Clone, Copy)]
+pub struct User(pub i64);
+
+impl FromRequestParts<AppState> for User {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        match principal(parts, state)? {
+            Principal::User(id) => Ok(User(id)),
+            Principal::Admin => Err(ApiError::Forbidden),
+        }
+    }
+}
+
+/// An administrator.
+#[derive(Debug, Clone, Copy)]
+pub struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        match principal(parts, state)? {
+            Principal::Admin => Ok(Admin),
+            Principal::User(_) => Err(ApiError::Forbidden),
+        }
+    }
+}
+
+/// A JSON body; a malformed one is a 400 naming the field where serde
+/// could tell it.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => Err(bad_json(rejection)),
+        }
+    }
+}
+
+fn bad_json(rejection: JsonRejection) -> ApiError {
+    if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::PayloadTooLarge;
+    }
+    let message = rejection.body_text();
+    let field = match rejection {
+        JsonRejection::JsonDataError(_) => field_of(&message),
+        _ => None,
+    };
+    ApiError::BadRequest {
+        field: field.unwrap_or("body").to_owned(),
+        message,
+    }
+}
+
+/// The field a serde data error is about: axum reports `<path>: <error>`,
+/// serde itself ``missing field `x` `` or ``unknown field `x` ``.
+fn field_of(message: &str) -> Option<&str> {
+    let detail = message
+        .split_once("target type: ")
+        .map_or(message, |(_, d)| d);
+    if detail.starts_with("missing field") || detail.starts_with("unknown field") {
+        return detail.split('`').nth(1);
+    }
+    detail
+        .split_once(": ")
+        .map(|(path, _)| path)
+        .filter(|path| !path.is_empty() && !path.contains(' '))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::field_of;
+
+    #[test]
+    fn fields_are_found_in_serde_messages() {
+        let t = "Failed to deserialize the JSON body into the target type: ";
+        assert_eq!(
+            field_of(&format!(
+                "{t}stock: invalid type: string \"x\", expected i64"
+            )),
+            Some("stock")
+        );
+        assert_eq!(
+            field_of(&format!("{t}missing field `title` at line 1 column 2")),
+            Some("title")
+        );
+        assert_eq!(
+            field_of(&format!("{t}unknown field `colour`, expected one of")),
+            Some("colour")
+        );
+        assert_eq!(
+            field_of(&format!("{t}invalid type: map, expected a string")),
+            None
+        );
+    }
+}

@@ -1,0 +1,61 @@
+//! The HTTP JSON API.
+//!
+//! | route | who | what |
+//! |---|---|---|
+//! | `GET /healthz` | anyone | liveness |
+//! | `POST /api/vouchers` | admin | create a voucher and put its stock on sale |
+//! | `GET /api/vouchers/{id}` | anyone | a voucher with its live remaining stock |
+//! | `POST /api/vouchers/{id}/seckill` | user | buy: an order id, or a refusal |
+
+mod error;
+mod extract;
+mod vouchers;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+
+pub use error::ApiError;
+
+use crate::auth::Tokens;
+use crate::db::Database;
+use crate::store::FastPath;
+use crate::sync_path::SyncPath;
+
+/// How purchases are decided.
+#[derive(Debug, Clone)]
+pub enum PurchasePath {
+    /// Redis fast path; orders reach the database through the pipeline.
+    Async(Arc<FastPath>),
+    /// Per-user lock around a database transaction.
+    Sync(Arc<SyncPath>),
+}
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The database.
+    pub db: Database,
+    /// The Redis side (loading vouchers, live stock).
+    pub fast: Arc<FastPath>,
+    /// The purchase path in use.
+    pub purchases: PurchasePath,
+    /// Token verification.
+    pub tokens: Tokens,
+}
+
+/// Request bodies above this are refused (413) before parsing.
+const BODY_LIMIT: usize = 16 * 1024;
+
+/// The API's router.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/api/vouchers", post(vouchers::create))
+        .route("/api/vouchers/{id}", get(vouchers::show))
+        .route("/api/vouchers/{id}/seckill", post(vouchers::purchase))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}

@@ -1,0 +1,105 @@
+//! Voucher routes: create, show, buy.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use crate::domain::voucher::SaleTerms;
+use crate::http::error::ApiError;
+use crate::http::extract::{Admin, ApiJson, User};
+use crate::http::{AppState, PurchasePath};
+use crate::store::Purchase;
+
+/// Body of `POST /api/vouchers`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewVoucher {
+    title: String,
+    stock: i64,
+    begin_ms: u64,
+    end_ms: u64,
+}
+
+/// A voucher as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct VoucherView {
+    id: i64,
+    title: String,
+    stock_left: i64,
+    begin_ms: i64,
+    end_ms: i64,
+}
+
+pub(crate) async fn create(
+    State(state): State<AppState>,
+    _: Admin,
+    ApiJson(body): ApiJson<NewVoucher>,
+) -> Result<(StatusCode, Json<VoucherView>), ApiError> {
+    let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+    let terms = SaleTerms::new(body.stock, at(body.begin_ms), at(body.end_ms))?;
+    let id = state.db.create_voucher(&body.title, &terms).await?;
+    state.fast.load_voucher(id, &terms).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(VoucherView {
+            id,
+            title: body.title.trim().to_owned(),
+            stock_left: terms.stock(),
+            begin_ms: terms.begin_ms(),
+            end_ms: terms.end_ms(),
+        }),
+    ))
+}
+
+pub(crate) async fn show(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<VoucherView>, ApiError> {
+    let row = state
+        .db
+        .voucher(id)
+        .await?
+        .ok_or(ApiError::NotFound("voucher"))?;
+    // The fast path's live stock runs ahead of the database's.
+    let stock_left = match &state.purchases {
+        PurchasePath::Async(fast) => fast.remaining_stock(id).await?.unwrap_or(row.stock),
+        PurchasePath::Sync(_) => row.stock,
+    };
+    Ok(Json(VoucherView {
+        id: row.id,
+        title: row.title,
+        stock_left,
+        begin_ms: row.begin_ms,
+        end_ms: row.end_ms,
+    }))
+}
+
+/// Answer to an accepted purchase.
+#[derive(Debug, Serialize)]
+pub struct Accepted {
+    /// The order id, as a string (it exceeds JavaScript's safe integers).
+    order_id: String,
+    /// `pending` (on its way to the database) or `created` (stored).
+    state: &'static str,
+}
+
+pub(crate) async fn purchase(
+    State(state): State<AppState>,
+    User(user): User,
+    Path(voucher): Path<i64>,
+) -> Result<Json<Accepted>, ApiError> {
+    let (outcome, stored) = match &state.purchases {
+        PurchasePath::Async(fast) => (fast.purchase(voucher, user).await?, "pending"),
+        PurchasePath::Sync(sync) => (sync.purchase(voucher, user).await?, "created"),
+    };
+    match outcome {
+        Purchase::Accepted(id) => Ok(Json(Accepted {
+            order_id: id.to_string(),
+            state: stored,
+        })),
+        Purchase::Refused(refusal) => Err(ApiError::Refused(refusal)),
+    }
+}

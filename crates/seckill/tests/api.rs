@@ -1,0 +1,289 @@
+//! The HTTP API over real HTTP, with a real redis-server and SQLite file.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::ConnectionManager;
+use reqwest::StatusCode;
+use seckill::auth::{Principal, Tokens};
+use seckill::db::Database;
+use seckill::http::{router, AppState, PurchasePath};
+use seckill::store::{FastPath, OrderIdGenerator};
+use serde_json::{json, Value};
+use testkit::RedisServer;
+
+struct TestApp {
+    base: String,
+    http: reqwest::Client,
+    tokens: Tokens,
+    _redis: RedisServer,
+    _dir: std::path::PathBuf,
+}
+
+impl TestApp {
+    fn token(&self, who: Principal) -> String {
+        self.tokens.mint(who, Duration::from_secs(3600))
+    }
+
+    async fn create_voucher(&self, body: Value) -> (StatusCode, Value) {
+        let r = self
+            .http
+            .post(format!("{}/api/vouchers", self.base))
+            .bearer_auth(self.token(Principal::Admin))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn buy(&self, voucher: i64, user: i64) -> (StatusCode, Value) {
+        let r = self
+            .http
+            .post(format!("{}/api/vouchers/{voucher}/seckill", self.base))
+            .bearer_auth(self.token(Principal::User(user)))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn show(&self, voucher: i64) -> (StatusCode, Value) {
+        let r = self
+            .http
+            .get(format!("{}/api/vouchers/{voucher}", self.base))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json().await.unwrap_or(Value::Null))
+    }
+}
+
+async fn spawn_app() -> TestApp {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "seckill-api-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let db = Database::connect(&format!("sqlite://{}/api.db", dir.display()))
+        .await
+        .unwrap();
+    db.migrate().await.unwrap();
+    let redis = RedisServer::start();
+    let conn = ConnectionManager::new(redis::Client::open(redis.url()).unwrap())
+        .await
+        .unwrap();
+    let fast = Arc::new(FastPath::new(
+        conn.clone(),
+        "seckill",
+        OrderIdGenerator::new(conn, "seckill", 100).unwrap(),
+    ));
+    let tokens = Tokens::new(b"test-secret-0123456789").unwrap();
+    let state = AppState {
+        db,
+        fast: fast.clone(),
+        purchases: PurchasePath::Async(fast),
+        tokens: tokens.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router(state)).await.unwrap() });
+    TestApp {
+        base,
+        http: reqwest::Client::new(),
+        tokens,
+        _redis: redis,
+        _dir: dir,
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn open_voucher(stock: i64) -> Value {
+    json!({ "title": "Hotpot for two", "stock": stock, "begin_ms": now_ms() - 1000, "end_ms": now_ms() + 3_600_000 })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voucher_is_created_shown_and_bought_once_per_user() {
+    let app = spawn_app().await;
+    let (status, v) = app.create_voucher(open_voucher(2)).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_i64().unwrap();
+    assert_eq!(app.show(id).await.1["stock_left"], 2);
+
+    let (status, order) = app.buy(id, 7).await;
+    assert_eq!(status, StatusCode::OK, "{order}");
+    assert_eq!(order["state"], "pending");
+    assert!(order["order_id"].as_str().unwrap().parse::<i64>().unwrap() > 0);
+    let (status, again) = app.buy(id, 7).await;
+    assert_eq!(
+        (status, again["code"].as_str()),
+        (StatusCode::CONFLICT, Some("already_bought"))
+    );
+    assert_eq!(app.buy(id, 8).await.0, StatusCode::OK);
+    let (status, sold) = app.buy(id, 9).await;
+    assert_eq!(
+        (status, sold["code"].as_str()),
+        (StatusCode::CONFLICT, Some("sold_out"))
+    );
+    assert_eq!(app.show(id).await.1["stock_left"], 0);
+    let (status, unknown) = app.buy(id + 100, 9).await;
+    assert_eq!(
+        (status, unknown["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_voucher"))
+    );
+    assert_eq!(app.show(id + 100).await.0, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn tokens_are_required_and_roles_are_enforced() {
+    let app = spawn_app().await;
+    let (_, v) = app.create_voucher(open_voucher(5)).await;
+    let id = v["id"].as_i64().unwrap();
+    let url = format!("{}/api/vouchers/{id}/seckill", app.base);
+    let none = app.http.post(&url).send().await.unwrap();
+    assert_eq!(none.status(), StatusCode::UNAUTHORIZED);
+    let body: Value = none.json().await.unwrap();
+    assert_eq!(body["code"], "unauthorized");
+    let forged = Tokens::new(b"some-other-secret-987654")
+        .unwrap()
+        .mint(Principal::User(1), Duration::from_secs(60));
+    assert_eq!(
+        app.http
+            .post(&url)
+            .bearer_auth(forged)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let admin = app.token(Principal::Admin);
+    assert_eq!(
+        app.http
+            .post(&url)
+            .bearer_auth(admin)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    let user = app.token(Principal::User(3));
+    let create = app
+        .http
+        .post(format!("{}/api/vouchers", app.base))
+        .bearer_auth(user)
+        .json(&open_voucher(1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(create.status(), StatusCode::FORBIDDEN);
+    // Nothing was bought or created by the refused calls.
+    assert_eq!(app.show(id).await.1["stock_left"], 5);
+    assert_eq!(app.show(id + 1).await.0, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn malformed_voucher_requests_are_400s_naming_the_field_and_write_nothing() {
+    let app = spawn_app().await;
+    let now = now_ms();
+    let cases = [
+        (
+            json!({ "title": "x", "stock": "ten", "begin_ms": now, "end_ms": now + 1 }),
+            "stock",
+        ),
+        (
+            json!({ "title": "x", "stock": 0, "begin_ms": now, "end_ms": now + 1 }),
+            "stock",
+        ),
+        (
+            json!({ "title": "x", "stock": -3, "begin_ms": now, "end_ms": now + 1 }),
+            "stock",
+        ),
+        (
+            json!({ "title": "x", "stock": 1_000_000_000_000i64, "begin_ms": now, "end_ms": now + 1 }),
+            "stock",
+        ),
+        (
+            json!({ "title": "x", "stock": 1, "begin_ms": now, "end_ms": now - 1 }),
+            "end",
+        ),
+        (
+            json!({ "title": "x", "stock": 1, "begin_ms": -5, "end_ms": now }),
+            "begin_ms",
+        ),
+        (
+            json!({ "title": "   ", "stock": 1, "begin_ms": now, "end_ms": now + 1 }),
+            "title",
+        ),
+        (
+            json!({ "stock": 1, "begin_ms": now, "end_ms": now + 1 }),
+            "title",
+        ),
+        (
+            json!({ "title": "x", "stock": 1, "begin_ms": now, "end_ms": now + 1, "colour": "red" }),
+            "colour",
+        ),
+    ];
+    for (body, field) in cases {
+        let (status, err) = app.create_voucher(body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {err}");
+        assert_eq!(err["field"], field, "{body} -> {err}");
+        assert_eq!(err["code"], "invalid_request");
+    }
+    let raw = app
+        .http
+        .post(format!("{}/api/vouchers", app.base))
+        .bearer_auth(app.token(Principal::Admin))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), StatusCode::BAD_REQUEST);
+    let huge = app
+        .http
+        .post(format!("{}/api/vouchers", app.base))
+        .bearer_auth(app.token(Principal::Admin))
+        .header("content-type", "application/json")
+        .body(format!("{{\"title\": \"{}\"}}", "x".repeat(64 * 1024)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(huge.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    // No partial write: the first valid voucher gets the first id.
+    let (status, v) = app.create_voucher(open_voucher(1)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(v["id"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_http_purchases_never_oversell() {
+    let app = Arc::new(spawn_app().await);
+    let (_, v) = app.create_voucher(open_voucher(30)).await;
+    let id = v["id"].as_i64().unwrap();
+    let calls: Vec<_> = (1..=300)
+        .map(|user| {
+            let app = app.clone();
+            tokio::spawn(async move { app.buy(id, user).await.0 })
+        })
+        .collect();
+    let mut ok = 0;
+    for c in calls {
+        match c.await.unwrap() {
+            StatusCode::OK => ok += 1,
+            StatusCode::CONFLICT => {}
+            other => panic!("{other}"),
+        }
+    }
+    assert_eq!(ok, 30);
+    assert_eq!(app.show(id).await.1["stock_left"], 0);
+}
