@@ -199,6 +199,19 @@ impl Database {
         Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
     }
 
+    /// Ids of every voucher (the pipeline's worklist).
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn voucher_ids(&self) -> Result<Vec<i64>> {
+        let rows = sqlx::query("SELECT id FROM seckill_voucher ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get::<i64, _>(0).map_err(Error::from))
+            .collect()
+    }
+
     /// Voucher `id` as stored.
     ///
     /// # Errors

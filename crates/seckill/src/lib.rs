@@ -20,6 +20,7 @@ mod error;
 pub mod http;
 pub mod pipeline;
 pub mod reconcile;
+pub mod service;
 pub mod store;
 pub mod sync_path;
 

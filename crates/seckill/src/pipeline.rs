@@ -91,6 +91,8 @@ pub struct OrderPipeline {
     prefix: String,
     settings: PipelineSettings,
     dead_letters: AtomicU64,
+    /// Vouchers whose group this instance already ensured.
+    grouped: std::sync::Mutex<std::collections::HashSet<i64>>,
 }
 
 /// One stream entry to handle, with how often it has been delivered.
@@ -129,6 +131,7 @@ impl OrderPipeline {
             prefix: prefix.into(),
             settings,
             dead_letters: AtomicU64::new(0),
+            grouped: Default::default(),
         })
     }
 
@@ -148,6 +151,9 @@ impl OrderPipeline {
     /// # Errors
     /// [`Error::Redis`] if Redis is unreachable.
     pub async fn ensure_group(&self, voucher_id: i64) -> Result<()> {
+        if self.is_grouped(voucher_id) {
+            return Ok(());
+        }
         let keys = VoucherKeys::new(&self.prefix, voucher_id);
         let created: redis::RedisResult<()> = redis::cmd("XGROUP")
             .arg("CREATE")
@@ -158,9 +164,21 @@ impl OrderPipeline {
             .query_async(&mut self.conn.clone())
             .await;
         match created {
-            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
-            other => Ok(other?),
+            Err(e) if e.code() != Some("BUSYGROUP") => return Err(e.into()),
+            _ => {}
         }
+        self.grouped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(voucher_id);
+        Ok(())
+    }
+
+    fn is_grouped(&self, voucher_id: i64) -> bool {
+        self.grouped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&voucher_id)
     }
 
     /// One round for voucher `voucher_id`: take over entries idle on dead
@@ -177,6 +195,21 @@ impl OrderPipeline {
     /// pending (to be reclaimed), never lost; stored orders are not
     /// doubled on re-delivery.
     pub async fn step(&self, voucher_id: i64) -> Result<StepReport> {
+        let outcome = self.step_inner(voucher_id).await;
+        if let Err(Error::Redis(e)) = &outcome {
+            if e.code() == Some("NOGROUP") {
+                // Redis lost the group (e.g. restarted without persistence):
+                // the next ensure_group recreates it.
+                self.grouped
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&voucher_id);
+            }
+        }
+        outcome
+    }
+
+    async fn step_inner(&self, voucher_id: i64) -> Result<StepReport> {
         let keys = VoucherKeys::new(&self.prefix, voucher_id);
         let mut report = StepReport::default();
         let mut work = self.reclaim(&keys.orders).await?;

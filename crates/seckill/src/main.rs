@@ -1,0 +1,132 @@
+//! `seckill`: the flash-sale service's command line.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use seckill::auth::{Principal, Tokens};
+
+use seckill::service::{Mode, Service, ServiceConfig};
+
+mod demo;
+
+use demo::DemoArgs;
+
+#[derive(Parser)]
+#[command(version, about = "A flash-sale service on Redis and hasp")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API and consume the order pipeline.
+    Serve(ServeArgs),
+    /// Mint a bearer token.
+    Token {
+        /// User id (omit with --admin).
+        #[arg(long, required_unless_present = "admin")]
+        user: Option<i64>,
+        /// An admin token instead.
+        #[arg(long)]
+        admin: bool,
+        /// Validity in seconds.
+        #[arg(long, default_value_t = 3600)]
+        ttl: u64,
+        /// Signing secret.
+        #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true)]
+        token_secret: String,
+    },
+    /// Run a whole flash sale on this machine and verify it.
+    Demo(DemoArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Redis URL.
+    #[arg(
+        long,
+        env = "SECKILL_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379/"
+    )]
+    redis_url: String,
+    /// Database URL: sqlite://FILE, postgres://…, mysql://…
+    #[arg(
+        long,
+        env = "SECKILL_DATABASE_URL",
+        default_value = "sqlite://data/seckill.db"
+    )]
+    database_url: String,
+    /// Listen address.
+    #[arg(long, env = "SECKILL_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: std::net::SocketAddr,
+    /// Secret signing bearer tokens (at least 16 bytes).
+    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true)]
+    token_secret: String,
+    /// Purchase path.
+    #[arg(long, env = "SECKILL_MODE", value_enum, default_value_t = Mode::Async)]
+    mode: Mode,
+    /// Consumer name of this instance in the order pipeline.
+    #[arg(long, env = "SECKILL_CONSUMER")]
+    consumer: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "seckill=info,hasp=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match Cli::parse().command {
+        Command::Serve(args) => serve(args).await,
+        Command::Token {
+            user,
+            admin,
+            ttl,
+            token_secret,
+        } => {
+            let tokens = Tokens::new(token_secret.as_bytes())?;
+            let who = match (admin, user) {
+                (true, _) => Principal::Admin,
+                (false, Some(id)) if id > 0 => Principal::User(id),
+                _ => anyhow::bail!("--user must be a positive id"),
+            };
+            println!("{}", tokens.mint(who, Duration::from_secs(ttl)));
+            Ok(())
+        }
+        Command::Demo(args) => {
+            if demo::run(args).await? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let consumer = args
+        .consumer
+        .unwrap_or_else(|| format!("seckill-{}", std::process::id()));
+    let service = Service::start(ServiceConfig {
+        redis_url: args.redis_url,
+        database_url: args.database_url,
+        listen: args.listen,
+        token_secret: args.token_secret,
+        mode: args.mode,
+        prefix: "seckill".into(),
+        consumer,
+    })
+    .await?;
+    eprintln!("seckill listening on http://{}", service.addr());
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    eprintln!("shutting down: finishing requests and draining the order pipeline");
+    service.stop().await
+}
