@@ -268,6 +268,20 @@ impl Database {
             .collect()
     }
 
+    /// Ids of the orders stored for voucher `id`.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn order_ids(&self, voucher_id: i64) -> Result<Vec<i64>> {
+        let rows = sqlx::query(self.sql("SELECT id FROM voucher_order WHERE voucher_id = ?"))
+            .bind(voucher_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get::<i64, _>(0).map_err(Error::from))
+            .collect()
+    }
+
     /// Number of orders stored for voucher `id`.
     ///
     /// # Errors

@@ -82,6 +82,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         mode: args.mode,
         prefix: PREFIX.into(),
         consumer: "demo".into(),
+        reclaim_idle: Duration::from_secs(30),
     })
     .await?;
     let base = format!("http://{}", service.addr());

@@ -70,6 +70,9 @@ struct ServeArgs {
     /// Consumer name of this instance in the order pipeline.
     #[arg(long, env = "SECKILL_CONSUMER")]
     consumer: Option<String>,
+    /// Take over pipeline entries left pending this long by a dead instance.
+    #[arg(long, env = "SECKILL_RECLAIM_IDLE_MS", default_value_t = 30_000)]
+    reclaim_idle_ms: u64,
 }
 
 #[tokio::main]
@@ -121,6 +124,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         mode: args.mode,
         prefix: "seckill".into(),
         consumer,
+        reclaim_idle: Duration::from_millis(args.reclaim_idle_ms),
     })
     .await?;
     eprintln!("seckill listening on http://{}", service.addr());

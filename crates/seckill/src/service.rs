@@ -42,6 +42,9 @@ pub struct ServiceConfig {
     pub prefix: String,
     /// This instance's consumer name in the order pipeline.
     pub consumer: String,
+    /// Pipeline entries pending this long on a (dead) consumer are taken
+    /// over.
+    pub reclaim_idle: Duration,
 }
 
 /// A started service.
@@ -88,7 +91,10 @@ impl Service {
             conn,
             db.clone(),
             config.prefix.clone(),
-            PipelineSettings::new(config.consumer.clone()),
+            PipelineSettings {
+                reclaim_idle: config.reclaim_idle,
+                ..PipelineSettings::new(config.consumer.clone())
+            },
         )?);
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
