@@ -199,6 +199,15 @@ impl Database {
         Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
     }
 
+    /// Whether the database answers.
+    ///
+    /// # Errors
+    /// [`Error::Database`] if it does not.
+    pub async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").fetch_one(&self.pool).await?;
+        Ok(())
+    }
+
     /// Ids of every voucher (the pipeline's worklist).
     ///
     /// # Errors

@@ -40,6 +40,27 @@ enum Command {
     },
     /// Run a whole flash sale on this machine and verify it.
     Demo(DemoArgs),
+    /// Compare Redis with the database for every voucher; exit 1 on any
+    /// difference.
+    Reconcile {
+        /// Redis URL.
+        #[arg(
+            long,
+            env = "SECKILL_REDIS_URL",
+            default_value = "redis://127.0.0.1:6379/"
+        )]
+        redis_url: String,
+        /// Database URL.
+        #[arg(
+            long,
+            env = "SECKILL_DATABASE_URL",
+            default_value = "sqlite://data/seckill.db"
+        )]
+        database_url: String,
+        /// Apply the safe fixes (missing buyers, Redis stock above the database's).
+        #[arg(long)]
+        repair: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -102,6 +123,17 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", tokens.mint(who, Duration::from_secs(ttl)));
             Ok(())
         }
+        Command::Reconcile {
+            redis_url,
+            database_url,
+            repair,
+        } => {
+            if reconcile_all(&redis_url, &database_url, repair).await? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
         Command::Demo(args) => {
             if demo::run(args).await? {
                 Ok(())
@@ -133,4 +165,33 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .context("waiting for Ctrl-C")?;
     eprintln!("shutting down: finishing requests and draining the order pipeline");
     service.stop().await
+}
+
+/// Reconciles every voucher; true if all agree (after repairs, if asked).
+async fn reconcile_all(redis_url: &str, database_url: &str, repair: bool) -> anyhow::Result<bool> {
+    use seckill::reconcile;
+    let db = seckill::db::Database::connect(database_url).await?;
+    let conn = redis::aio::ConnectionManager::new(redis::Client::open(redis_url)?).await?;
+    let mut consistent = true;
+    for voucher in db.voucher_ids().await? {
+        let mut found = reconcile::reconcile(&conn, &db, "seckill", voucher).await?;
+        if repair && !found.is_consistent() {
+            let changes = reconcile::repair(&conn, "seckill", &found).await?;
+            println!("voucher {voucher}: {changes} repairs applied");
+            found = reconcile::reconcile(&conn, &db, "seckill", voucher).await?;
+        }
+        for difference in found.differences() {
+            println!("{difference}");
+        }
+        println!(
+            "voucher {voucher}: {} (Redis stock {:?}, database stock {:?}, {} orders, {} in the pipeline)",
+            if found.is_consistent() { "consistent" } else { "DIFFERENT" },
+            found.redis_stock,
+            found.db_stock,
+            found.db_orders,
+            found.in_stream
+        );
+        consistent &= found.is_consistent();
+    }
+    Ok(consistent)
 }

@@ -16,7 +16,7 @@ struct TestApp {
     base: String,
     http: reqwest::Client,
     tokens: Tokens,
-    _redis: RedisServer,
+    redis: RedisServer,
     _dir: std::path::PathBuf,
 }
 
@@ -94,7 +94,7 @@ async fn spawn_app() -> TestApp {
         base,
         http: reqwest::Client::new(),
         tokens,
-        _redis: redis,
+        redis,
         _dir: dir,
     }
 }
@@ -286,4 +286,37 @@ async fn concurrent_http_purchases_never_oversell() {
     }
     assert_eq!(ok, 30);
     assert_eq!(app.show(id).await.1["stock_left"], 0);
+}
+
+#[tokio::test]
+async fn readiness_reports_each_dependency() {
+    let mut app = spawn_app().await;
+    let ready = app
+        .http
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+    assert_eq!(
+        ready.json::<Value>().await.unwrap(),
+        json!({"redis": "ok", "database": "ok"})
+    );
+    app.redis.kill();
+    let down = app
+        .http
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(down.json::<Value>().await.unwrap()["redis"], "unreachable");
+    // Liveness does not depend on Redis.
+    let alive = app
+        .http
+        .get(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(alive.status(), StatusCode::OK);
 }

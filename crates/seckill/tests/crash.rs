@@ -162,6 +162,20 @@ async fn a_killed_service_loses_and_doubles_no_accepted_order() {
     assert_eq!(db.voucher_stock(voucher).await.unwrap(), Some(0));
     let stored: HashSet<i64> = stored_ids(&db, voucher).await;
     assert_eq!(stored, accepted, "stored orders differ from accepted ones");
+    // And the operator's check agrees.
+    let reconciled = Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args([
+            "reconcile",
+            "--redis-url",
+            &redis.url(),
+            "--database-url",
+            &database,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&reconciled.stdout);
+    assert!(reconciled.status.success(), "{text}");
+    assert!(text.contains("consistent"), "{text}");
     let _ = std::fs::remove_dir_all(dir);
     eprintln!("{in_stream} orders were in the stream at the kill");
 }

@@ -3,6 +3,7 @@
 //! | route | who | what |
 //! |---|---|---|
 //! | `GET /healthz` | anyone | liveness |
+//! | `GET /readyz` | anyone | readiness: Redis and the database answer (503 if not) |
 //! | `POST /api/vouchers` | admin | create a voucher and put its stock on sale |
 //! | `GET /api/vouchers/{id}` | anyone | a voucher with its live remaining stock |
 //! | `POST /api/vouchers/{id}/seckill` | user | buy: an order id, or a refusal |
@@ -53,9 +54,27 @@ const BODY_LIMIT: usize = 16 * 1024;
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
         .route("/api/vouchers", post(vouchers::create))
         .route("/api/vouchers/{id}", get(vouchers::show))
         .route("/api/vouchers/{id}/seckill", post(vouchers::purchase))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
+}
+
+async fn ready(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> (axum::http::StatusCode, axum::Json<serde_json::Value>) {
+    let redis = state.fast.ping().await;
+    let db = state.db.ping().await;
+    let status = if redis.is_ok() && db.is_ok() {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    let show = |r: &crate::Result<()>| if r.is_ok() { "ok" } else { "unreachable" };
+    (
+        status,
+        axum::Json(serde_json::json!({ "redis": show(&redis), "database": show(&db) })),
+    )
 }

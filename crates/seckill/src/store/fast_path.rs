@@ -110,6 +110,17 @@ impl FastPath {
         })
     }
 
+    /// Whether Redis answers.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if it does not.
+    pub async fn ping(&self) -> Result<()> {
+        let _: String = redis::cmd("PING")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
     /// Stock left in Redis for voucher `id`, if it is loaded.
     ///
     /// # Errors
