@@ -83,6 +83,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         prefix: PREFIX.into(),
         consumer: "demo".into(),
         reclaim_idle: Duration::from_secs(30),
+        user_limit: seckill::http::Limit::per_second(5),
+        // Every simulated user comes from 127.0.0.1: no per-IP limit here.
+        ip_limit: None,
     })
     .await?;
     let base = format!("http://{}", service.addr());
@@ -129,6 +132,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
 struct LoadReport {
     accepted_users: Vec<i64>,
     refused: u64,
+    rate_limited: u64,
     errors: u64,
     elapsed: Duration,
     latency: Histogram<u64>,
@@ -156,6 +160,7 @@ async fn fire(
     let next = Arc::new(AtomicU64::new(0));
     let accepted = Arc::new(Mutex::new(Vec::new()));
     let refused = Arc::new(AtomicU64::new(0));
+    let rate_limited = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let latency = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
         1, 60_000_000, 3,
@@ -164,13 +169,25 @@ async fn fire(
     let started = Instant::now();
     let workers: Vec<_> = (0..args.concurrency)
         .map(|_| {
-            let (http, url, user_tokens, next, accepted, refused, errors, latency, bar) = (
+            let (
+                http,
+                url,
+                user_tokens,
+                next,
+                accepted,
+                refused,
+                rate_limited,
+                errors,
+                latency,
+                bar,
+            ) = (
                 http.clone(),
                 url.clone(),
                 user_tokens.clone(),
                 next.clone(),
                 accepted.clone(),
                 refused.clone(),
+                rate_limited.clone(),
                 errors.clone(),
                 latency.clone(),
                 bar.clone(),
@@ -196,6 +213,9 @@ async fn fire(
                     match response.map(|r| r.status()) {
                         Ok(s) if s.is_success() => {
                             accepted.lock().expect("lock").push(user as i64 + 1)
+                        }
+                        Ok(s) if s == reqwest::StatusCode::TOO_MANY_REQUESTS => {
+                            rate_limited.fetch_add(1, Ordering::Relaxed);
                         }
                         Ok(s) if s.is_client_error() => {
                             refused.fetch_add(1, Ordering::Relaxed);
@@ -224,6 +244,7 @@ async fn fire(
     Ok(LoadReport {
         accepted_users,
         refused: refused.load(Ordering::Relaxed),
+        rate_limited: rate_limited.load(Ordering::Relaxed),
         errors: errors.load(Ordering::Relaxed),
         elapsed,
         latency,
@@ -253,10 +274,11 @@ async fn verify(
 
     println!("\n== report ==");
     println!(
-        "requests: {requests} in {:.2?} = {:.0} requests/s; accepted {accepted}, refused {}, errors {}",
+        "requests: {requests} in {:.2?} = {:.0} requests/s; accepted {accepted}, refused {} (sold out / already bought), rate-limited {}, errors {}",
         load.elapsed,
         requests as f64 / load.elapsed.as_secs_f64(),
         load.refused,
+        load.rate_limited,
         load.errors
     );
     println!(

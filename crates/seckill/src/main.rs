@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use seckill::auth::{Principal, Tokens};
 
+use seckill::http::Limit;
 use seckill::service::{Mode, Service, ServiceConfig};
 
 mod demo;
@@ -94,6 +95,12 @@ struct ServeArgs {
     /// Take over pipeline entries left pending this long by a dead instance.
     #[arg(long, env = "SECKILL_RECLAIM_IDLE_MS", default_value_t = 30_000)]
     reclaim_idle_ms: u64,
+    /// Purchases per second per user (burst twice that; 0 = unlimited).
+    #[arg(long, env = "SECKILL_USER_RATE", default_value_t = 5)]
+    user_rate: u32,
+    /// Requests per second per client IP (burst twice that; 0 = unlimited).
+    #[arg(long, env = "SECKILL_IP_RATE", default_value_t = 2_000)]
+    ip_rate: u32,
 }
 
 #[tokio::main]
@@ -157,6 +164,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         prefix: "seckill".into(),
         consumer,
         reclaim_idle: Duration::from_millis(args.reclaim_idle_ms),
+        user_limit: Limit::per_second(args.user_rate),
+        ip_limit: Limit::per_second(args.ip_rate),
     })
     .await?;
     eprintln!("seckill listening on http://{}", service.addr());

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use crate::auth::Tokens;
 use crate::db::Database;
 use crate::error::Result;
-use crate::http::{router, AppState, PurchasePath};
+use crate::http::{router, AppState, Limit, PurchasePath, RateLimits};
 use crate::pipeline::{OrderPipeline, PipelineSettings, StepReport};
 use crate::store::{FastPath, OrderIdGenerator};
 use crate::sync_path::SyncPath;
@@ -45,6 +45,10 @@ pub struct ServiceConfig {
     /// Pipeline entries pending this long on a (dead) consumer are taken
     /// over.
     pub reclaim_idle: Duration,
+    /// Purchases per second per user (`None`: unlimited).
+    pub user_limit: Option<Limit>,
+    /// Requests per second per client IP (`None`: unlimited).
+    pub ip_limit: Option<Limit>,
 }
 
 /// A started service.
@@ -86,6 +90,7 @@ impl Service {
             fast,
             purchases,
             tokens: Tokens::new(config.token_secret.as_bytes())?,
+            limits: RateLimits::new(config.user_limit, config.ip_limit),
         };
         let pipeline = Arc::new(OrderPipeline::new(
             conn,
@@ -100,11 +105,14 @@ impl Service {
         let addr = listener.local_addr()?;
         let (shutdown, mut stop) = watch::channel(false);
         let server = tokio::spawn(async move {
-            axum::serve(listener, router(state))
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
+            axum::serve(
+                listener,
+                router(state).into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
         });
         let worker = tokio::spawn(work(pipeline.clone(), db.clone(), shutdown.subscribe()));
         tracing::info!(%addr, mode = ?config.mode, "seckill serving");

@@ -7,7 +7,7 @@ use redis::aio::ConnectionManager;
 use reqwest::StatusCode;
 use seckill::auth::{Principal, Tokens};
 use seckill::db::Database;
-use seckill::http::{router, AppState, PurchasePath};
+use seckill::http::{router, AppState, Limit, PurchasePath, RateLimits};
 use seckill::store::{FastPath, OrderIdGenerator};
 use serde_json::{json, Value};
 use testkit::RedisServer;
@@ -60,6 +60,10 @@ impl TestApp {
 }
 
 async fn spawn_app() -> TestApp {
+    spawn_app_with(RateLimits::off()).await
+}
+
+async fn spawn_app_with(limits: Arc<RateLimits>) -> TestApp {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -86,10 +90,12 @@ async fn spawn_app() -> TestApp {
         fast: fast.clone(),
         purchases: PurchasePath::Async(fast),
         tokens: tokens.clone(),
+        limits,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router(state)).await.unwrap() });
+    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     TestApp {
         base,
         http: reqwest::Client::new(),
@@ -319,4 +325,50 @@ async fn readiness_reports_each_dependency() {
         .await
         .unwrap();
     assert_eq!(alive.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn users_and_ips_over_their_rate_get_429s() {
+    let per_user = Limit::per_second(1); // burst 2
+    let app = spawn_app_with(RateLimits::new(per_user, None)).await;
+    let (_, v) = app.create_voucher(open_voucher(100)).await;
+    let id = v["id"].as_i64().unwrap();
+    let statuses: Vec<StatusCode> = {
+        let mut s = Vec::new();
+        for _ in 0..3 {
+            s.push(app.buy(id, 5).await.0);
+        }
+        s
+    };
+    assert_eq!(statuses[0], StatusCode::OK);
+    assert_eq!(
+        statuses[1],
+        StatusCode::CONFLICT,
+        "within the burst: an ordinary refusal"
+    );
+    let (status, body) = app.buy(id, 5).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, Some("rate_limited"))
+    );
+    // Another user is not affected.
+    assert_eq!(app.buy(id, 6).await.0, StatusCode::OK);
+
+    let per_ip = Limit::per_second(2); // burst 4
+    let app = spawn_app_with(RateLimits::new(None, per_ip)).await;
+    let mut limited = 0;
+    for _ in 0..10 {
+        if app.show(1).await.0 == StatusCode::TOO_MANY_REQUESTS {
+            limited += 1;
+        }
+    }
+    assert!(limited >= 5, "only {limited} of 10 rapid requests limited");
+    // Health checks are never limited.
+    let health = app
+        .http
+        .get(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
 }

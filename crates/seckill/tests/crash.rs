@@ -30,7 +30,7 @@ fn serve(redis: &str, database: &str, port: u16, consumer: &str) -> Child {
             "--consumer",
             consumer,
         ])
-        .args(["--reclaim-idle-ms", "500"])
+        .args(["--reclaim-idle-ms", "500", "--ip-rate", "0"])
         .env("SECKILL_TOKEN_SECRET", SECRET)
         .stdout(Stdio::null())
         .stderr(Stdio::null())

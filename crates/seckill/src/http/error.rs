@@ -25,6 +25,8 @@ pub enum ApiError {
     },
     /// 413: the body exceeds the size limit.
     PayloadTooLarge,
+    /// 429: over the per-user or per-IP rate limit (names which).
+    RateLimited(&'static str),
     /// 409 (404 for an unknown voucher): the sale refused the purchase.
     Refused(Refusal),
     /// 500: infrastructure failure; logged, never shown to the client.
@@ -74,6 +76,12 @@ impl IntoResponse for ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
                 "request body too large".into(),
+                None,
+            ),
+            ApiError::RateLimited(which) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!("too many requests for this {which}; slow down"),
                 None,
             ),
             ApiError::Refused(refusal) => {

@@ -10,6 +10,7 @@
 
 mod error;
 mod extract;
+mod limits;
 mod vouchers;
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 pub use error::ApiError;
+pub use limits::{Limit, RateLimits};
 
 use crate::auth::Tokens;
 use crate::db::Database;
@@ -45,6 +47,8 @@ pub struct AppState {
     pub purchases: PurchasePath,
     /// Token verification.
     pub tokens: Tokens,
+    /// Rate limits.
+    pub limits: Arc<RateLimits>,
 }
 
 /// Request bodies above this are refused (413) before parsing.
@@ -55,9 +59,16 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
-        .route("/api/vouchers", post(vouchers::create))
-        .route("/api/vouchers/{id}", get(vouchers::show))
-        .route("/api/vouchers/{id}/seckill", post(vouchers::purchase))
+        .merge(
+            Router::new()
+                .route("/api/vouchers", post(vouchers::create))
+                .route("/api/vouchers/{id}", get(vouchers::show))
+                .route("/api/vouchers/{id}/seckill", post(vouchers::purchase))
+                .layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    limits::per_ip,
+                )),
+        )
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }

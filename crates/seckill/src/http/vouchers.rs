@@ -91,6 +91,7 @@ pub(crate) async fn purchase(
     User(user): User,
     Path(voucher): Path<i64>,
 ) -> Result<Json<Accepted>, ApiError> {
+    state.limits.check_user(user)?;
     let (outcome, stored) = match &state.purchases {
         PurchasePath::Async(fast) => (fast.purchase(voucher, user).await?, "pending"),
         PurchasePath::Sync(sync) => (sync.purchase(voucher, user).await?, "created"),

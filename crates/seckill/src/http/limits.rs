@@ -1,0 +1,96 @@
+//! Per-user and per-IP rate limits (GCRA, via `governor`), per instance.
+//!
+//! Limits are kept in this instance's memory: with N instances behind a
+//! balancer a client gets up to N times the rate. That bounds abuse without
+//! a Redis round trip per request; the flash sale's correctness never
+//! depends on them.
+
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+
+use crate::http::error::ApiError;
+use crate::http::AppState;
+
+/// Requests per second and burst; `None` turns a limit off.
+#[derive(Debug, Clone, Copy)]
+pub struct Limit {
+    /// Sustained requests per second.
+    pub per_second: NonZeroU32,
+    /// Requests allowed at once above the sustained rate.
+    pub burst: NonZeroU32,
+}
+
+/// The limiters of one instance.
+#[derive(Debug, Default)]
+pub struct RateLimits {
+    per_user: Option<DefaultKeyedRateLimiter<i64>>,
+    per_ip: Option<DefaultKeyedRateLimiter<IpAddr>>,
+}
+
+impl Limit {
+    /// `per_second` sustained with a burst of twice that; `None` for 0 (off).
+    pub fn per_second(per_second: u32) -> Option<Self> {
+        let rate = NonZeroU32::new(per_second)?;
+        Some(Self {
+            per_second: rate,
+            burst: rate.saturating_mul(NonZeroU32::MIN.saturating_add(1)),
+        })
+    }
+}
+
+impl RateLimits {
+    /// Limiters for purchases per user and requests per client IP.
+    pub fn new(per_user: Option<Limit>, per_ip: Option<Limit>) -> Arc<Self> {
+        fn build<K: std::hash::Hash + Eq + Clone>(l: Limit) -> DefaultKeyedRateLimiter<K> {
+            RateLimiter::keyed(Quota::per_second(l.per_second).allow_burst(l.burst))
+        }
+        Arc::new(Self {
+            per_user: per_user.map(build),
+            per_ip: per_ip.map(build),
+        })
+    }
+
+    /// No limits (tests, benchmarks of the sale itself).
+    pub fn off() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Counts a purchase of `user`; `Err` if over the limit.
+    pub(crate) fn check_user(&self, user: i64) -> Result<(), ApiError> {
+        match &self.per_user {
+            Some(l) if l.check_key(&user).is_err() => Err(ApiError::RateLimited("user")),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_ip(&self, ip: IpAddr) -> Result<(), ApiError> {
+        match &self.per_ip {
+            Some(l) if l.check_key(&ip).is_err() => Err(ApiError::RateLimited("ip")),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Middleware: the per-IP limit, when the server passes peer addresses.
+pub(crate) async fn per_ip(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    if let Some(ip) = peer {
+        if let Err(limited) = state.limits.check_ip(ip) {
+            return limited.into_response();
+        }
+    }
+    next.run(request).await
+}
