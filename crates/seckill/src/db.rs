@@ -277,6 +277,24 @@ impl Database {
             .collect()
     }
 
+    /// The orders of `user_id`: `(order id, voucher id, created_ms)`, newest
+    /// first.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn orders_of(&self, user_id: i64) -> Result<Vec<(i64, i64, i64)>> {
+        let rows = sqlx::query(self.sql(
+            "SELECT id, voucher_id, created_ms FROM voucher_order WHERE user_id = ? ORDER BY id DESC",
+        ))
+        .bind(user_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Error::from)
+    }
+
     /// Ids of the orders stored for voucher `id`.
     ///
     /// # Errors

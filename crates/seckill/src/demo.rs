@@ -262,7 +262,7 @@ async fn verify(
     let conn = ConnectionManager::new(redis::Client::open(redis_url)?).await?;
     let found = reconcile(&conn, &db, PREFIX, voucher).await?;
     let dead_letters: i64 = redis::cmd("XLEN")
-        .arg(format!("{PREFIX}:orders:dead"))
+        .arg(seckill::store::dead_letter_stream(PREFIX))
         .query_async(&mut conn.clone())
         .await?;
     let requests = args.users as u64 * u64::from(args.requests_per_user);

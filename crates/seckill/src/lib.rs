@@ -21,6 +21,7 @@ pub mod http;
 pub mod pipeline;
 pub mod reconcile;
 pub mod service;
+pub mod status;
 pub mod store;
 pub mod sync_path;
 

@@ -137,7 +137,7 @@ impl OrderPipeline {
 
     /// The stream dead letters go to.
     pub fn dead_letter_stream(&self) -> String {
-        format!("{}:orders:dead", self.prefix)
+        crate::store::dead_letter_stream(&self.prefix)
     }
 
     /// Entries this pipeline has dead-lettered since it started.

@@ -14,6 +14,8 @@ use testkit::RedisServer;
 
 struct TestApp {
     base: String,
+    db: Database,
+    fast: Arc<FastPath>,
     http: reqwest::Client,
     tokens: Tokens,
     redis: RedisServer,
@@ -86,9 +88,9 @@ async fn spawn_app_with(limits: Arc<RateLimits>) -> TestApp {
     ));
     let tokens = Tokens::new(b"test-secret-0123456789").unwrap();
     let state = AppState {
-        db,
+        db: db.clone(),
         fast: fast.clone(),
-        purchases: PurchasePath::Async(fast),
+        purchases: PurchasePath::Async(fast.clone()),
         tokens: tokens.clone(),
         limits,
     };
@@ -98,6 +100,8 @@ async fn spawn_app_with(limits: Arc<RateLimits>) -> TestApp {
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     TestApp {
         base,
+        db,
+        fast,
         http: reqwest::Client::new(),
         tokens,
         redis,
@@ -371,4 +375,88 @@ async fn users_and_ips_over_their_rate_get_429s() {
         .await
         .unwrap();
     assert_eq!(health.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn users_see_their_own_orders_pending_then_created_or_failed() {
+    use seckill::pipeline::{OrderPipeline, PipelineSettings};
+    let app = spawn_app().await;
+    let (_, v) = app.create_voucher(open_voucher(5)).await;
+    let id = v["id"].as_i64().unwrap();
+    let get = |path: String, user: i64| {
+        let req = app
+            .http
+            .get(format!("{}{path}", app.base))
+            .bearer_auth(app.token(Principal::User(user)));
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (_, bought) = app.buy(id, 1).await;
+    let (status, order) = get(format!("/api/vouchers/{id}/order"), 1).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (order["order_id"].clone(), order["state"].as_str()),
+        (bought["order_id"].clone(), Some("pending"))
+    );
+    // Nobody else sees it, and a user with no order gets a 404.
+    assert_eq!(
+        get(format!("/api/vouchers/{id}/order"), 2).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(get("/api/orders".into(), 1).await.1, json!([]));
+
+    let pipeline = OrderPipeline::new(
+        app.fast.connection().clone(),
+        app.db.clone(),
+        "seckill",
+        PipelineSettings::new("test"),
+    )
+    .unwrap();
+    pipeline.ensure_group(id).await.unwrap();
+    assert_eq!(pipeline.step(id).await.unwrap().created, 1);
+    let (_, order) = get(format!("/api/vouchers/{id}/order"), 1).await;
+    assert_eq!(order["state"], "created");
+    let (_, list) = get("/api/orders".into(), 1).await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["order_id"], bought["order_id"]);
+    assert!(get("/api/orders".into(), 2)
+        .await
+        .1
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    // An order the pipeline gave up on reads as failed.
+    let mut c = app.fast.connection().clone();
+    let _: String = redis::cmd("XADD")
+        .arg(pipeline.dead_letter_stream())
+        .arg("*")
+        .arg("stream")
+        .arg(format!("seckill:{{v{id}}}:orders"))
+        .arg("order")
+        .arg(4_294_967_297i64)
+        .arg("user")
+        .arg(3)
+        .arg("voucher")
+        .arg(id)
+        .arg("reason")
+        .arg("test")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let (_, failed) = get(format!("/api/vouchers/{id}/order"), 3).await;
+    assert_eq!(
+        (failed["state"].as_str(), failed["order_id"].as_str()),
+        (Some("failed"), Some("4294967297"))
+    );
+    let (status, _) = app
+        .http
+        .get(format!("{}/api/orders", app.base))
+        .send()
+        .await
+        .map(|r| (r.status(), ()))
+        .unwrap();
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
 }

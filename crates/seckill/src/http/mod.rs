@@ -7,10 +7,13 @@
 //! | `POST /api/vouchers` | admin | create a voucher and put its stock on sale |
 //! | `GET /api/vouchers/{id}` | anyone | a voucher with its live remaining stock |
 //! | `POST /api/vouchers/{id}/seckill` | user | buy: an order id, or a refusal |
+//! | `GET /api/vouchers/{id}/order` | user | the caller's order for the voucher and its state |
+//! | `GET /api/orders` | user | the caller's stored orders |
 
 mod error;
 mod extract;
 mod limits;
+mod orders;
 mod vouchers;
 
 use std::sync::Arc;
@@ -64,6 +67,8 @@ pub fn router(state: AppState) -> Router {
                 .route("/api/vouchers", post(vouchers::create))
                 .route("/api/vouchers/{id}", get(vouchers::show))
                 .route("/api/vouchers/{id}/seckill", post(vouchers::purchase))
+                .route("/api/vouchers/{id}/order", get(orders::for_voucher))
+                .route("/api/orders", get(orders::mine))
                 .layer(axum::middleware::from_fn_with_state(
                     state.clone(),
                     limits::per_ip,

@@ -110,6 +110,16 @@ impl FastPath {
         })
     }
 
+    /// The Redis connection (shared, cheap to clone).
+    pub fn connection(&self) -> &ConnectionManager {
+        &self.conn
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// Whether Redis answers.
     ///
     /// # Errors

@@ -6,6 +6,7 @@
 //! | `P:{v<id>}:buyers` | set | user ids that bought the voucher |
 //! | `P:{v<id>}:orders` | stream | accepted orders: `order`, `user`, `voucher` |
 //! | `P:order-seq:YYYYMMDD` | string | the day's order sequence counter |
+//! | `P:orders:dead` | stream | dead-lettered orders, with `stream`, `entry`, `reason` |
 //!
 //! `{v<id>}` is the hash tag: one purchase touches one Redis Cluster slot.
 
@@ -35,4 +36,9 @@ impl VoucherKeys {
 /// The per-day order sequence counter.
 pub(crate) fn order_sequence(prefix: &str, yyyymmdd: &str) -> String {
     format!("{prefix}:order-seq:{yyyymmdd}")
+}
+
+/// The dead-letter stream of all vouchers.
+pub fn dead_letter_stream(prefix: &str) -> String {
+    format!("{prefix}:orders:dead")
 }

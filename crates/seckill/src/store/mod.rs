@@ -5,5 +5,5 @@ mod keys;
 mod order_ids;
 
 pub use fast_path::{FastPath, Purchase, Refusal};
-pub use keys::VoucherKeys;
+pub use keys::{dead_letter_stream, VoucherKeys};
 pub use order_ids::OrderIdGenerator;

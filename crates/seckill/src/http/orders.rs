@@ -1,0 +1,62 @@
+//! Order routes: a user sees only their own orders.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use serde::Serialize;
+
+use crate::http::error::ApiError;
+use crate::http::extract::User;
+use crate::http::AppState;
+use crate::status::{order_status, OrderState};
+use crate::store::dead_letter_stream;
+
+/// An order as its owner sees it.
+#[derive(Debug, Serialize)]
+pub struct OrderView {
+    /// The order id (a string: it exceeds JavaScript's safe integers).
+    order_id: String,
+    /// The voucher.
+    voucher_id: i64,
+    /// Pending, created or failed.
+    state: OrderState,
+}
+
+pub(crate) async fn for_voucher(
+    State(state): State<AppState>,
+    User(user): User,
+    Path(voucher): Path<i64>,
+) -> Result<Json<OrderView>, ApiError> {
+    let fast = &state.fast;
+    let found = order_status(
+        fast.connection(),
+        &state.db,
+        fast.prefix(),
+        &dead_letter_stream(fast.prefix()),
+        voucher,
+        user,
+    )
+    .await?;
+    let (id, order_state) = found.ok_or(ApiError::NotFound("order"))?;
+    Ok(Json(OrderView {
+        order_id: id.to_string(),
+        voucher_id: voucher,
+        state: order_state,
+    }))
+}
+
+pub(crate) async fn mine(
+    State(state): State<AppState>,
+    User(user): User,
+) -> Result<Json<Vec<OrderView>>, ApiError> {
+    let orders = state.db.orders_of(user).await?;
+    Ok(Json(
+        orders
+            .into_iter()
+            .map(|(id, voucher_id, _)| OrderView {
+                order_id: id.to_string(),
+                voucher_id,
+                state: OrderState::Created,
+            })
+            .collect(),
+    ))
+}

@@ -1,0 +1,88 @@
+//! Where an order is: stored, on its way, or failed.
+//!
+//! An accepted order is first an entry in its voucher's stream (pending),
+//! then a database row (created), or, if the pipeline gave up on it, an
+//! entry in the dead-letter stream (failed). A lookup checks the database
+//! first (the common case), then scans the two streams; both are short when
+//! the pipeline keeps up (entries are deleted once stored), and the scans
+//! are bounded.
+
+use redis::aio::ConnectionManager;
+use redis::streams::StreamRangeReply;
+use serde::Serialize;
+
+use crate::db::Database;
+use crate::error::Result;
+use crate::store::VoucherKeys;
+use crate::OrderId;
+
+/// Most stream entries one lookup reads per stream.
+const SCAN_LIMIT: usize = 10_000;
+
+/// The state of an order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderState {
+    /// Accepted, on its way to the database.
+    Pending,
+    /// Stored in the database.
+    Created,
+    /// The pipeline gave up on it (see the dead-letter stream).
+    Failed,
+}
+
+/// `user_id`'s order for voucher `voucher_id`, if any, and its state.
+///
+/// # Errors
+/// [`Error::Redis`](crate::Error::Redis) or
+/// [`Error::Database`](crate::Error::Database).
+pub async fn order_status(
+    conn: &ConnectionManager,
+    db: &Database,
+    prefix: &str,
+    dead_letters: &str,
+    voucher_id: i64,
+    user_id: i64,
+) -> Result<Option<(OrderId, OrderState)>> {
+    if let Some((id, ..)) = db
+        .orders_of(user_id)
+        .await?
+        .into_iter()
+        .find(|(_, voucher, _)| *voucher == voucher_id)
+    {
+        return Ok(Some((OrderId::from_i64(id)?, OrderState::Created)));
+    }
+    let keys = VoucherKeys::new(prefix, voucher_id);
+    let user = user_id.to_string();
+    let mut conn = conn.clone();
+    let pending: StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&keys.orders)
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(SCAN_LIMIT)
+        .query_async(&mut conn)
+        .await?;
+    if let Some(id) = find(&pending, &user, None) {
+        return Ok(Some((id, OrderState::Pending)));
+    }
+    let dead: StreamRangeReply = redis::cmd("XREVRANGE")
+        .arg(dead_letters)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(SCAN_LIMIT)
+        .query_async(&mut conn)
+        .await?;
+    Ok(find(&dead, &user, Some(&keys.orders)).map(|id| (id, OrderState::Failed)))
+}
+
+/// The order id of `user`'s entry (in `stream`, for dead letters).
+fn find(entries: &StreamRangeReply, user: &str, stream: Option<&str>) -> Option<OrderId> {
+    entries
+        .ids
+        .iter()
+        .filter(|e| e.get::<String>("user").as_deref() == Some(user))
+        .filter(|e| stream.is_none_or(|s| e.get::<String>("stream").as_deref() == Some(s)))
+        .find_map(|e| OrderId::from_i64(e.get("order")?).ok())
+}
