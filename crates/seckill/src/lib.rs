@@ -18,6 +18,7 @@ pub mod db;
 pub mod domain;
 mod error;
 pub mod http;
+pub mod metrics;
 pub mod pipeline;
 pub mod reconcile;
 pub mod service;

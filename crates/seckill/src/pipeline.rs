@@ -140,6 +140,19 @@ impl OrderPipeline {
         crate::store::dead_letter_stream(&self.prefix)
     }
 
+    /// Orders of voucher `voucher_id` accepted and not yet stored.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable.
+    pub async fn backlog(&self, voucher_id: i64) -> Result<u64> {
+        let keys = VoucherKeys::new(&self.prefix, voucher_id);
+        let len: u64 = redis::cmd("XLEN")
+            .arg(&keys.orders)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(len)
+    }
+
     /// Entries this pipeline has dead-lettered since it started.
     pub fn dead_letters(&self) -> u64 {
         self.dead_letters.load(Ordering::Relaxed)

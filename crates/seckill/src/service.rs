@@ -85,12 +85,15 @@ impl Service {
                 Duration::from_secs(5),
             ))),
         };
+        let metrics =
+            crate::metrics::Metrics::new().map_err(|e| anyhow::anyhow!("metrics registry: {e}"))?;
         let state = AppState {
             db: db.clone(),
             fast,
             purchases,
             tokens: Tokens::new(config.token_secret.as_bytes())?,
             limits: RateLimits::new(config.user_limit, config.ip_limit),
+            metrics: metrics.clone(),
         };
         let pipeline = Arc::new(OrderPipeline::new(
             conn,
@@ -114,7 +117,12 @@ impl Service {
             })
             .await
         });
-        let worker = tokio::spawn(work(pipeline.clone(), db.clone(), shutdown.subscribe()));
+        let worker = tokio::spawn(work(
+            pipeline.clone(),
+            db.clone(),
+            metrics,
+            shutdown.subscribe(),
+        ));
         tracing::info!(%addr, mode = ?config.mode, "seckill serving");
         Ok(Self {
             addr,
@@ -172,11 +180,31 @@ async fn drain(pipeline: &OrderPipeline, db: &Database) -> Result<StepReport> {
 
 /// The pipeline worker: drain, rest briefly when idle, drain once more on
 /// shutdown.
-async fn work(pipeline: Arc<OrderPipeline>, db: Database, mut stop: watch::Receiver<bool>) {
+async fn work(
+    pipeline: Arc<OrderPipeline>,
+    db: Database,
+    metrics: crate::metrics::Metrics,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut lag_measured = std::time::Instant::now() - Duration::from_secs(1);
     loop {
         match drain(&pipeline, &db).await {
-            Ok(_) => {}
+            Ok(report) => {
+                metrics.orders_stored.inc_by(report.created);
+                metrics.dead_letters.inc_by(report.dead_lettered);
+            }
             Err(e) => tracing::warn!(error = %e, "pipeline round failed; retrying"),
+        }
+        // The backlog gauge costs a query per voucher: once a second is plenty.
+        if lag_measured.elapsed() >= Duration::from_secs(1) {
+            lag_measured = std::time::Instant::now();
+            if let Ok(vouchers) = db.voucher_ids().await {
+                let mut lag = 0;
+                for v in vouchers {
+                    lag += pipeline.backlog(v).await.unwrap_or(0);
+                }
+                metrics.pipeline_lag.set(lag as i64);
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}

@@ -93,6 +93,7 @@ async fn spawn_app_with(limits: Arc<RateLimits>) -> TestApp {
         purchases: PurchasePath::Async(fast.clone()),
         tokens: tokens.clone(),
         limits,
+        metrics: seckill::metrics::Metrics::new().unwrap(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -459,4 +460,43 @@ async fn users_see_their_own_orders_pending_then_created_or_failed() {
         .map(|r| (r.status(), ()))
         .unwrap();
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn metrics_count_requests_by_route_and_outcome() {
+    let app = spawn_app().await;
+    let (_, v) = app.create_voucher(open_voucher(1)).await;
+    let id = v["id"].as_i64().unwrap();
+    assert_eq!(app.buy(id, 1).await.0, StatusCode::OK);
+    assert_eq!(app.buy(id, 2).await.0, StatusCode::CONFLICT);
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = |needle: &str| {
+        text.lines()
+            .find(|l| l.starts_with(needle))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        line("seckill_http_requests_total{outcome=\"ok\",route=\"/api/vouchers/{id}/seckill\"}")
+            .as_deref(),
+        Some("seckill_http_requests_total{outcome=\"ok\",route=\"/api/vouchers/{id}/seckill\"} 1"),
+        "{text}"
+    );
+    assert!(
+        line("seckill_http_requests_total{outcome=\"409\",route=\"/api/vouchers/{id}/seckill\"} 1")
+            .is_some(),
+        "{text}"
+    );
+    assert!(
+        text.contains("seckill_http_request_duration_seconds_bucket"),
+        "{text}"
+    );
+    assert!(text.contains("seckill_pipeline_lag_orders"), "{text}");
 }

@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `GET /healthz` | anyone | liveness |
 //! | `GET /readyz` | anyone | readiness: Redis and the database answer (503 if not) |
+//! | `GET /metrics` | anyone | Prometheus metrics |
 //! | `POST /api/vouchers` | admin | create a voucher and put its stock on sale |
 //! | `GET /api/vouchers/{id}` | anyone | a voucher with its live remaining stock |
 //! | `POST /api/vouchers/{id}/seckill` | user | buy: an order id, or a refusal |
@@ -18,7 +19,9 @@ mod vouchers;
 
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 
@@ -52,6 +55,8 @@ pub struct AppState {
     pub tokens: Tokens,
     /// Rate limits.
     pub limits: Arc<RateLimits>,
+    /// Metrics.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Request bodies above this are refused (413) before parsing.
@@ -62,6 +67,10 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
+        .route(
+            "/metrics",
+            get(|State(state): State<AppState>| async move { state.metrics.render() }),
+        )
         .merge(
             Router::new()
                 .route("/api/vouchers", post(vouchers::create))
@@ -74,6 +83,7 @@ pub fn router(state: AppState) -> Router {
                     limits::per_ip,
                 )),
         )
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
@@ -93,4 +103,33 @@ async fn ready(
         status,
         axum::Json(serde_json::json!({ "redis": show(&redis), "database": show(&db) })),
     )
+}
+
+/// Counts every request by route (the pattern, not the raw path) and
+/// outcome, and times it. The outcome is `ok`, or the status class.
+async fn observe(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_owned();
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    let status = response.status();
+    let outcome = if status.is_success() {
+        "ok".to_owned()
+    } else {
+        status.as_u16().to_string()
+    };
+    state
+        .metrics
+        .requests
+        .with_label_values(&[route.as_str(), outcome.as_str()])
+        .inc();
+    state
+        .metrics
+        .latency
+        .with_label_values(&[route.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    response
 }

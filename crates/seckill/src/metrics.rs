@@ -1,0 +1,74 @@
+//! Prometheus metrics of one service instance, in a registry of its own.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// The service's metrics.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// HTTP requests by route and outcome (`code` of the JSON error, or `ok`).
+    pub requests: IntCounterVec,
+    /// HTTP request latency by route, in seconds.
+    pub latency: HistogramVec,
+    /// Orders accepted but not yet stored (entries in the voucher streams).
+    pub pipeline_lag: IntGauge,
+    /// Orders stored by this instance's pipeline.
+    pub orders_stored: IntCounter,
+    /// Orders this instance dead-lettered.
+    pub dead_letters: IntCounter,
+}
+
+impl Metrics {
+    /// A fresh set, registered in a registry of its own.
+    ///
+    /// # Errors
+    /// Only if metric definitions clash (a programming error).
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new_custom(Some("seckill".into()), None)?;
+        let requests = IntCounterVec::new(
+            Opts::new("http_requests_total", "HTTP requests by route and outcome"),
+            &["route", "outcome"],
+        )?;
+        let latency = HistogramVec::new(
+            HistogramOpts::new("http_request_duration_seconds", "HTTP request latency").buckets(
+                vec![
+                    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
+                ],
+            ),
+            &["route"],
+        )?;
+        let pipeline_lag = IntGauge::new("pipeline_lag_orders", "accepted orders not yet stored")?;
+        let orders_stored = IntCounter::new(
+            "pipeline_orders_stored_total",
+            "orders stored by this instance",
+        )?;
+        let dead_letters = IntCounter::new(
+            "pipeline_dead_letters_total",
+            "orders dead-lettered by this instance",
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(latency.clone()))?;
+        registry.register(Box::new(pipeline_lag.clone()))?;
+        registry.register(Box::new(orders_stored.clone()))?;
+        registry.register(Box::new(dead_letters.clone()))?;
+        Ok(Self {
+            registry,
+            requests,
+            latency,
+            pipeline_lag,
+            orders_stored,
+            dead_letters,
+        })
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for the text format.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
