@@ -5,6 +5,7 @@
 //! | `GET /healthz` | anyone | liveness |
 //! | `GET /readyz` | anyone | readiness: Redis and the database answer (503 if not) |
 //! | `GET /metrics` | anyone | Prometheus metrics |
+//! | `GET /openapi.json` | anyone | the OpenAPI 3.0 document of these routes |
 //! | `POST /api/vouchers` | admin | create a voucher and put its stock on sale |
 //! | `GET /api/vouchers/{id}` | anyone | a voucher with its live remaining stock |
 //! | `POST /api/vouchers/{id}/seckill` | user | buy: an order id, or a refusal |
@@ -59,6 +60,10 @@ pub struct AppState {
     pub metrics: crate::metrics::Metrics,
 }
 
+/// The API's OpenAPI document (kept beside the routes; a test checks that
+/// both list the same paths).
+pub const OPENAPI: &str = include_str!("openapi.json");
+
 /// Request bodies above this are refused (413) before parsing.
 const BODY_LIMIT: usize = 16 * 1024;
 
@@ -67,6 +72,15 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
+        .route(
+            "/openapi.json",
+            get(|| async {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    OPENAPI,
+                )
+            }),
+        )
         .route(
             "/metrics",
             get(|State(state): State<AppState>| async move { state.metrics.render() }),
