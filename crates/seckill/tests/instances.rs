@@ -1,0 +1,112 @@
+//! Two service instances at once on one Redis and one PostgreSQL database:
+//! purchases spread over both, both pipelines consuming the same streams.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::ConnectionManager;
+use seckill::auth::{Principal, Tokens};
+use seckill::db::Database;
+use seckill::reconcile::reconcile;
+use seckill::service::{Mode, Service, ServiceConfig};
+use serde_json::{json, Value};
+use testkit::{PostgresServer, RedisServer};
+
+const SECRET: &str = "two-instances-secret-01";
+
+fn config(redis: &str, database: &str, consumer: &str) -> ServiceConfig {
+    ServiceConfig {
+        redis_url: redis.into(),
+        database_url: database.into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        token_secret: SECRET.into(),
+        mode: Mode::Async,
+        prefix: "seckill".into(),
+        consumer: consumer.into(),
+        reclaim_idle: Duration::from_secs(30),
+        user_limit: None,
+        ip_limit: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_the_sale_and_the_pipeline_without_loss_or_duplicates() {
+    const STOCK: i64 = 200;
+    let redis = RedisServer::start();
+    let pg = PostgresServer::start();
+    let a = Service::start(config(&redis.url(), &pg.url(), "a"))
+        .await
+        .unwrap();
+    let b = Service::start(config(&redis.url(), &pg.url(), "b"))
+        .await
+        .unwrap();
+    let bases = Arc::new([
+        format!("http://{}", a.addr()),
+        format!("http://{}", b.addr()),
+    ]);
+    let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
+    let http = reqwest::Client::new();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let v: Value = http
+        .post(format!("{}/api/vouchers", bases[0]))
+        .bearer_auth(tokens.mint(Principal::Admin, Duration::from_secs(60)))
+        .json(&json!({"title": "Shared", "stock": STOCK, "begin_ms": now - 1000, "end_ms": now + 3_600_000}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let voucher = v["id"].as_i64().unwrap();
+
+    // 600 users, each asking once through each instance, all at once.
+    let calls: Vec<_> = (1..=600i64)
+        .flat_map(|user| [0usize, 1].map(move |i| (user, i)))
+        .map(|(user, i)| {
+            let (http, bases, token) = (
+                http.clone(),
+                bases.clone(),
+                tokens.mint(Principal::User(user), Duration::from_secs(60)),
+            );
+            tokio::spawn(async move {
+                let r = http
+                    .post(format!("{}/api/vouchers/{voucher}/seckill", bases[i]))
+                    .bearer_auth(token)
+                    .send()
+                    .await
+                    .unwrap();
+                (
+                    user,
+                    r.status().is_success(),
+                    r.json::<Value>().await.unwrap(),
+                )
+            })
+        })
+        .collect();
+    let mut accepted = HashSet::new();
+    let mut buyers = HashSet::new();
+    for c in calls {
+        let (user, ok, body) = c.await.unwrap();
+        if ok {
+            accepted.insert(body["order_id"].as_str().unwrap().parse::<i64>().unwrap());
+            assert!(buyers.insert(user), "user {user} got two orders");
+        }
+    }
+    assert_eq!(accepted.len() as i64, STOCK);
+
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+    let db = Database::connect(&pg.url()).await.unwrap();
+    let stored: HashSet<i64> = db.order_ids(voucher).await.unwrap().into_iter().collect();
+    assert_eq!(stored, accepted, "stored orders differ from accepted ones");
+    let conn = ConnectionManager::new(redis::Client::open(redis.url()).unwrap())
+        .await
+        .unwrap();
+    let found = reconcile(&conn, &db, "seckill", voucher).await.unwrap();
+    assert!(found.is_consistent(), "{:?}", found.differences());
+    assert_eq!(found.db_stock, Some(0));
+}
