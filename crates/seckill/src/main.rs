@@ -6,18 +6,31 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use seckill::auth::{Principal, Tokens};
 
-use seckill::http::Limit;
-use seckill::service::{Mode, Service, ServiceConfig};
+use seckill::service::Service;
 
+mod config;
 mod demo;
+
+use config::ServeArgs;
 
 use demo::DemoArgs;
 
 #[derive(Parser)]
 #[command(version, about = "A flash-sale service on Redis and hasp")]
 struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, env = "SECKILL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per event (for log shippers).
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -64,56 +77,21 @@ enum Command {
     },
 }
 
-#[derive(clap::Args)]
-struct ServeArgs {
-    /// Redis URL.
-    #[arg(
-        long,
-        env = "SECKILL_REDIS_URL",
-        default_value = "redis://127.0.0.1:6379/"
-    )]
-    redis_url: String,
-    /// Database URL: sqlite://FILE, postgres://…, mysql://…
-    #[arg(
-        long,
-        env = "SECKILL_DATABASE_URL",
-        default_value = "sqlite://data/seckill.db"
-    )]
-    database_url: String,
-    /// Listen address.
-    #[arg(long, env = "SECKILL_LISTEN", default_value = "127.0.0.1:8080")]
-    listen: std::net::SocketAddr,
-    /// Secret signing bearer tokens (at least 16 bytes).
-    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true)]
-    token_secret: String,
-    /// Purchase path.
-    #[arg(long, env = "SECKILL_MODE", value_enum, default_value_t = Mode::Async)]
-    mode: Mode,
-    /// Consumer name of this instance in the order pipeline.
-    #[arg(long, env = "SECKILL_CONSUMER")]
-    consumer: Option<String>,
-    /// Take over pipeline entries left pending this long by a dead instance.
-    #[arg(long, env = "SECKILL_RECLAIM_IDLE_MS", default_value_t = 30_000)]
-    reclaim_idle_ms: u64,
-    /// Purchases per second per user (burst twice that; 0 = unlimited).
-    #[arg(long, env = "SECKILL_USER_RATE", default_value_t = 5)]
-    user_rate: u32,
-    /// Requests per second per client IP (burst twice that; 0 = unlimited).
-    #[arg(long, env = "SECKILL_IP_RATE", default_value_t = 2_000)]
-    ip_rate: u32,
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "seckill=info,hasp=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "seckill=info,hasp=warn".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
+    match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Token {
             user,
@@ -152,22 +130,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let consumer = args
-        .consumer
-        .unwrap_or_else(|| format!("seckill-{}", std::process::id()));
-    let service = Service::start(ServiceConfig {
-        redis_url: args.redis_url,
-        database_url: args.database_url,
-        listen: args.listen,
-        token_secret: args.token_secret,
-        mode: args.mode,
-        prefix: "seckill".into(),
-        consumer,
-        reclaim_idle: Duration::from_millis(args.reclaim_idle_ms),
-        user_limit: Limit::per_second(args.user_rate),
-        ip_limit: Limit::per_second(args.ip_rate),
-    })
-    .await?;
+    let service = Service::start(args.resolve()?).await?;
     eprintln!("seckill listening on http://{}", service.addr());
     tokio::signal::ctrl_c()
         .await

@@ -17,7 +17,8 @@ use crate::store::{FastPath, OrderIdGenerator};
 use crate::sync_path::SyncPath;
 
 /// Which purchase path the service uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Redis fast path + durable pipeline (seed 002).
     Async,
