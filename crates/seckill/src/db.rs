@@ -221,6 +221,31 @@ impl Database {
             .collect()
     }
 
+    /// Every voucher, newest first, at most `limit`.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn vouchers(&self, limit: i64) -> Result<Vec<VoucherRow>> {
+        let rows = sqlx::query(self.sql(
+            "SELECT id, title, stock, begin_ms, end_ms FROM seckill_voucher ORDER BY id DESC LIMIT ?",
+        ))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(VoucherRow {
+                    id: r.try_get(0)?,
+                    title: r.try_get(1)?,
+                    stock: r.try_get(2)?,
+                    begin_ms: r.try_get(3)?,
+                    end_ms: r.try_get(4)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Error::from)
+    }
+
     /// Voucher `id` as stored.
     ///
     /// # Errors

@@ -54,6 +54,16 @@ enum Command {
     },
     /// Run a whole flash sale on this machine and verify it.
     Demo(DemoArgs),
+    /// Apply the database migrations and exit.
+    Migrate {
+        /// Database URL.
+        #[arg(
+            long,
+            env = "SECKILL_DATABASE_URL",
+            default_value = "sqlite://data/seckill.db"
+        )]
+        database_url: String,
+    },
     /// Compare Redis with the database for every voucher; exit 1 on any
     /// difference.
     Reconcile {
@@ -106,6 +116,14 @@ async fn main() -> anyhow::Result<()> {
                 _ => anyhow::bail!("--user must be a positive id"),
             };
             println!("{}", tokens.mint(who, Duration::from_secs(ttl)));
+            Ok(())
+        }
+        Command::Migrate { database_url } => {
+            seckill::db::Database::connect(&database_url)
+                .await?
+                .migrate()
+                .await?;
+            eprintln!("migrations applied to {database_url}");
             Ok(())
         }
         Command::Reconcile {

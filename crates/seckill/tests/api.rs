@@ -66,6 +66,11 @@ async fn spawn_app() -> TestApp {
 }
 
 async fn spawn_app_with(limits: Arc<RateLimits>) -> TestApp {
+    spawn_app_on(None, limits).await
+}
+
+/// An app on `database_url`, or on a fresh SQLite file.
+async fn spawn_app_on(database_url: Option<String>, limits: Arc<RateLimits>) -> TestApp {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -549,4 +554,98 @@ async fn every_operation_in_the_openapi_document_is_served() {
             );
         }
     }
+}
+
+/// Every route and refusal, with the pipeline moving an order to `created`.
+async fn route_tour(app: &TestApp) {
+    use seckill::pipeline::{OrderPipeline, PipelineSettings};
+    let hour = 3_600_000;
+    let (status, v) = app.create_voucher(open_voucher(2)).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_i64().unwrap();
+    let (_, later) = app
+        .create_voucher(json!({"title": "Later", "stock": 1, "begin_ms": now_ms() + hour, "end_ms": now_ms() + 2 * hour}))
+        .await;
+    let (_, over) = app
+        .create_voucher(json!({"title": "Over", "stock": 1, "begin_ms": now_ms() - 2 * hour, "end_ms": now_ms() - hour}))
+        .await;
+    let (status, err) = app
+        .create_voucher(json!({"title": "x", "stock": 0, "begin_ms": 1, "end_ms": 2}))
+        .await;
+    assert_eq!(
+        (status, err["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("stock"))
+    );
+
+    let list: Value = app
+        .http
+        .get(format!("{}/api/vouchers", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 3);
+    assert_eq!(app.show(id).await.1["stock_left"], 2);
+    assert_eq!(app.buy(id, 1).await.0, StatusCode::OK);
+    assert_eq!(app.buy(id, 1).await.1["code"], "already_bought");
+    assert_eq!(app.buy(id, 2).await.0, StatusCode::OK);
+    assert_eq!(app.buy(id, 3).await.1["code"], "sold_out");
+    assert_eq!(
+        app.buy(later["id"].as_i64().unwrap(), 1).await.1["code"],
+        "sale_not_started"
+    );
+    assert_eq!(
+        app.buy(over["id"].as_i64().unwrap(), 1).await.1["code"],
+        "sale_ended"
+    );
+    assert_eq!(app.buy(id + 100, 1).await.1["code"], "unknown_voucher");
+    let user_token = app.token(Principal::User(1));
+    let order = |token: String| {
+        let req = app
+            .http
+            .get(format!("{}/api/vouchers/{id}/order", app.base))
+            .bearer_auth(token);
+        async move { req.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    assert_eq!(order(user_token.clone()).await["state"], "pending");
+    let pipeline = OrderPipeline::new(
+        app.fast.connection().clone(),
+        app.db.clone(),
+        "seckill",
+        PipelineSettings::new("tour"),
+    )
+    .unwrap();
+    pipeline.ensure_group(id).await.unwrap();
+    assert_eq!(pipeline.step(id).await.unwrap().created, 2);
+    assert_eq!(order(user_token.clone()).await["state"], "created");
+    let mine: Value = app
+        .http
+        .get(format!("{}/api/orders", app.base))
+        .bearer_auth(user_token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(mine.as_array().unwrap().len(), 1);
+    assert_eq!(app.db.voucher_stock(id).await.unwrap(), Some(0));
+    let ready = app
+        .http
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn every_route_and_refusal_works_on_sqlite_postgres_and_mariadb() {
+    route_tour(&spawn_app().await).await;
+    let pg = testkit::PostgresServer::start();
+    route_tour(&spawn_app_on(Some(pg.url()), RateLimits::off()).await).await;
+    let maria = testkit::MariaDbServer::start();
+    route_tour(&spawn_app_on(Some(maria.url()), RateLimits::off()).await).await;
 }

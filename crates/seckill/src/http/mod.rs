@@ -7,6 +7,7 @@
 //! | `GET /metrics` | anyone | Prometheus metrics |
 //! | `GET /openapi.json` | anyone | the OpenAPI 3.0 document of these routes |
 //! | `POST /api/vouchers` | admin | create a voucher and put its stock on sale |
+//! | `GET /api/vouchers` | anyone | the newest 100 vouchers with live stock |
 //! | `GET /api/vouchers/{id}` | anyone | a voucher with its live remaining stock |
 //! | `POST /api/vouchers/{id}/seckill` | user | buy: an order id, or a refusal |
 //! | `GET /api/vouchers/{id}/order` | user | the caller's order for the voucher and its state |
@@ -87,7 +88,7 @@ pub fn router(state: AppState) -> Router {
         )
         .merge(
             Router::new()
-                .route("/api/vouchers", post(vouchers::create))
+                .route("/api/vouchers", post(vouchers::create).get(vouchers::list))
                 .route("/api/vouchers/{id}", get(vouchers::show))
                 .route("/api/vouchers/{id}/seckill", post(vouchers::purchase))
                 .route("/api/vouchers/{id}/order", get(orders::for_voucher))

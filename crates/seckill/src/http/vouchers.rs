@@ -54,6 +54,35 @@ pub(crate) async fn create(
     ))
 }
 
+/// Vouchers listed at most.
+const LIST_LIMIT: i64 = 100;
+
+pub(crate) async fn list(
+    State(state): State<AppState>,
+) -> Result<Json<Vec<VoucherView>>, ApiError> {
+    let rows = state.db.vouchers(LIST_LIMIT).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let stock_left = live_stock(&state, row.id, row.stock).await?;
+        out.push(VoucherView {
+            id: row.id,
+            title: row.title,
+            stock_left,
+            begin_ms: row.begin_ms,
+            end_ms: row.end_ms,
+        });
+    }
+    Ok(Json(out))
+}
+
+/// The fast path's live stock runs ahead of the database's.
+async fn live_stock(state: &AppState, id: i64, db_stock: i64) -> Result<i64, ApiError> {
+    Ok(match &state.purchases {
+        PurchasePath::Async(fast) => fast.remaining_stock(id).await?.unwrap_or(db_stock),
+        PurchasePath::Sync(_) => db_stock,
+    })
+}
+
 pub(crate) async fn show(
     State(state): State<AppState>,
     Path(id): Path<i64>,
@@ -63,11 +92,7 @@ pub(crate) async fn show(
         .voucher(id)
         .await?
         .ok_or(ApiError::NotFound("voucher"))?;
-    // The fast path's live stock runs ahead of the database's.
-    let stock_left = match &state.purchases {
-        PurchasePath::Async(fast) => fast.remaining_stock(id).await?.unwrap_or(row.stock),
-        PurchasePath::Sync(_) => row.stock,
-    };
+    let stock_left = live_stock(&state, id, row.stock).await?;
     Ok(Json(VoucherView {
         id: row.id,
         title: row.title,
