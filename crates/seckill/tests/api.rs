@@ -78,9 +78,8 @@ async fn spawn_app_on(database_url: Option<String>, limits: Arc<RateLimits>) -> 
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ));
-    let db = Database::connect(&format!("sqlite://{}/api.db", dir.display()))
-        .await
-        .unwrap();
+    let url = database_url.unwrap_or_else(|| format!("sqlite://{}/api.db", dir.display()));
+    let db = Database::connect(&url).await.unwrap();
     db.migrate().await.unwrap();
     let redis = RedisServer::start();
     let conn = ConnectionManager::new(redis::Client::open(redis.url()).unwrap())
@@ -557,8 +556,13 @@ async fn every_operation_in_the_openapi_document_is_served() {
 }
 
 /// Every route and refusal, with the pipeline moving an order to `created`.
-async fn route_tour(app: &TestApp) {
+async fn route_tour(app: &TestApp, backend: seckill::db::Backend) {
     use seckill::pipeline::{OrderPipeline, PipelineSettings};
+    assert_eq!(
+        app.db.backend(),
+        backend,
+        "the tour runs on the wrong database"
+    );
     let hour = 3_600_000;
     let (status, v) = app.create_voucher(open_voucher(2)).await;
     assert_eq!(status, StatusCode::CREATED, "{v}");
@@ -643,9 +647,18 @@ async fn route_tour(app: &TestApp) {
 
 #[tokio::test]
 async fn every_route_and_refusal_works_on_sqlite_postgres_and_mariadb() {
-    route_tour(&spawn_app().await).await;
+    use seckill::db::Backend;
+    route_tour(&spawn_app().await, Backend::Sqlite).await;
     let pg = testkit::PostgresServer::start();
-    route_tour(&spawn_app_on(Some(pg.url()), RateLimits::off()).await).await;
+    route_tour(
+        &spawn_app_on(Some(pg.url()), RateLimits::off()).await,
+        Backend::Postgres,
+    )
+    .await;
     let maria = testkit::MariaDbServer::start();
-    route_tour(&spawn_app_on(Some(maria.url()), RateLimits::off()).await).await;
+    route_tour(
+        &spawn_app_on(Some(maria.url()), RateLimits::off()).await,
+        Backend::MySql,
+    )
+    .await;
 }
