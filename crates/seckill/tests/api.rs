@@ -283,9 +283,10 @@ async fn malformed_voucher_requests_are_400s_naming_the_field_and_write_nothing(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_http_purchases_never_oversell() {
     let app = Arc::new(spawn_app().await);
-    let (_, v) = app.create_voucher(open_voucher(30)).await;
+    let (_, v) = app.create_voucher(open_voucher(300)).await;
     let id = v["id"].as_i64().unwrap();
-    let calls: Vec<_> = (1..=300)
+    // 2,000 users, each asking once, all at once: more buyers than stock.
+    let calls: Vec<_> = (1..=2_000)
         .map(|user| {
             let app = app.clone();
             tokio::spawn(async move { app.buy(id, user).await.0 })
@@ -299,7 +300,10 @@ async fn concurrent_http_purchases_never_oversell() {
             other => panic!("{other}"),
         }
     }
-    assert_eq!(ok, 30);
+    assert_eq!(
+        ok, 300,
+        "no oversell, and no undersell while buyers remained"
+    );
     assert_eq!(app.show(id).await.1["stock_left"], 0);
 }
 
