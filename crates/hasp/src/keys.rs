@@ -4,8 +4,8 @@
 //!
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
-//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:t` → fencing token; `:w` → a waiter is subscribed |
-//! | `P:{E}:fence`              | string  | last fencing token issued for `N` (no TTL) |
+//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:w` → a waiter is subscribed |
+//! | `P:{E}:fence`              | string  | last fencing token issued for `N`, which is the holder's while the lock is held (no TTL) |
 //! | `P:{E}:released` (channel) | pub/sub | a release message, payload = releasing client id or `*` |
 //!
 //! `E` is `N` with `%`, `{` and `}` percent-encoded (`%25`, `%7B`, `%7D`).

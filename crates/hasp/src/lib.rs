@@ -44,8 +44,8 @@
 //!
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
-//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:t` → fencing token; `:w` → some client waits |
-//! | `P:{E}:fence`              | string  | last fencing token issued (no TTL)        |
+//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:w` → some client waits |
+//! | `P:{E}:fence`              | string  | last fencing token issued: the holder's while held (no TTL) |
 //! | `P:{E}:released`           | channel | release notifications                     |
 //!
 //! `{E}` is the hash tag of all three, so one lock lives in one Redis
