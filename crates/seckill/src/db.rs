@@ -216,9 +216,7 @@ impl Database {
         let rows = sqlx::query("SELECT id FROM seckill_voucher ORDER BY id")
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|r| r.try_get::<i64, _>(0).map_err(Error::from))
-            .collect()
+        first_column(&rows)
     }
 
     /// Every voucher, newest first, at most `limit`.
@@ -232,18 +230,7 @@ impl Database {
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(VoucherRow {
-                    id: r.try_get(0)?,
-                    title: r.try_get(1)?,
-                    stock: r.try_get(2)?,
-                    begin_ms: r.try_get(3)?,
-                    end_ms: r.try_get(4)?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Error::from)
+        Ok(rows.iter().map(voucher_row).collect::<Result<_, _>>()?)
     }
 
     /// Voucher `id` as stored.
@@ -257,17 +244,7 @@ impl Database {
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row
-            .map(|r| -> Result<_, sqlx::Error> {
-                Ok(VoucherRow {
-                    id: r.try_get(0)?,
-                    title: r.try_get(1)?,
-                    stock: r.try_get(2)?,
-                    begin_ms: r.try_get(3)?,
-                    end_ms: r.try_get(4)?,
-                })
-            })
-            .transpose()?)
+        Ok(row.as_ref().map(voucher_row).transpose()?)
     }
 
     /// The sale terms of voucher `id` as stored: `(stock, begin_ms, end_ms)`.
@@ -297,9 +274,7 @@ impl Database {
             .bind(voucher_id)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|r| r.try_get::<i64, _>(0).map_err(Error::from))
-            .collect()
+        first_column(&rows)
     }
 
     /// The orders of `user_id`: `(order id, voucher id, created_ms)`, newest
@@ -329,9 +304,7 @@ impl Database {
             .bind(voucher_id)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|r| r.try_get::<i64, _>(0).map_err(Error::from))
-            .collect()
+        first_column(&rows)
     }
 
     /// Number of orders stored for voucher `id`.
@@ -439,6 +412,25 @@ impl Database {
             None => Recorded::UnknownVoucher,
         })
     }
+}
+
+/// The `VoucherRow` of a `SELECT id, title, stock, begin_ms, end_ms`.
+fn voucher_row(r: &AnyRow) -> Result<VoucherRow, sqlx::Error> {
+    Ok(VoucherRow {
+        id: r.try_get(0)?,
+        title: r.try_get(1)?,
+        stock: r.try_get(2)?,
+        begin_ms: r.try_get(3)?,
+        end_ms: r.try_get(4)?,
+    })
+}
+
+/// The first column of every row, as integers.
+fn first_column(rows: &[AnyRow]) -> Result<Vec<i64>> {
+    Ok(rows
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0))
+        .collect::<Result<_, _>>()?)
 }
 
 /// Attempts of one order's transaction when the server reports a
