@@ -10,6 +10,7 @@ use seckill::service::Service;
 
 mod config;
 mod demo;
+mod lab;
 
 use config::ServeArgs;
 
@@ -54,6 +55,8 @@ enum Command {
     },
     /// Run a whole flash sale on this machine and verify it.
     Demo(DemoArgs),
+    /// Seed 003's oversell walk: the same sale against seven strategies.
+    Lab(lab::LabArgs),
     /// Apply the database migrations and exit.
     Migrate {
         /// Database URL.
@@ -117,6 +120,13 @@ async fn main() -> anyhow::Result<()> {
             };
             println!("{}", tokens.mint(who, Duration::from_secs(ttl)));
             Ok(())
+        }
+        Command::Lab(args) => {
+            if lab::run(args).await? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
         }
         Command::Migrate { database_url } => {
             seckill::db::Database::connect(&database_url)

@@ -1,0 +1,382 @@
+//! `seckill lab`: seed 003's walk through the oversell bug, runnable.
+//!
+//! The same flash sale — same stock, same buyers, same concurrency, two
+//! simulated service instances with their own Redis connections — runs
+//! against each strategy in turn, each on a fresh private redis-server. The
+//! faults that expose strategies 3–5 are induced on purpose (a crash, a slow
+//! holder, a pause between check and delete) so every run shows the bug, not
+//! only lucky ones. The broken strategies live here, never in the service.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use redis::aio::MultiplexedConnection;
+use serde::Serialize;
+
+use seckill::domain::voucher::SaleTerms;
+use seckill::store::{FastPath, OrderIdGenerator, Purchase};
+
+/// Options of `seckill lab`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LabArgs {
+    /// Units for sale.
+    #[arg(long, default_value_t = 20)]
+    pub stock: i64,
+    /// Buyers (each tries once), split over two instances.
+    #[arg(long, default_value_t = 100)]
+    pub buyers: i64,
+    /// Print the rows as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One row of the lab's table.
+#[derive(Debug, Serialize)]
+pub struct Row {
+    strategy: &'static str,
+    accepted: i64,
+    oversold: i64,
+    undersold: i64,
+    stuck: u64,
+    errors: u64,
+    requests_per_second: f64,
+    why: &'static str,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Strategy {
+    ReadModifyWrite,
+    LocalMutex,
+    SetNxNoExpiry,
+    SetNxExNoOwner,
+    CheckThenDelete,
+    HaspLock,
+    AtomicLua,
+}
+
+const ALL: [Strategy; 7] = [
+    Strategy::ReadModifyWrite,
+    Strategy::LocalMutex,
+    Strategy::SetNxNoExpiry,
+    Strategy::SetNxExNoOwner,
+    Strategy::CheckThenDelete,
+    Strategy::HaspLock,
+    Strategy::AtomicLua,
+];
+
+impl Strategy {
+    fn name(self) -> &'static str {
+        match self {
+            Strategy::ReadModifyWrite => "1 read stock, subtract, write back",
+            Strategy::LocalMutex => "2 process-local mutex",
+            Strategy::SetNxNoExpiry => "3 SETNX, no expiry (holder crashes)",
+            Strategy::SetNxExNoOwner => "4 SET NX EX, no owner check (slow holder)",
+            Strategy::CheckThenDelete => "5 owner check, then DEL (two commands)",
+            Strategy::HaspLock => "6 hasp lock with watchdog",
+            Strategy::AtomicLua => "7 atomic Lua fast path",
+        }
+    }
+
+    fn why(self) -> &'static str {
+        match self {
+            Strategy::ReadModifyWrite => {
+                "buyers read the same stock and each writes back stock - 1"
+            }
+            Strategy::LocalMutex => "each instance serialises only its own buyers; the two race",
+            Strategy::SetNxNoExpiry => {
+                "a holder crashed without releasing; nobody can ever acquire"
+            }
+            Strategy::SetNxExNoOwner => {
+                "a slow holder's lock expired; its DEL then freed someone else's"
+            }
+            Strategy::CheckThenDelete => {
+                "the lock expired between GET and DEL; the DEL freed the next holder's"
+            }
+            Strategy::HaspLock => {
+                "owner-checked atomic release; the watchdog keeps a slow holder's lease"
+            }
+            Strategy::AtomicLua => "check and decrement in one script: nothing can interleave",
+        }
+    }
+}
+
+/// The critical section's work: long enough that races show.
+const WORK: Duration = Duration::from_millis(2);
+/// How long a buyer keeps trying for a lock before counting as stuck.
+const GIVE_UP: Duration = Duration::from_millis(1500);
+/// Lease of strategies 4 and 5.
+const LEASE: Duration = Duration::from_millis(50);
+
+/// Runs every strategy and prints the table; true if rows 6 and 7 held.
+pub async fn run(args: LabArgs) -> anyhow::Result<bool> {
+    anyhow::ensure!(
+        args.stock > 0 && args.buyers > 0,
+        "--stock and --buyers must be positive"
+    );
+    let mut rows = Vec::new();
+    for strategy in ALL {
+        rows.push(run_one(strategy, args.stock, args.buyers).await?);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        println!(
+            "{} units, {} buyers over 2 instances, critical section {WORK:?}\n",
+            args.stock, args.buyers
+        );
+        println!("| strategy | accepted | oversold | undersold | stuck | errors | req/s | why |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---|");
+        for r in &rows {
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {:.0} | {} |",
+                r.strategy,
+                r.accepted,
+                r.oversold,
+                r.undersold,
+                r.stuck,
+                r.errors,
+                r.requests_per_second,
+                r.why
+            );
+        }
+    }
+    Ok(rows[5].oversold == 0 && rows[6].oversold == 0)
+}
+
+/// What every buyer task shares.
+struct Sale {
+    strategy: Strategy,
+    accepted: AtomicU64,
+    stuck: AtomicU64,
+    errors: AtomicU64,
+    /// Strategy 3: the first holder "crashes" (never releases).
+    crashed: std::sync::atomic::AtomicBool,
+    /// Strategy 4: every few holders is slower than the lease.
+    holders: AtomicU64,
+}
+
+impl Sale {
+    /// Every 4th holder takes twice the lease (strategies 4, 5 and 6).
+    fn next_holder_is_slow(&self) -> bool {
+        self.holders
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(4)
+    }
+}
+
+/// One simulated service instance.
+struct Instance {
+    conn: MultiplexedConnection,
+    local: tokio::sync::Mutex<()>,
+    hasp: hasp::Client,
+    fast: FastPath,
+}
+
+async fn run_one(strategy: Strategy, stock: i64, buyers: i64) -> anyhow::Result<Row> {
+    let server = testkit::RedisServer::start();
+    let client = redis::Client::open(server.url())?;
+    let mut setup = client.get_multiplexed_async_connection().await?;
+    let _: () = redis::cmd("SET")
+        .arg("lab:stock")
+        .arg(stock)
+        .query_async(&mut setup)
+        .await?;
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let manager = redis::aio::ConnectionManager::new(client.clone()).await?;
+        let fast = FastPath::new(
+            manager.clone(),
+            "lab",
+            OrderIdGenerator::new(manager, "lab", 100)?,
+        );
+        let now = SystemTime::now();
+        fast.load_voucher(
+            1,
+            &SaleTerms::new(
+                stock,
+                now - Duration::from_secs(1),
+                now + Duration::from_secs(600),
+            )?,
+        )
+        .await?;
+        instances.push(Arc::new(Instance {
+            conn: client.get_multiplexed_async_connection().await?,
+            local: tokio::sync::Mutex::new(()),
+            // The same short lease as strategies 4 and 5: only the
+            // watchdog keeps a slow holder's lock.
+            hasp: hasp::Client::open_with(
+                &server.url(),
+                hasp::Settings::default().set_watchdog_timeout(LEASE),
+            )
+            .await?,
+            fast,
+        }));
+    }
+    let sale = Arc::new(Sale {
+        strategy,
+        accepted: AtomicU64::new(0),
+        stuck: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+        crashed: Default::default(),
+        holders: AtomicU64::new(0),
+    });
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..buyers)
+        .map(|user| {
+            let (sale, instance) = (sale.clone(), instances[(user % 2) as usize].clone());
+            tokio::spawn(async move {
+                match buy(&sale, &instance, user).await {
+                    Ok(Some(true)) => sale.accepted.fetch_add(1, Ordering::Relaxed),
+                    Ok(Some(false)) => 0,
+                    Ok(None) => sale.stuck.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => sale.errors.fetch_add(1, Ordering::Relaxed),
+                };
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await?;
+    }
+    let elapsed = started.elapsed();
+    let accepted = sale.accepted.load(Ordering::Relaxed) as i64;
+    Ok(Row {
+        strategy: strategy.name(),
+        accepted,
+        oversold: (accepted - stock).max(0),
+        undersold: (stock.min(buyers) - accepted).max(0),
+        stuck: sale.stuck.load(Ordering::Relaxed),
+        errors: sale.errors.load(Ordering::Relaxed),
+        requests_per_second: buyers as f64 / elapsed.as_secs_f64(),
+        why: strategy.why(),
+    })
+}
+
+/// One buyer's attempt: `Some(true)` bought, `Some(false)` refused (sold
+/// out), `None` stuck (never got the lock).
+async fn buy(sale: &Sale, instance: &Instance, user: i64) -> redis::RedisResult<Option<bool>> {
+    let mut conn = instance.conn.clone();
+    match sale.strategy {
+        Strategy::ReadModifyWrite => read_modify_write(&mut conn).await.map(Some),
+        Strategy::LocalMutex => {
+            let _held = instance.local.lock().await;
+            read_modify_write(&mut conn).await.map(Some)
+        }
+        Strategy::SetNxNoExpiry => {
+            let deadline = Instant::now() + GIVE_UP;
+            loop {
+                let got: bool = redis::cmd("SETNX")
+                    .arg("lab:lock")
+                    .arg(user)
+                    .query_async(&mut conn)
+                    .await?;
+                if got {
+                    if !sale.crashed.swap(true, Ordering::AcqRel) {
+                        // The induced fault: this holder's process dies here.
+                        return Ok(Some(false));
+                    }
+                    let bought = read_modify_write(&mut conn).await?;
+                    let _: i64 = redis::cmd("DEL")
+                        .arg("lab:lock")
+                        .query_async(&mut conn)
+                        .await?;
+                    return Ok(Some(bought));
+                }
+                if Instant::now() >= deadline {
+                    return Ok(None);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        Strategy::SetNxExNoOwner | Strategy::CheckThenDelete => {
+            let deadline = Instant::now() + GIVE_UP;
+            loop {
+                let got: Option<String> = redis::cmd("SET")
+                    .arg("lab:lock")
+                    .arg(user)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(LEASE.as_millis() as u64)
+                    .query_async(&mut conn)
+                    .await?;
+                if got.is_some() {
+                    let slow = sale.next_holder_is_slow();
+                    let bought = if slow {
+                        // The induced fault: a holder slower than its lease.
+                        read_modify_write_taking(&mut conn, LEASE * 2).await?
+                    } else {
+                        read_modify_write(&mut conn).await?
+                    };
+                    if matches!(sale.strategy, Strategy::SetNxExNoOwner) {
+                        let _: i64 = redis::cmd("DEL")
+                            .arg("lab:lock")
+                            .query_async(&mut conn)
+                            .await?;
+                    } else {
+                        let owner: Option<String> = redis::cmd("GET")
+                            .arg("lab:lock")
+                            .query_async(&mut conn)
+                            .await?;
+                        if owner.as_deref() == Some(user.to_string().as_str()) {
+                            // The induced fault: a pause (GC, page fault)
+                            // between the check and the delete.
+                            tokio::time::sleep(LEASE).await;
+                            let _: i64 = redis::cmd("DEL")
+                                .arg("lab:lock")
+                                .query_async(&mut conn)
+                                .await?;
+                        }
+                    }
+                    return Ok(Some(bought));
+                }
+                if Instant::now() >= deadline {
+                    return Ok(None);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        Strategy::HaspLock => {
+            let lock = instance.hasp.lock("lab:lock").map_err(to_redis)?;
+            let Some(guard) = lock.try_lock_for(GIVE_UP * 4).await.map_err(to_redis)? else {
+                return Ok(None);
+            };
+            // The same slow holders as strategy 4; the watchdog renews.
+            let slow = sale.next_holder_is_slow();
+            let bought =
+                read_modify_write_taking(&mut conn, if slow { LEASE * 2 } else { WORK }).await?;
+            guard.unlock().await.map_err(to_redis)?;
+            Ok(Some(bought))
+        }
+        Strategy::AtomicLua => match instance.fast.purchase(1, user + 1).await {
+            Ok(Purchase::Accepted(_)) => Ok(Some(true)),
+            Ok(Purchase::Refused(_)) => Ok(Some(false)),
+            Err(e) => Err(to_redis(e)),
+        },
+    }
+}
+
+fn to_redis(e: impl std::fmt::Display) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Client, "lab", e.to_string()))
+}
+
+async fn read_modify_write(conn: &mut MultiplexedConnection) -> redis::RedisResult<bool> {
+    read_modify_write_taking(conn, WORK).await
+}
+
+/// GET the stock, work for `work`, SET stock - 1: the naive deduction.
+async fn read_modify_write_taking(
+    conn: &mut MultiplexedConnection,
+    work: Duration,
+) -> redis::RedisResult<bool> {
+    let stock: i64 = redis::cmd("GET").arg("lab:stock").query_async(conn).await?;
+    tokio::time::sleep(work).await;
+    if stock <= 0 {
+        return Ok(false);
+    }
+    let _: () = redis::cmd("SET")
+        .arg("lab:stock")
+        .arg(stock - 1)
+        .query_async(conn)
+        .await?;
+    Ok(true)
+}
