@@ -277,6 +277,21 @@ impl Database {
         first_column(&rows)
     }
 
+    /// The id of `user_id`'s order for voucher `voucher_id`, if stored.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn order_of(&self, user_id: i64, voucher_id: i64) -> Result<Option<i64>> {
+        let row = sqlx::query(
+            self.sql("SELECT id FROM voucher_order WHERE user_id = ? AND voucher_id = ?"),
+        )
+        .bind(user_id)
+        .bind(voucher_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
+    }
+
     /// The orders of `user_id`: `(order id, voucher id, created_ms)`, newest
     /// first.
     ///
@@ -380,30 +395,17 @@ impl Database {
 
     /// Why `order` could not be stored (after a rolled-back attempt).
     async fn classify_refusal(&self, order: &OrderRecord) -> Result<Recorded> {
-        let exists = |sql: &'static str, a: i64, b: Option<i64>| {
-            let mut q = sqlx::query(self.sql(sql)).bind(a);
-            if let Some(b) = b {
-                q = q.bind(b);
-            }
-            q.fetch_optional(&self.pool)
-        };
-        if exists(
-            "SELECT 1 FROM voucher_order WHERE id = ?",
-            order.id.as_i64(),
-            None,
-        )
-        .await?
-        .is_some()
-        {
+        let same_id = sqlx::query(self.sql("SELECT 1 FROM voucher_order WHERE id = ?"))
+            .bind(order.id.as_i64())
+            .fetch_optional(&self.pool)
+            .await?;
+        if same_id.is_some() {
             return Ok(Recorded::AlreadyStored);
         }
-        if exists(
-            "SELECT 1 FROM voucher_order WHERE user_id = ? AND voucher_id = ?",
-            order.user_id,
-            Some(order.voucher_id),
-        )
-        .await?
-        .is_some()
+        if self
+            .order_of(order.user_id, order.voucher_id)
+            .await?
+            .is_some()
         {
             return Ok(Recorded::UserAlreadyOrdered);
         }

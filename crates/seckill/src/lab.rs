@@ -157,11 +157,18 @@ struct Sale {
 }
 
 impl Sale {
-    /// Every 4th holder takes twice the lease (strategies 4, 5 and 6).
-    fn next_holder_is_slow(&self) -> bool {
-        self.holders
+    /// How long the next holder works: every 4th takes twice the lease
+    /// (strategies 4, 5 and 6).
+    fn next_holder_work(&self) -> Duration {
+        if self
+            .holders
             .fetch_add(1, Ordering::Relaxed)
             .is_multiple_of(4)
+        {
+            LEASE * 2
+        } else {
+            WORK
+        }
     }
 }
 
@@ -276,10 +283,7 @@ async fn buy(sale: &Sale, instance: &Instance, user: i64) -> redis::RedisResult<
                         return Ok(Some(false));
                     }
                     let bought = read_modify_write(&mut conn).await?;
-                    let _: i64 = redis::cmd("DEL")
-                        .arg("lab:lock")
-                        .query_async(&mut conn)
-                        .await?;
+                    release_blindly(&mut conn).await?;
                     return Ok(Some(bought));
                 }
                 if Instant::now() >= deadline {
@@ -300,18 +304,11 @@ async fn buy(sale: &Sale, instance: &Instance, user: i64) -> redis::RedisResult<
                     .query_async(&mut conn)
                     .await?;
                 if got.is_some() {
-                    let slow = sale.next_holder_is_slow();
-                    let bought = if slow {
-                        // The induced fault: a holder slower than its lease.
-                        read_modify_write_taking(&mut conn, LEASE * 2).await?
-                    } else {
-                        read_modify_write(&mut conn).await?
-                    };
+                    // The induced fault: some holders are slower than their lease.
+                    let bought =
+                        read_modify_write_taking(&mut conn, sale.next_holder_work()).await?;
                     if matches!(sale.strategy, Strategy::SetNxExNoOwner) {
-                        let _: i64 = redis::cmd("DEL")
-                            .arg("lab:lock")
-                            .query_async(&mut conn)
-                            .await?;
+                        release_blindly(&mut conn).await?;
                     } else {
                         let owner: Option<String> = redis::cmd("GET")
                             .arg("lab:lock")
@@ -321,10 +318,7 @@ async fn buy(sale: &Sale, instance: &Instance, user: i64) -> redis::RedisResult<
                             // The induced fault: a pause (GC, page fault)
                             // between the check and the delete.
                             tokio::time::sleep(LEASE).await;
-                            let _: i64 = redis::cmd("DEL")
-                                .arg("lab:lock")
-                                .query_async(&mut conn)
-                                .await?;
+                            release_blindly(&mut conn).await?;
                         }
                     }
                     return Ok(Some(bought));
@@ -341,9 +335,7 @@ async fn buy(sale: &Sale, instance: &Instance, user: i64) -> redis::RedisResult<
                 return Ok(None);
             };
             // The same slow holders as strategy 4; the watchdog renews.
-            let slow = sale.next_holder_is_slow();
-            let bought =
-                read_modify_write_taking(&mut conn, if slow { LEASE * 2 } else { WORK }).await?;
+            let bought = read_modify_write_taking(&mut conn, sale.next_holder_work()).await?;
             guard.unlock().await.map_err(to_redis)?;
             Ok(Some(bought))
         }
@@ -353,6 +345,12 @@ async fn buy(sale: &Sale, instance: &Instance, user: i64) -> redis::RedisResult<
             Err(e) => Err(to_redis(e)),
         },
     }
+}
+
+/// DEL of the lock with no owner check: the bug of strategies 3–5.
+async fn release_blindly(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
+    let _: i64 = redis::cmd("DEL").arg("lab:lock").query_async(conn).await?;
+    Ok(())
 }
 
 fn to_redis(e: impl std::fmt::Display) -> redis::RedisError {

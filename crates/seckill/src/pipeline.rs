@@ -76,6 +76,16 @@ pub struct StepReport {
     pub left_pending: u64,
 }
 
+impl std::ops::AddAssign for StepReport {
+    fn add_assign(&mut self, other: Self) {
+        self.created += other.created;
+        self.already_stored += other.already_stored;
+        self.dead_lettered += other.dead_lettered;
+        self.reclaimed += other.reclaimed;
+        self.left_pending += other.left_pending;
+    }
+}
+
 impl StepReport {
     /// Entries this step finished with (stored, re-delivered or dead).
     pub fn handled(&self) -> u64 {

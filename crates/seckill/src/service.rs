@@ -157,27 +157,25 @@ impl Service {
     }
 }
 
-async fn drain(pipeline: &OrderPipeline, db: &Database) -> Result<StepReport> {
+/// Pipeline rounds over `vouchers` until a round finds nothing to do.
+async fn drain(pipeline: &OrderPipeline, vouchers: &[i64]) -> Result<StepReport> {
     let mut total = StepReport::default();
     loop {
         let mut round = StepReport::default();
-        for voucher in db.voucher_ids().await? {
+        for &voucher in vouchers {
             pipeline.ensure_group(voucher).await?;
-            let r = pipeline.step(voucher).await?;
-            round.created += r.created;
-            round.already_stored += r.already_stored;
-            round.dead_lettered += r.dead_lettered;
-            round.reclaimed += r.reclaimed;
+            round += pipeline.step(voucher).await?;
         }
         if round.handled() == 0 {
             return Ok(total);
         }
-        total.created += round.created;
-        total.already_stored += round.already_stored;
-        total.dead_lettered += round.dead_lettered;
-        total.reclaimed += round.reclaimed;
+        total += round;
     }
 }
+
+/// How often the worker looks for new vouchers and measures the backlog
+/// (each costs queries; the drain loop itself runs every 20 ms).
+const REFRESH: Duration = Duration::from_secs(1);
 
 /// The pipeline worker: drain, rest briefly when idle, drain once more on
 /// shutdown.
@@ -187,32 +185,46 @@ async fn work(
     metrics: crate::metrics::Metrics,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut lag_measured = std::time::Instant::now() - Duration::from_secs(1);
+    let mut vouchers = Vec::new();
+    let mut refreshed: Option<std::time::Instant> = None;
     loop {
-        match drain(&pipeline, &db).await {
+        if refreshed.is_none_or(|at| at.elapsed() >= REFRESH) {
+            refreshed = Some(std::time::Instant::now());
+            refresh(&pipeline, &db, &metrics, &mut vouchers).await;
+        }
+        match drain(&pipeline, &vouchers).await {
             Ok(report) => {
                 metrics.orders_stored.inc_by(report.created);
                 metrics.dead_letters.inc_by(report.dead_lettered);
             }
             Err(e) => tracing::warn!(error = %e, "pipeline round failed; retrying"),
         }
-        // The backlog gauge costs a query per voucher: once a second is plenty.
-        if lag_measured.elapsed() >= Duration::from_secs(1) {
-            lag_measured = std::time::Instant::now();
-            if let Ok(vouchers) = db.voucher_ids().await {
-                let mut lag = 0;
-                for v in vouchers {
-                    lag += pipeline.backlog(v).await.unwrap_or(0);
-                }
-                metrics.pipeline_lag.set(lag as i64);
-            }
-        }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
             _ = stop.wait_for(|s| *s) => break,
         }
     }
-    if let Err(e) = drain(&pipeline, &db).await {
+    // A voucher created since the last refresh must be drained too.
+    refresh(&pipeline, &db, &metrics, &mut vouchers).await;
+    if let Err(e) = drain(&pipeline, &vouchers).await {
         tracing::warn!(error = %e, "final pipeline drain failed; entries stay pending for the next start");
     }
+}
+
+/// Reloads the voucher list and sets the backlog gauge.
+async fn refresh(
+    pipeline: &OrderPipeline,
+    db: &Database,
+    metrics: &crate::metrics::Metrics,
+    vouchers: &mut Vec<i64>,
+) {
+    match db.voucher_ids().await {
+        Ok(ids) => *vouchers = ids,
+        Err(e) => tracing::warn!(error = %e, "listing vouchers failed; keeping the last list"),
+    }
+    let mut lag = 0;
+    for &v in vouchers.iter() {
+        lag += pipeline.backlog(v).await.unwrap_or(0);
+    }
+    metrics.pipeline_lag.set(lag as i64);
 }

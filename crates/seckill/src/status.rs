@@ -44,12 +44,7 @@ pub async fn order_status(
     voucher_id: i64,
     user_id: i64,
 ) -> Result<Option<(OrderId, OrderState)>> {
-    if let Some((id, ..)) = db
-        .orders_of(user_id)
-        .await?
-        .into_iter()
-        .find(|(_, voucher, _)| *voucher == voucher_id)
-    {
+    if let Some(id) = db.order_of(user_id, voucher_id).await? {
         return Ok(Some((OrderId::from_i64(id)?, OrderState::Created)));
     }
     let keys = VoucherKeys::new(prefix, voucher_id);

@@ -61,18 +61,26 @@ pub(crate) async fn list(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<VoucherView>>, ApiError> {
     let rows = state.db.vouchers(LIST_LIMIT).await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let stock_left = live_stock(&state, row.id, row.stock).await?;
-        out.push(VoucherView {
-            id: row.id,
-            title: row.title,
-            stock_left,
-            begin_ms: row.begin_ms,
-            end_ms: row.end_ms,
-        });
-    }
-    Ok(Json(out))
+    // The fast path's live stock runs ahead of the database's.
+    let live = match &state.purchases {
+        PurchasePath::Async(fast) => {
+            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            fast.remaining_stocks(&ids).await?
+        }
+        PurchasePath::Sync(_) => vec![None; rows.len()],
+    };
+    Ok(Json(
+        rows.into_iter()
+            .zip(live)
+            .map(|(row, live)| VoucherView {
+                id: row.id,
+                title: row.title,
+                stock_left: live.unwrap_or(row.stock),
+                begin_ms: row.begin_ms,
+                end_ms: row.end_ms,
+            })
+            .collect(),
+    ))
 }
 
 /// The fast path's live stock runs ahead of the database's.

@@ -136,12 +136,21 @@ impl FastPath {
     /// # Errors
     /// [`Error::Redis`] if Redis is unreachable.
     pub async fn remaining_stock(&self, id: i64) -> Result<Option<i64>> {
-        let keys = VoucherKeys::new(&self.prefix, id);
-        let stock: Option<i64> = redis::cmd("HGET")
-            .arg(&keys.voucher)
-            .arg("stock")
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(stock)
+        Ok(self.remaining_stocks(&[id]).await?.pop().flatten())
+    }
+
+    /// Stock left in Redis for each of `ids` (in order), in one round trip.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable.
+    pub async fn remaining_stocks(&self, ids: &[i64]) -> Result<Vec<Option<i64>>> {
+        if ids.is_empty() {
+            return Ok(Vec::new()); // an empty pipeline is an error to redis-rs
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.hget(VoucherKeys::new(&self.prefix, *id).voucher, "stock");
+        }
+        Ok(pipe.query_async(&mut self.conn.clone()).await?)
     }
 }
