@@ -52,6 +52,32 @@ pub struct ServiceConfig {
     pub ip_limit: Option<Limit>,
 }
 
+impl ServiceConfig {
+    /// A service on `redis_url` and `database_url` signing tokens with
+    /// `token_secret`; the rest as for a private instance: any free port on
+    /// 127.0.0.1, the async path, prefix `seckill`, consumer `seckill`,
+    /// takeover after 30 s, no rate limits. Change fields with struct
+    /// update syntax.
+    pub fn new(
+        redis_url: impl Into<String>,
+        database_url: impl Into<String>,
+        token_secret: impl Into<String>,
+    ) -> Self {
+        Self {
+            redis_url: redis_url.into(),
+            database_url: database_url.into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            token_secret: token_secret.into(),
+            mode: Mode::Async,
+            prefix: "seckill".into(),
+            consumer: "seckill".into(),
+            reclaim_idle: Duration::from_secs(30),
+            user_limit: None,
+            ip_limit: None,
+        }
+    }
+}
+
 /// A started service.
 #[derive(Debug)]
 pub struct Service {

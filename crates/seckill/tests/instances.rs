@@ -9,7 +9,7 @@ use redis::aio::ConnectionManager;
 use seckill::auth::{Principal, Tokens};
 use seckill::db::Database;
 use seckill::reconcile::reconcile;
-use seckill::service::{Mode, Service, ServiceConfig};
+use seckill::service::{Service, ServiceConfig};
 use serde_json::{json, Value};
 use testkit::{PostgresServer, RedisServer};
 
@@ -17,16 +17,8 @@ const SECRET: &str = "two-instances-secret-01";
 
 fn config(redis: &str, database: &str, consumer: &str) -> ServiceConfig {
     ServiceConfig {
-        redis_url: redis.into(),
-        database_url: database.into(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        token_secret: SECRET.into(),
-        mode: Mode::Async,
-        prefix: "seckill".into(),
         consumer: consumer.into(),
-        reclaim_idle: Duration::from_secs(30),
-        user_limit: None,
-        ip_limit: None,
+        ..ServiceConfig::new(redis, database, SECRET)
     }
 }
 

@@ -8,6 +8,7 @@ use seckill::auth::{Principal, Tokens};
 
 use seckill::service::Service;
 
+mod bench;
 mod config;
 mod demo;
 mod lab;
@@ -55,6 +56,8 @@ enum Command {
     },
     /// Run a whole flash sale on this machine and verify it.
     Demo(DemoArgs),
+    /// Load-test running service instances: report, charts, invariants.
+    Bench(bench::BenchArgs),
     /// Seed 003's oversell walk: the same sale against seven strategies.
     Lab(lab::LabArgs),
     /// Apply the database migrations and exit.
@@ -120,6 +123,13 @@ async fn main() -> anyhow::Result<()> {
             };
             println!("{}", tokens.mint(who, Duration::from_secs(ttl)));
             Ok(())
+        }
+        Command::Bench(args) => {
+            if bench::run(args).await? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
         }
         Command::Lab(args) => {
             if lab::run(args).await? {

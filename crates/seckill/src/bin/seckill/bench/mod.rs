@@ -1,0 +1,324 @@
+//! `seckill bench`: load against running service instances, with a report
+//! a person can trust and look at.
+//!
+//! The run: check every URL answers `/healthz`; create a fresh voucher (the
+//! setup step, with an admin token minted from the service's secret); send
+//! purchases from a population of users, spread round-robin over the URLs,
+//! closed or open loop ([`load`]); wait for the order pipeline to drain;
+//! check the sale's invariants against the answers and, when given, Redis
+//! and the database ([`checks`]); write `report.json` and three PNG charts
+//! ([`report`], [`charts`]).
+
+pub mod charts;
+pub mod checks;
+pub mod load;
+pub mod report;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use seckill::auth::{Principal, Tokens};
+
+use load::{Arrival, Plan, Progress, Until};
+
+/// Options of `seckill bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Base URL of a service instance; repeat for several (requests are
+    /// spread over them round-robin).
+    #[arg(long = "url", required = true, value_name = "URL")]
+    pub urls: Vec<String>,
+    /// The services' token secret (mints the admin and user tokens).
+    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true)]
+    pub token_secret: String,
+    /// Closed loop: this many requests in flight, each sent when the
+    /// previous returns [default: 64 unless --rate].
+    #[arg(long, conflicts_with = "rate")]
+    pub concurrency: Option<usize>,
+    /// Open loop: requests per second, on schedule whatever the service
+    /// does; latency counts from the scheduled time.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Open loop: requests in flight at most (later ones wait, and their
+    /// wait counts as latency).
+    #[arg(long, default_value_t = 4_096)]
+    pub max_in_flight: usize,
+    /// Run this long, e.g. `30s`, `2m` [default: 10s unless --requests].
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "requests")]
+    pub duration: Option<Duration>,
+    /// Send this many requests.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Simulated users (ids 1..=N); each asks equally often.
+    #[arg(long, default_value_t = 100_000)]
+    pub users: u64,
+    /// Stock of the voucher created for the run.
+    #[arg(long, default_value_t = 1_000)]
+    pub stock: i64,
+    /// Redis of the deployment, to check the sale against it.
+    #[arg(long)]
+    pub redis_url: Option<String>,
+    /// Database of the deployment, to check the sale against it.
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// The services' Redis key prefix.
+    #[arg(long, default_value = "seckill")]
+    pub prefix: String,
+    /// Directory for `report.json` and the charts (created if missing).
+    #[arg(long, default_value = "bench-report")]
+    pub out: PathBuf,
+    /// Per-request timeout (a timed-out request counts as an error).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub timeout: Duration,
+    /// How long to wait after the load for the order pipeline to drain.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub drain_timeout: Duration,
+}
+
+impl BenchArgs {
+    /// The arrival model and stop rule, or why the options make no sense.
+    fn plan(&self) -> anyhow::Result<(Arrival, Until)> {
+        let arrival = match (self.concurrency, self.rate) {
+            (_, Some(rate)) => {
+                anyhow::ensure!(
+                    rate.is_finite() && (0.1..=1_000_000.0).contains(&rate),
+                    "--rate must be between 0.1 and 1,000,000 requests/s"
+                );
+                anyhow::ensure!(
+                    (1..=1_000_000).contains(&self.max_in_flight),
+                    "--max-in-flight must be between 1 and 1,000,000"
+                );
+                Arrival::Open {
+                    rate,
+                    max_in_flight: self.max_in_flight,
+                }
+            }
+            (concurrency, None) => {
+                let concurrency = concurrency.unwrap_or(64);
+                anyhow::ensure!(
+                    (1..=100_000).contains(&concurrency),
+                    "--concurrency must be between 1 and 100,000"
+                );
+                Arrival::Closed { concurrency }
+            }
+        };
+        let until = match (self.duration, self.requests) {
+            (_, Some(n)) => {
+                anyhow::ensure!(n > 0, "--requests must be positive");
+                Until::Requests(n)
+            }
+            (d, None) => {
+                let d = d.unwrap_or(Duration::from_secs(10));
+                anyhow::ensure!(
+                    d > Duration::ZERO && d <= Duration::from_secs(24 * 3600),
+                    "--duration must be positive and at most a day"
+                );
+                Until::Elapsed(d)
+            }
+        };
+        anyhow::ensure!(
+            (1..=load::MAX_USERS).contains(&self.users),
+            "--users must be between 1 and {}",
+            load::MAX_USERS
+        );
+        anyhow::ensure!(
+            (1..=1_000_000_000).contains(&self.stock),
+            "--stock must be between 1 and 1,000,000,000"
+        );
+        anyhow::ensure!(self.timeout > Duration::ZERO, "--timeout must be positive");
+        Ok((arrival, until))
+    }
+}
+
+/// Runs the bench; `Ok(false)` if an invariant failed.
+///
+/// # Errors
+/// Bad options, an instance that does not answer, a setup that fails, a
+/// report that cannot be written.
+pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
+    let (arrival, until) = args.plan()?;
+    let bases: Vec<String> = args
+        .urls
+        .iter()
+        .map(|u| u.trim_end_matches('/').to_owned())
+        .collect();
+    let tokens = Tokens::new(args.token_secret.as_bytes())?;
+    let http = reqwest::Client::builder()
+        .timeout(args.timeout)
+        .pool_max_idle_per_host(match arrival {
+            Arrival::Closed { concurrency } => concurrency,
+            Arrival::Open { max_in_flight, .. } => max_in_flight,
+        })
+        .build()?;
+    for base in &bases {
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .with_context(|| format!("{base} does not answer /healthz"))?;
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let stores = checks::Stores::connect(
+        args.redis_url.as_deref(),
+        args.database_url.as_deref(),
+        &args.prefix,
+    )
+    .await?;
+    let dead_letters_before = stores.dead_letters().await?;
+
+    let voucher = create_voucher(&http, &bases[0], &tokens, args.stock).await?;
+    println!(
+        "bench: voucher {voucher} with {} units, {} users, {} instance(s), {}",
+        args.stock,
+        args.users,
+        bases.len(),
+        describe(arrival, until)
+    );
+    let user_tokens: Arc<Vec<String>> = Arc::new(
+        (1..=args.users as i64)
+            .map(|u| tokens.mint(Principal::User(u), Duration::from_secs(24 * 3600)))
+            .collect(),
+    );
+    let plan = Plan {
+        targets: bases
+            .iter()
+            .map(|b| format!("{b}/api/vouchers/{voucher}/seckill"))
+            .collect(),
+        user_tokens,
+        arrival,
+        until,
+    };
+    let progress = Arc::new(Progress::default());
+    let display = ProgressDisplay::start(until, progress.clone())?;
+    let record = load::run(http, plan, progress).await;
+    display.finish();
+    report::print_summary(&record);
+
+    let sale = checks::Sale {
+        voucher,
+        stock: args.stock,
+        record: &record,
+    };
+    let mut all = checks::from_answers(sale);
+    let (stored, differences) = stores
+        .verify(sale, args.drain_timeout, dead_letters_before)
+        .await?;
+    all.extend(stored);
+    let ok = checks::print(&all);
+    for difference in differences {
+        println!("  {difference}");
+    }
+    if args.redis_url.is_none() || args.database_url.is_none() {
+        println!("(give --redis-url and --database-url to check the stores too)");
+    }
+
+    let report = report::Report::new(&record, &bases, (voucher, args.stock), args.users, all);
+    let json_path = args.out.join("report.json");
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let charts = charts::render(&record, &args.out)?;
+    println!("report: {}", json_path.display());
+    for chart in charts {
+        println!("chart: {}", chart.display());
+    }
+    println!(
+        "{}",
+        if ok {
+            "all invariants hold"
+        } else {
+            "INVARIANTS FAILED"
+        }
+    );
+    Ok(ok)
+}
+
+fn describe(arrival: Arrival, until: Until) -> String {
+    let how = match arrival {
+        Arrival::Closed { concurrency } => format!("closed loop, {concurrency} in flight"),
+        Arrival::Open {
+            rate,
+            max_in_flight,
+        } => format!("open loop, {rate} requests/s (at most {max_in_flight} in flight)"),
+    };
+    match until {
+        Until::Elapsed(d) => format!("{how}, for {d:?}"),
+        Until::Requests(n) => format!("{how}, {n} requests"),
+    }
+}
+
+/// The setup step: a voucher on sale from now for a day.
+pub async fn create_voucher(
+    http: &reqwest::Client,
+    base: &str,
+    tokens: &Tokens,
+    stock: i64,
+) -> anyhow::Result<i64> {
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+    let response = http
+        .post(format!("{base}/api/vouchers"))
+        .bearer_auth(tokens.mint(Principal::Admin, Duration::from_secs(600)))
+        .json(&json!({
+            "title": format!("bench {now_ms}"), "stock": stock,
+            "begin_ms": now_ms - 1_000, "end_ms": now_ms + 24 * 3_600_000
+        }))
+        .send()
+        .await
+        .context("creating the voucher")?;
+    let status = response.status();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    anyhow::ensure!(
+        status.is_success(),
+        "creating the voucher: HTTP {status}: {body} (is --token-secret the service's?)"
+    );
+    body["id"].as_i64().context("the voucher answer has no id")
+}
+
+/// A progress bar on stderr, redrawn from the live counters (hidden when
+/// stderr is not a terminal).
+pub struct ProgressDisplay {
+    bar: indicatif::ProgressBar,
+    redraw: tokio::task::JoinHandle<()>,
+}
+
+impl ProgressDisplay {
+    /// Starts redrawing.
+    pub fn start(until: Until, progress: Arc<Progress>) -> anyhow::Result<Self> {
+        let (len, template) = match until {
+            Until::Requests(n) => (n, "{bar:40} {pos}/{len} requests {msg}"),
+            Until::Elapsed(d) => (d.as_millis() as u64, "{bar:40} {elapsed}/{duration} {msg}"),
+        };
+        let bar = indicatif::ProgressBar::new(len);
+        bar.set_style(indicatif::ProgressStyle::with_template(template)?);
+        let started = tokio::time::Instant::now();
+        let shown = bar.clone();
+        let redraw = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tick.tick().await;
+                let done = progress.completed.load(Ordering::Relaxed);
+                shown.set_position(match until {
+                    Until::Requests(_) => done,
+                    Until::Elapsed(_) => started.elapsed().as_millis() as u64,
+                });
+                shown.set_message(format!(
+                    "{done} answered, {} accepted, {} errors",
+                    progress.accepted.load(Ordering::Relaxed),
+                    progress.errors.load(Ordering::Relaxed)
+                ));
+            }
+        });
+        Ok(Self { bar, redraw })
+    }
+
+    /// Stops and clears the bar.
+    pub fn finish(self) {
+        self.redraw.abort();
+        self.bar.finish_and_clear();
+    }
+}

@@ -1,0 +1,228 @@
+//! The run's report: a summary for the terminal and a JSON document.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::checks::Check;
+use super::load::{Arrival, Record};
+
+/// Latency percentiles, milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p99_9: f64,
+    /// Largest.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
+impl Percentiles {
+    /// From a histogram of microseconds.
+    pub fn of(h: &Histogram<u64>) -> Self {
+        let ms = |us: u64| us as f64 / 1000.0;
+        Self {
+            p50: ms(h.value_at_quantile(0.5)),
+            p90: ms(h.value_at_quantile(0.9)),
+            p99: ms(h.value_at_quantile(0.99)),
+            p99_9: ms(h.value_at_quantile(0.999)),
+            max: ms(h.max()),
+            mean: h.mean() / 1000.0,
+        }
+    }
+}
+
+/// One service instance's share.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetReport {
+    /// Its base URL.
+    pub url: String,
+    /// Requests sent to it.
+    pub requests: u64,
+    /// Accepted by it.
+    pub accepted: u64,
+    /// Failed against it.
+    pub errors: u64,
+}
+
+/// One second of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SecondReport {
+    /// Seconds since the start.
+    pub second: usize,
+    /// Requests completed in it.
+    pub completed: u64,
+    /// Accepted purchases.
+    pub accepted: u64,
+    /// Refusals.
+    pub refused: u64,
+    /// 429s.
+    pub rate_limited: u64,
+    /// Failures.
+    pub errors: u64,
+    /// Latency of its requests, ms.
+    pub p50_ms: f64,
+    /// Latency of its requests, ms.
+    pub p99_ms: f64,
+    /// Latency of its requests, ms.
+    pub max_ms: f64,
+}
+
+/// The JSON report (`report.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// `closed` or `open`.
+    pub model: &'static str,
+    /// Closed loop: requests in flight.
+    pub concurrency: Option<usize>,
+    /// Open loop: scheduled requests per second.
+    pub rate: Option<f64>,
+    /// Open loop: the in-flight cap.
+    pub max_in_flight: Option<usize>,
+    /// Service instances, with their shares.
+    pub targets: Vec<TargetReport>,
+    /// The voucher bought from.
+    pub voucher: i64,
+    /// Its stock at the start.
+    pub stock: i64,
+    /// Simulated users.
+    pub users: u64,
+    /// Requests sent.
+    pub requests: u64,
+    /// Seconds from the first send to the last answer.
+    pub elapsed_s: f64,
+    /// Requests per second.
+    pub throughput_rps: f64,
+    /// Accepted purchases.
+    pub accepted: u64,
+    /// Requests by outcome: `accepted`, a refusal code, `rate_limited`,
+    /// `error: ...`.
+    pub outcomes: BTreeMap<String, u64>,
+    /// Latency; in open loop from each request's scheduled time (corrected
+    /// for coordinated omission).
+    pub latency_ms: Percentiles,
+    /// Round trip from the actual send.
+    pub service_time_ms: Percentiles,
+    /// Per second of the run.
+    pub timeline: Vec<SecondReport>,
+    /// The invariants checked, and whether each held.
+    pub checks: Vec<Check>,
+    /// All checks held.
+    pub invariants_hold: bool,
+}
+
+impl Report {
+    /// Builds the report of a run.
+    pub fn new(
+        record: &Record,
+        urls: &[String],
+        sale: (i64, i64),
+        users: u64,
+        checks: Vec<Check>,
+    ) -> Self {
+        let (model, concurrency, rate, max_in_flight) = match record.arrival {
+            Arrival::Closed { concurrency } => ("closed", Some(concurrency), None, None),
+            Arrival::Open {
+                rate,
+                max_in_flight,
+            } => ("open", None, Some(rate), Some(max_in_flight)),
+        };
+        let ms = |us: u64| us as f64 / 1000.0;
+        Report {
+            model,
+            concurrency,
+            rate,
+            max_in_flight,
+            targets: urls
+                .iter()
+                .zip(&record.per_target)
+                .map(|(url, t)| TargetReport {
+                    url: url.clone(),
+                    requests: t.requests,
+                    accepted: t.accepted,
+                    errors: t.errors,
+                })
+                .collect(),
+            voucher: sale.0,
+            stock: sale.1,
+            users,
+            requests: record.requests(),
+            elapsed_s: record.elapsed.as_secs_f64(),
+            throughput_rps: record.throughput(),
+            accepted: record.orders.len() as u64,
+            outcomes: record.outcomes.clone(),
+            latency_ms: Percentiles::of(&record.latency),
+            service_time_ms: Percentiles::of(&record.service_time),
+            timeline: record
+                .timeline
+                .iter()
+                .enumerate()
+                .map(|(second, s)| SecondReport {
+                    second,
+                    completed: s.completed(),
+                    accepted: s.accepted,
+                    refused: s.refused,
+                    rate_limited: s.rate_limited,
+                    errors: s.errors,
+                    p50_ms: ms(s.latency.value_at_quantile(0.5)),
+                    p99_ms: ms(s.latency.value_at_quantile(0.99)),
+                    max_ms: ms(s.latency.max()),
+                })
+                .collect(),
+            invariants_hold: checks.iter().all(|c| c.held),
+            checks,
+        }
+    }
+}
+
+/// Prints the load figures of a run.
+pub fn print_summary(record: &Record) {
+    let refusals: Vec<String> = record
+        .outcomes
+        .iter()
+        .filter(|(key, _)| {
+            !matches!(key.as_str(), "accepted" | "rate_limited") && !key.starts_with("error")
+        })
+        .map(|(key, n)| format!("{key} {n}"))
+        .collect();
+    println!(
+        "requests: {} in {:.2?} = {:.0} requests/s; accepted {}, refused {} ({}), rate-limited {}, errors {}",
+        record.requests(),
+        record.elapsed,
+        record.throughput(),
+        record.orders.len(),
+        record.refused(),
+        if refusals.is_empty() { "none".into() } else { refusals.join(", ") },
+        record.count("rate_limited"),
+        record.errors()
+    );
+    for (key, n) in record
+        .outcomes
+        .iter()
+        .filter(|(k, _)| k.starts_with("error"))
+    {
+        println!("  {key}: {n}");
+    }
+    let line = |what: &str, h: &Histogram<u64>| {
+        let p = Percentiles::of(h);
+        println!(
+            "{what}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms",
+            p.p50, p.p90, p.p99, p.p99_9, p.max
+        );
+    };
+    match record.arrival {
+        Arrival::Closed { .. } => line("latency", &record.latency),
+        Arrival::Open { .. } => {
+            line("latency (from scheduled send)", &record.latency);
+            line("service time (from actual send)", &record.service_time);
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! `seckill bench` end to end: the real binary against live service
+//! instances on a private Redis and a real database; its JSON report and
+//! PNG charts are read back and its counts compared with the database.
+
+use std::path::Path;
+use std::process::Output;
+
+use seckill::db::Database;
+use seckill::service::{Service, ServiceConfig};
+use serde_json::Value;
+use testkit::{PostgresServer, RedisServer};
+
+const SECRET: &str = "bench-test-secret-0001";
+
+async fn bench(args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .arg("bench")
+        .args(args)
+        .env("SECKILL_TOKEN_SECRET", SECRET)
+        .output()
+        .await
+        .expect("run seckill bench")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn report(dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("report.json"))
+        .expect("report.json is JSON")
+}
+
+/// Each chart is a real PNG of the size the bench draws.
+fn assert_charts(dir: &Path) {
+    for name in ["throughput.png", "latency.png", "latency-distribution.png"] {
+        let png = std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{name} is not a PNG");
+        assert_eq!(&png[12..16], b"IHDR", "{name}");
+        let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+        let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+        assert_eq!((width, height), (1000, 560), "{name}");
+        // A blank canvas compresses to almost nothing; axes, text and
+        // lines do not.
+        assert!(png.len() > 10_000, "{name} is {} bytes", png.len());
+    }
+}
+
+fn n(report: &Value, field: &str) -> i64 {
+    report[field]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{field} in {report}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_loop_bench_over_two_instances_agrees_with_the_database() {
+    let redis = RedisServer::start();
+    let pg = PostgresServer::start();
+    let config = |consumer: &str| ServiceConfig {
+        consumer: consumer.into(),
+        ..ServiceConfig::new(redis.url(), pg.url(), SECRET)
+    };
+    let a = Service::start(config("a")).await.unwrap();
+    let b = Service::start(config("b")).await.unwrap();
+    let out_dir = tempdir("closed");
+    let (url_a, url_b) = (
+        format!("http://{}", a.addr()),
+        format!("http://{}/", b.addr()),
+    );
+    let out = bench(&[
+        "--url",
+        &url_a,
+        "--url",
+        &url_b,
+        "--concurrency",
+        "16",
+        "--requests",
+        "600",
+        "--users",
+        "200",
+        "--stock",
+        "40",
+        "--redis-url",
+        &redis.url(),
+        "--database-url",
+        &pg.url(),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ])
+    .await;
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("all invariants hold"), "{log}");
+
+    let r = report(&out_dir);
+    assert_eq!(r["model"], "closed", "{r}");
+    assert_eq!(n(&r, "requests"), 600);
+    // Spread round-robin: each instance got half.
+    let targets = r["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 2);
+    for t in targets {
+        assert_eq!(t["requests"], 300, "{t}");
+    }
+    let outcomes: i64 = r["outcomes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_i64().unwrap())
+        .sum();
+    assert_eq!(outcomes, 600, "{r}");
+    // 200 users asking 3 times each for 40 units: the stock sells out.
+    assert_eq!(n(&r, "accepted"), 40, "{r}");
+    assert_eq!(r["invariants_hold"], true);
+    assert!(r["checks"].as_array().unwrap().len() >= 10, "{r}");
+
+    // The database, read here rather than trusted from the report.
+    let db = Database::connect(&pg.url()).await.unwrap();
+    let voucher = n(&r, "voucher");
+    assert_eq!(db.order_count(voucher).await.unwrap(), 40);
+    assert_eq!(db.voucher_stock(voucher).await.unwrap(), Some(0));
+    let per_second: i64 = r["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| n(s, "completed"))
+        .sum();
+    assert_eq!(per_second, 600, "the timeline accounts for every request");
+    assert_charts(&out_dir);
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_loop_bench_keeps_its_schedule_and_charges_waiting_to_latency() {
+    let redis = RedisServer::start();
+    let dir = tempdir("open-db");
+    let database = format!("sqlite://{}/bench.db", dir.display());
+    let service = Service::start(ServiceConfig::new(redis.url(), &database, SECRET))
+        .await
+        .unwrap();
+    let out_dir = tempdir("open");
+    let url = format!("http://{}", service.addr());
+    let out = bench(&[
+        "--url",
+        &url,
+        "--rate",
+        "300",
+        "--duration",
+        "2s",
+        "--users",
+        "1000",
+        "--stock",
+        "100",
+        "--redis-url",
+        &redis.url(),
+        "--database-url",
+        &database,
+        "--out",
+        out_dir.to_str().unwrap(),
+    ])
+    .await;
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+
+    let r = report(&out_dir);
+    assert_eq!(r["model"], "open");
+    // Scheduled at 300/s for 2 s: exactly 600 requests, whatever the
+    // service's speed.
+    assert_eq!(n(&r, "requests"), 600, "{r}");
+    let latency = &r["latency_ms"];
+    let service_time = &r["service_time_ms"];
+    for q in ["p50", "p99", "max"] {
+        assert!(
+            latency[q].as_f64().unwrap() >= service_time[q].as_f64().unwrap(),
+            "latency from the schedule includes the round trip: {q} {latency} {service_time}"
+        );
+    }
+    let db = Database::connect(&database).await.unwrap();
+    let voucher = n(&r, "voucher");
+    assert_eq!(db.order_count(voucher).await.unwrap(), n(&r, "accepted"));
+    assert_eq!(n(&r, "accepted"), 100, "{r}");
+    assert_charts(&out_dir);
+    service.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_options_and_unreachable_instances_are_refused_before_any_load() {
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--url", "http://127.0.0.1:9", "--rate", "0"],
+            "--rate must be",
+        ),
+        (
+            &["--url", "http://127.0.0.1:9", "--concurrency", "0"],
+            "--concurrency must be",
+        ),
+        (
+            &["--url", "http://127.0.0.1:9", "--requests", "0"],
+            "--requests must be positive",
+        ),
+        (
+            &[
+                "--url",
+                "http://127.0.0.1:9",
+                "--rate",
+                "5",
+                "--concurrency",
+                "2",
+            ],
+            "cannot be used with",
+        ),
+        (
+            &["--url", "http://127.0.0.1:9", "--requests", "5"],
+            "does not answer /healthz",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = bench(args).await;
+        let log = text(&out);
+        assert!(!out.status.success(), "{args:?} succeeded: {log}");
+        assert!(log.contains(expected), "{args:?}: {log}");
+    }
+}
+
+fn tempdir(what: &str) -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("seckill-bench-test-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
