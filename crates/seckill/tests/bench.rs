@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::process::Output;
+use std::time::Duration;
 
 use seckill::db::Database;
 use seckill::service::{Service, ServiceConfig};
@@ -185,6 +186,70 @@ async fn an_open_loop_bench_keeps_its_schedule_and_charges_waiting_to_latency() 
     assert_eq!(n(&r, "accepted"), 100, "{r}");
     assert_charts(&out_dir);
     service.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_goes_away_mid_run_is_counted_reported_and_fails_the_run() {
+    let redis = RedisServer::start();
+    let dir = tempdir("gone-db");
+    let database = format!("sqlite://{}/bench.db", dir.display());
+    let service = Service::start(ServiceConfig::new(redis.url(), &database, SECRET))
+        .await
+        .unwrap();
+    let out_dir = tempdir("gone");
+    let url = format!("http://{}", service.addr());
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args(["bench", "--url", &url, "--rate", "300", "--duration", "4s"])
+        .args([
+            "--users",
+            "5000",
+            "--stock",
+            "1000",
+            "--redis-url",
+            &redis.url(),
+        ])
+        .args([
+            "--database-url",
+            &database,
+            "--out",
+            out_dir.to_str().unwrap(),
+        ])
+        .env("SECKILL_TOKEN_SECRET", SECRET)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Stop the instance once the sale is under way.
+    let db = Database::connect(&database).await.unwrap();
+    let underway = testkit::eventually(Duration::from_secs(20), || async {
+        db.order_count(1).await.unwrap_or(0) >= 10
+    })
+    .await;
+    assert!(underway, "no orders were stored");
+    service.stop().await.unwrap();
+
+    let out = child.wait_with_output().await.unwrap();
+    let log = text(&out);
+    assert!(
+        !out.status.success(),
+        "a run with failed requests passed: {log}"
+    );
+    let r = report(&out_dir);
+    let refused_connections = r["outcomes"]["error: connect"].as_i64().unwrap_or(0);
+    assert!(refused_connections > 0, "{r}");
+    assert_eq!(r["invariants_hold"], false);
+    let failed: Vec<&str> = r["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["held"] == false)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(failed, ["no request failed"], "{r}");
+    // What was accepted before the stop was drained into the database.
+    assert_eq!(db.order_count(1).await.unwrap(), n(&r, "accepted"));
+    assert_eq!(n(&r, "requests"), 1200, "the schedule went on: {r}");
+    assert_charts(&out_dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
