@@ -247,7 +247,7 @@ fn describe(arrival: Arrival, until: Until) -> String {
         } => format!("open loop, {rate} requests/s (at most {max_in_flight} in flight)"),
     };
     match until {
-        Until::Elapsed(d) => format!("{how}, for {d:?}"),
+        Until::Elapsed(d) => format!("{how}, for {}", humantime::format_duration(d)),
         Until::Requests(n) => format!("{how}, {n} requests"),
     }
 }
@@ -291,10 +291,13 @@ impl ProgressDisplay {
     pub fn start(until: Until, progress: Arc<Progress>) -> anyhow::Result<Self> {
         let (len, template) = match until {
             Until::Requests(n) => (n, "{bar:40} {pos}/{len} requests {msg}"),
-            Until::Elapsed(d) => (d.as_millis() as u64, "{bar:40} {elapsed}/{duration} {msg}"),
+            Until::Elapsed(d) => (d.as_millis() as u64, "{bar:40} {elapsed}/{prefix} {msg}"),
         };
         let bar = indicatif::ProgressBar::new(len);
         bar.set_style(indicatif::ProgressStyle::with_template(template)?);
+        if let Until::Elapsed(d) = until {
+            bar.set_prefix(humantime::format_duration(d).to_string());
+        }
         let started = tokio::time::Instant::now();
         let shown = bar.clone();
         let redraw = tokio::spawn(async move {
