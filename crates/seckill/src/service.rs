@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 
 use crate::auth::Tokens;
@@ -97,7 +96,7 @@ impl Service {
     pub async fn start(config: ServiceConfig) -> anyhow::Result<Self> {
         let db = Database::connect(&config.database_url).await?;
         db.migrate().await?;
-        let conn = ConnectionManager::new(redis::Client::open(config.redis_url.as_str())?).await?;
+        let conn = crate::store::connect(&config.redis_url).await?;
         let fast = Arc::new(FastPath::new(
             conn.clone(),
             config.prefix.clone(),

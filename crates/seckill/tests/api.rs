@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::aio::ConnectionManager;
 use reqwest::StatusCode;
 use seckill::auth::{Principal, Tokens};
 use seckill::db::Database;
@@ -82,9 +81,7 @@ async fn spawn_app_on(database_url: Option<String>, limits: Arc<RateLimits>) -> 
     let db = Database::connect(&url).await.unwrap();
     db.migrate().await.unwrap();
     let redis = RedisServer::start();
-    let conn = ConnectionManager::new(redis::Client::open(redis.url()).unwrap())
-        .await
-        .unwrap();
+    let conn = seckill::store::connect(&redis.url()).await.unwrap();
     let fast = Arc::new(FastPath::new(
         conn.clone(),
         "seckill",

@@ -10,9 +10,7 @@ use seckill::store::{FastPath, OrderIdGenerator, Purchase, Refusal, VoucherKeys}
 use testkit::RedisServer;
 
 async fn conn(server: &RedisServer) -> ConnectionManager {
-    ConnectionManager::new(redis::Client::open(server.url()).unwrap())
-        .await
-        .unwrap()
+    seckill::store::connect(&server.url()).await.unwrap()
 }
 
 /// One service instance's view: its own connection and id generator.
@@ -179,9 +177,7 @@ async fn order_ids_are_unique_across_instances_and_restarts_and_cost_one_call_pe
             .map(|_| {
                 let server_url = server.url();
                 tokio::spawn(async move {
-                    let c = ConnectionManager::new(redis::Client::open(server_url).unwrap())
-                        .await
-                        .unwrap();
+                    let c = seckill::store::connect(&server_url).await.unwrap();
                     let generator = Arc::new(OrderIdGenerator::new(c, "seckill", BLOCK).unwrap());
                     let tasks: Vec<_> = (0..PER_GENERATOR)
                         .map(|_| {
@@ -212,4 +208,26 @@ async fn order_ids_are_unique_across_instances_and_restarts_and_cost_one_call_pe
         "one INCRBY per block"
     );
     assert!(OrderIdGenerator::new(raw, "seckill", 0).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_outlasts_a_redis_stall_shorter_than_the_response_timeout() {
+    // redis-rs' own default (500 ms) would turn this stall into an error for
+    // a purchase that then happens anyway.
+    let server = RedisServer::start();
+    let shop = Arc::new(instance(&server).await);
+    shop.load_voucher(3, &open_sale(5)).await.unwrap();
+    shop.purchase(3, 1).await.unwrap(); // ids and scripts warm
+    server.pause();
+    let buying = tokio::spawn({
+        let shop = shop.clone();
+        async move { shop.purchase(3, 2).await }
+    });
+    // The stall is the subject: it must outlast the old default.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!buying.is_finished(), "the purchase did not wait for Redis");
+    server.resume();
+    let outcome = buying.await.unwrap().expect("no error after a 1.5 s stall");
+    assert!(matches!(outcome, Purchase::Accepted(_)), "{outcome:?}");
+    assert!(seckill::store::RESPONSE_TIMEOUT > Duration::from_millis(1_500));
 }

@@ -5,7 +5,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::aio::ConnectionManager;
 use seckill::auth::{Principal, Tokens};
 use seckill::db::Database;
 use seckill::reconcile::reconcile;
@@ -95,9 +94,7 @@ async fn two_instances_share_the_sale_and_the_pipeline_without_loss_or_duplicate
     let db = Database::connect(&pg.url()).await.unwrap();
     let stored: HashSet<i64> = db.order_ids(voucher).await.unwrap().into_iter().collect();
     assert_eq!(stored, accepted, "stored orders differ from accepted ones");
-    let conn = ConnectionManager::new(redis::Client::open(redis.url()).unwrap())
-        .await
-        .unwrap();
+    let conn = seckill::store::connect(&redis.url()).await.unwrap();
     let found = reconcile(&conn, &db, "seckill", voucher).await.unwrap();
     assert!(found.is_consistent(), "{:?}", found.differences());
     assert_eq!(found.db_stock, Some(0));

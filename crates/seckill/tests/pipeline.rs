@@ -27,9 +27,7 @@ impl Drop for TempDir {
 }
 
 async fn conn(server: &RedisServer) -> ConnectionManager {
-    ConnectionManager::new(redis::Client::open(server.url()).unwrap())
-        .await
-        .unwrap()
+    seckill::store::connect(&server.url()).await.unwrap()
 }
 
 /// A voucher with `stock` in both the database and Redis.

@@ -4,7 +4,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use redis::aio::ConnectionManager;
 use seckill::db::Database;
 use seckill::domain::voucher::SaleTerms;
 use seckill::store::{OrderIdGenerator, Purchase, Refusal};
@@ -13,9 +12,7 @@ use testkit::{PostgresServer, RedisServer};
 
 async fn instance(redis: &RedisServer, db: &Database) -> SyncPath {
     let locks = hasp::Client::open(&redis.url()).await.unwrap();
-    let conn = ConnectionManager::new(redis::Client::open(redis.url()).unwrap())
-        .await
-        .unwrap();
+    let conn = seckill::store::connect(&redis.url()).await.unwrap();
     let ids = OrderIdGenerator::new(conn, "seckill", 100).unwrap();
     SyncPath::new(db.clone(), locks, ids, Duration::from_secs(10))
 }

@@ -1,9 +1,11 @@
 //! Redis state of the sale: keys, order ids, the fast path.
 
+mod connect;
 mod fast_path;
 mod keys;
 mod order_ids;
 
+pub use connect::{connect, CONNECTION_TIMEOUT, RESPONSE_TIMEOUT};
 pub use fast_path::{FastPath, Purchase, Refusal};
 pub use keys::{dead_letter_stream, VoucherKeys};
 pub use order_ids::OrderIdGenerator;

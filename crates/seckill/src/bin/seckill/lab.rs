@@ -191,7 +191,7 @@ async fn run_one(strategy: Strategy, stock: i64, buyers: i64) -> anyhow::Result<
         .await?;
     let mut instances = Vec::new();
     for _ in 0..2 {
-        let manager = redis::aio::ConnectionManager::new(client.clone()).await?;
+        let manager = seckill::store::connect(&server.url()).await?;
         let fast = FastPath::new(
             manager.clone(),
             "lab",

@@ -181,7 +181,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 async fn reconcile_all(redis_url: &str, database_url: &str, repair: bool) -> anyhow::Result<bool> {
     use seckill::reconcile;
     let db = seckill::db::Database::connect(database_url).await?;
-    let conn = redis::aio::ConnectionManager::new(redis::Client::open(redis_url)?).await?;
+    let conn = seckill::store::connect(redis_url).await?;
     let mut consistent = true;
     for voucher in db.voucher_ids().await? {
         let mut found = reconcile::reconcile(&conn, &db, "seckill", voucher).await?;

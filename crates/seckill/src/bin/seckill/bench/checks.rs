@@ -78,7 +78,7 @@ impl Stores {
         prefix: &str,
     ) -> anyhow::Result<Self> {
         let redis = match redis_url {
-            Some(url) => Some(ConnectionManager::new(redis::Client::open(url)?).await?),
+            Some(url) => Some(seckill::store::connect(url).await?),
             None => None,
         };
         let db = match database_url {
