@@ -33,6 +33,8 @@ struct Args {
     duration: Duration,
     /// Sections to run (w1, rb, w2, c); empty = all.
     only: Vec<String>,
+    /// W1 concurrency levels to run; empty = all of [`W1_CONCURRENCY`].
+    levels: Vec<usize>,
 }
 
 impl Args {
@@ -44,6 +46,7 @@ impl Args {
 fn parse_args() -> Args {
     let mut duration = Duration::from_secs(5);
     let mut only = Vec::new();
+    let mut levels = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--duration" {
@@ -61,9 +64,21 @@ fn parse_args() -> Args {
                     .map(str::to_owned),
             );
         }
+        if a == "--c" {
+            levels.extend(
+                args.next()
+                    .expect("--c 1,16,64")
+                    .split(',')
+                    .map(|c| c.parse::<usize>().expect("--c takes numbers")),
+            );
+        }
         // cargo bench passes `--bench`; ignore anything else.
     }
-    Args { duration, only }
+    Args {
+        duration,
+        only,
+        levels,
+    }
 }
 
 fn main() {
@@ -88,7 +103,12 @@ async fn run(args: Args) {
         println!("\n## W1 uncontended: pairs/s (lock + unlock of a task's own name)\n");
         println!("| C | hasp pairs/s | rslock pairs/s | hasp / rslock | Redis CPU µs/pair: hasp | rslock | client CPU µs/pair: hasp | rslock |");
         println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-        for c in W1_CONCURRENCY {
+        let levels = if args.levels.is_empty() {
+            W1_CONCURRENCY.to_vec()
+        } else {
+            args.levels.clone()
+        };
+        for c in levels {
             let server = RedisServer::start_tcp();
             let (cpu, me) = (server_cpu(&server), process_cpu("self"));
             let h = w1_hasp(&server.url(), c, args.duration).await;
