@@ -7,7 +7,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use seckill::db::Database;
-use seckill::service::{Service, ServiceConfig};
+use seckill::service::{Mode, Service, ServiceConfig};
 use serde_json::Value;
 use testkit::{PostgresServer, RedisServer};
 
@@ -185,6 +185,57 @@ async fn an_open_loop_bench_keeps_its_schedule_and_charges_waiting_to_latency() 
     assert_eq!(db.order_count(voucher).await.unwrap(), n(&r, "accepted"));
     assert_eq!(n(&r, "accepted"), 100, "{r}");
     assert_charts(&out_dir);
+    service.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bench_of_the_locked_sync_path_checks_the_database_alone() {
+    let redis = RedisServer::start();
+    let dir = tempdir("sync-db");
+    let database = format!("sqlite://{}/bench.db", dir.display());
+    let service = Service::start(ServiceConfig {
+        mode: Mode::Sync,
+        ..ServiceConfig::new(redis.url(), &database, SECRET)
+    })
+    .await
+    .unwrap();
+    let out_dir = tempdir("sync");
+    let url = format!("http://{}", service.addr());
+    let out = bench(&[
+        "--url",
+        &url,
+        "--concurrency",
+        "8",
+        "--requests",
+        "150",
+        "--users",
+        "50",
+        "--stock",
+        "20",
+        "--redis-url",
+        &redis.url(),
+        "--database-url",
+        &database,
+        "--out",
+        out_dir.to_str().unwrap(),
+    ])
+    .await;
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    let r = report(&out_dir);
+    assert_eq!(n(&r, "accepted"), 20, "{r}");
+    let checks: Vec<&str> = r["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    // Orders are stored before the answer: the database is the whole truth,
+    // and the Redis-side checks of the pipeline do not apply.
+    assert!(checks.contains(&"the database holds exactly the accepted orders (same ids)"));
+    assert!(!checks.iter().any(|c| c.contains("pipeline")), "{checks:?}");
+    let db = Database::connect(&database).await.unwrap();
+    assert_eq!(db.order_count(n(&r, "voucher")).await.unwrap(), 20);
     service.stop().await.unwrap();
 }
 
