@@ -23,6 +23,21 @@ async fn bench(args: &[&str]) -> Output {
         .expect("run seckill bench")
 }
 
+/// `seckill bench` with `args`, checking against `redis` and `database`,
+/// writing into `out`.
+async fn bench_with_stores(args: &[&str], redis: &str, database: &str, out: &Path) -> Output {
+    let out = out.to_str().unwrap();
+    let stores = [
+        "--redis-url",
+        redis,
+        "--database-url",
+        database,
+        "--out",
+        out,
+    ];
+    bench(&[args, &stores[..]].concat()).await
+}
+
 fn text(out: &Output) -> String {
     format!(
         "{}{}",
@@ -51,6 +66,19 @@ fn assert_charts(dir: &Path) {
     }
 }
 
+/// A service in `mode` on a private Redis and a fresh SQLite file.
+async fn sqlite_service(what: &str, mode: Mode) -> (RedisServer, String, Service) {
+    let redis = RedisServer::start();
+    let database = format!("sqlite://{}/bench.db", tempdir(what).display());
+    let service = Service::start(ServiceConfig {
+        mode,
+        ..ServiceConfig::new(redis.url(), &database, SECRET)
+    })
+    .await
+    .unwrap();
+    (redis, database, service)
+}
+
 fn n(report: &Value, field: &str) -> i64 {
     report[field]
         .as_i64()
@@ -72,26 +100,25 @@ async fn a_closed_loop_bench_over_two_instances_agrees_with_the_database() {
         format!("http://{}", a.addr()),
         format!("http://{}/", b.addr()),
     );
-    let out = bench(&[
-        "--url",
-        &url_a,
-        "--url",
-        &url_b,
-        "--concurrency",
-        "16",
-        "--requests",
-        "600",
-        "--users",
-        "200",
-        "--stock",
-        "40",
-        "--redis-url",
+    let out = bench_with_stores(
+        &[
+            "--url",
+            &url_a,
+            "--url",
+            &url_b,
+            "--concurrency",
+            "16",
+            "--requests",
+            "600",
+            "--users",
+            "200",
+            "--stock",
+            "40",
+        ],
         &redis.url(),
-        "--database-url",
         &pg.url(),
-        "--out",
-        out_dir.to_str().unwrap(),
-    ])
+        &out_dir,
+    )
     .await;
     let log = text(&out);
     assert!(out.status.success(), "{log}");
@@ -137,32 +164,26 @@ async fn a_closed_loop_bench_over_two_instances_agrees_with_the_database() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_loop_bench_keeps_its_schedule_and_charges_waiting_to_latency() {
-    let redis = RedisServer::start();
-    let dir = tempdir("open-db");
-    let database = format!("sqlite://{}/bench.db", dir.display());
-    let service = Service::start(ServiceConfig::new(redis.url(), &database, SECRET))
-        .await
-        .unwrap();
+    let (redis, database, service) = sqlite_service("open-db", Mode::Async).await;
     let out_dir = tempdir("open");
     let url = format!("http://{}", service.addr());
-    let out = bench(&[
-        "--url",
-        &url,
-        "--rate",
-        "300",
-        "--duration",
-        "2s",
-        "--users",
-        "1000",
-        "--stock",
-        "100",
-        "--redis-url",
+    let out = bench_with_stores(
+        &[
+            "--url",
+            &url,
+            "--rate",
+            "300",
+            "--duration",
+            "2s",
+            "--users",
+            "1000",
+            "--stock",
+            "100",
+        ],
         &redis.url(),
-        "--database-url",
         &database,
-        "--out",
-        out_dir.to_str().unwrap(),
-    ])
+        &out_dir,
+    )
     .await;
     let log = text(&out);
     assert!(out.status.success(), "{log}");
@@ -190,35 +211,26 @@ async fn an_open_loop_bench_keeps_its_schedule_and_charges_waiting_to_latency() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bench_of_the_locked_sync_path_checks_the_database_alone() {
-    let redis = RedisServer::start();
-    let dir = tempdir("sync-db");
-    let database = format!("sqlite://{}/bench.db", dir.display());
-    let service = Service::start(ServiceConfig {
-        mode: Mode::Sync,
-        ..ServiceConfig::new(redis.url(), &database, SECRET)
-    })
-    .await
-    .unwrap();
+    let (redis, database, service) = sqlite_service("sync-db", Mode::Sync).await;
     let out_dir = tempdir("sync");
     let url = format!("http://{}", service.addr());
-    let out = bench(&[
-        "--url",
-        &url,
-        "--concurrency",
-        "8",
-        "--requests",
-        "150",
-        "--users",
-        "50",
-        "--stock",
-        "20",
-        "--redis-url",
+    let out = bench_with_stores(
+        &[
+            "--url",
+            &url,
+            "--concurrency",
+            "8",
+            "--requests",
+            "150",
+            "--users",
+            "50",
+            "--stock",
+            "20",
+        ],
         &redis.url(),
-        "--database-url",
         &database,
-        "--out",
-        out_dir.to_str().unwrap(),
-    ])
+        &out_dir,
+    )
     .await;
     let log = text(&out);
     assert!(out.status.success(), "{log}");
@@ -241,12 +253,7 @@ async fn a_bench_of_the_locked_sync_path_checks_the_database_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_that_goes_away_mid_run_is_counted_reported_and_fails_the_run() {
-    let redis = RedisServer::start();
-    let dir = tempdir("gone-db");
-    let database = format!("sqlite://{}/bench.db", dir.display());
-    let service = Service::start(ServiceConfig::new(redis.url(), &database, SECRET))
-        .await
-        .unwrap();
+    let (redis, database, service) = sqlite_service("gone-db", Mode::Async).await;
     let out_dir = tempdir("gone");
     let url = format!("http://{}", service.addr());
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill"))

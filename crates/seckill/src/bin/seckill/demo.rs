@@ -141,18 +141,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     let stores = Stores::connect(Some(&redis_url), Some(&database_url), PREFIX).await?;
     let (stored, differences) = stores.verify(sale, Duration::from_secs(5), 0).await?;
     all.extend(stored);
-    let ok = checks::print(&all);
-    for difference in differences {
-        println!("  {difference}");
-    }
-    println!(
-        "{}",
-        if ok {
-            "all invariants hold"
-        } else {
-            "INVARIANTS FAILED"
-        }
-    );
+    let ok = checks::print(&all, &differences);
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(ok)
 }

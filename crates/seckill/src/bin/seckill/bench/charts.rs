@@ -59,6 +59,35 @@ fn register_font() -> anyhow::Result<()> {
     result
 }
 
+/// A chart frame: title, margins, room for axis labels.
+fn frame<'a, 'b>(
+    root: &'a Area<'b>,
+    record: &Record,
+    what: &str,
+) -> ChartBuilder<'a, 'b, BitMapBackend<'b>> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(caption(record, what), (FONT, 22))
+        .margin(14)
+        .x_label_area_size(44)
+        .y_label_area_size(72);
+    builder
+}
+
+/// One labelled line.
+fn line<'a, CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, CT>,
+    label: &str,
+    color: RGBColor,
+    points: impl IntoIterator<Item = (f64, f64)>,
+) -> DrawResult {
+    chart
+        .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    Ok(())
+}
+
 fn caption(record: &Record, what: &str) -> String {
     match record.arrival {
         Arrival::Closed { concurrency } => format!("{what} — closed loop, {concurrency} in flight"),
@@ -98,12 +127,8 @@ fn throughput(record: &Record, root: &Area<'_>) -> DrawResult {
         .map(|(_, s, width)| s.completed() as f64 / width)
         .fold(1.0, f64::max)
         * 1.5; // headroom for the legend
-    let mut chart = ChartBuilder::on(root)
-        .caption(caption(record, "Throughput"), (FONT, 22))
-        .margin(14)
-        .x_label_area_size(44)
-        .y_label_area_size(72)
-        .build_cartesian_2d(0f64..seconds, 0f64..top)?;
+    let mut chart =
+        frame(root, record, "Throughput").build_cartesian_2d(0f64..seconds, 0f64..top)?;
     chart
         .configure_mesh()
         .x_desc("seconds since start")
@@ -125,12 +150,7 @@ fn throughput(record: &Record, root: &Area<'_>) -> DrawResult {
     for (label, color, value) in series {
         let points = whole_seconds(record)
             .map(move |(i, s, width)| (i as f64 + 0.5, value(s) as f64 / width));
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+        line(&mut chart, label, color, points)?;
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
@@ -149,11 +169,7 @@ fn latency_over_time(record: &Record, root: &Area<'_>) -> DrawResult {
         .filter(|s| !s.latency.is_empty())
         .map(|s| ms(s.latency.value_at_quantile(0.5)))
         .fold(highest, f64::min);
-    let mut chart = ChartBuilder::on(root)
-        .caption(caption(record, "Latency over time"), (FONT, 22))
-        .margin(14)
-        .x_label_area_size(44)
-        .y_label_area_size(72)
+    let mut chart = frame(root, record, "Latency over time")
         .build_cartesian_2d(0f64..seconds, (lowest / 2.0..highest * 2.0).log_scale())?;
     chart
         .configure_mesh()
@@ -175,12 +191,7 @@ fn latency_over_time(record: &Record, root: &Area<'_>) -> DrawResult {
             .enumerate()
             .filter(|(_, s)| !s.latency.is_empty())
             .map(move |(i, s)| (i as f64 + 0.5, ms(s.latency.value_at_quantile(q))));
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+        line(&mut chart, label, color, points)?;
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
@@ -233,11 +244,7 @@ fn distribution(record: &Record, root: &Area<'_>) -> DrawResult {
         .iter()
         .flat_map(|(_, _, p)| p.iter().map(|p| p.1))
         .fold(top, f64::min);
-    let mut chart = ChartBuilder::on(root)
-        .caption(caption(record, "Latency distribution"), (FONT, 22))
-        .margin(14)
-        .x_label_area_size(44)
-        .y_label_area_size(72)
+    let mut chart = frame(root, record, "Latency distribution")
         .build_cartesian_2d(0f64..right, (bottom / 2.0..top * 2.0).log_scale())?;
     chart
         .configure_mesh()
@@ -249,12 +256,7 @@ fn distribution(record: &Record, root: &Area<'_>) -> DrawResult {
         .label_style((FONT, 13))
         .draw()?;
     for (label, color, points) in lines {
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+        line(&mut chart, label, color, points)?;
     }
     legend(&mut chart, SeriesLabelPosition::UpperLeft)
 }

@@ -182,8 +182,9 @@ fn redis_checks(found: &Reconciliation, dead_letters: i64) -> Vec<Check> {
     ]
 }
 
-/// Prints one line per check and returns whether all held.
-pub fn print(checks: &[Check]) -> bool {
+/// Prints one line per check, then the stores' differences, then the
+/// verdict; returns whether all checks held.
+pub fn print(checks: &[Check], differences: &[String]) -> bool {
     for check in checks {
         println!(
             "[{}] {}",
@@ -191,5 +192,17 @@ pub fn print(checks: &[Check]) -> bool {
             check.name
         );
     }
-    checks.iter().all(|c| c.held)
+    for difference in differences {
+        println!("  {difference}");
+    }
+    let ok = checks.iter().all(|c| c.held);
+    println!(
+        "{}",
+        if ok {
+            "all invariants hold"
+        } else {
+            "INVARIANTS FAILED"
+        }
+    );
+    ok
 }
