@@ -1,15 +1,49 @@
 //! # seckill — a flash-sale service on Redis and `hasp`
 //!
-//! This crate grows into the service of the project README. What stands so
-//! far are its two cores, usable on their own:
+//! The library behind the `seckill` binary (`serve`, `demo`, `bench`, `lab`,
+//! `reconcile`, ...). Its parts, each usable on its own:
 //!
+//! * [`service::Service`]: the whole service — HTTP API and order pipeline
+//!   — started from a [`service::ServiceConfig`] and stopped gracefully.
+//! * [`http`]: the axum router (vouchers, purchases, orders, health,
+//!   metrics, OpenAPI), bearer tokens from [`auth`], rate limits.
+//! * [`store::FastPath`]: the atomic Redis purchase — sale window, stock and
+//!   one order per user checked, stock decremented, buyer recorded and the
+//!   order appended to the voucher's stream, all in one script call.
+//! * [`pipeline::OrderPipeline`]: the durable path from that stream into the
+//!   database (consumer group, takeover of dead consumers, dead letters).
+//! * [`sync_path::SyncPath`]: the alternative locked path — a per-user
+//!   `hasp` lock around a checked database transaction.
+//! * [`db::Database`]: SQLite, PostgreSQL or MariaDB through sqlx.
 //! * [`OrderId`] and [`store::OrderIdGenerator`]: globally unique order ids
 //!   (sign bit, 31 bits of seconds since 2024-01-01, 32 bits of a per-day
 //!   Redis sequence), allocated in blocks so an order costs no extra round
 //!   trip.
-//! * [`store::FastPath`]: the atomic Redis purchase — sale window, stock and
-//!   one order per user checked, stock decremented, buyer recorded and the
-//!   order appended to the voucher's stream, all in one script call.
+//! * [`reconcile`]: Redis and the database compared, safe repairs applied.
+//!
+//! ```
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> anyhow::Result<()> {
+//! use seckill::service::{Service, ServiceConfig};
+//!
+//! // A private redis-server for the example; any Redis URL works.
+//! let redis = testkit::RedisServer::start();
+//! let dir = std::env::temp_dir().join(format!("seckill-doc-{}", std::process::id()));
+//! let database = format!("sqlite://{}/shop.db", dir.display());
+//!
+//! let service = Service::start(ServiceConfig::new(
+//!     redis.url(),
+//!     database,
+//!     "a-secret-of-at-least-16-bytes",
+//! ))
+//! .await?;
+//! let health = reqwest::get(format!("http://{}/healthz", service.addr())).await?;
+//! assert!(health.status().is_success());
+//! service.stop().await?; // finishes requests, drains the order pipeline
+//! # let _ = std::fs::remove_dir_all(dir);
+//! # Ok(())
+//! # }
+//! ```
 
 #![warn(missing_docs)]
 

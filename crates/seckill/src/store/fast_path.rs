@@ -39,6 +39,26 @@ pub enum Purchase {
 }
 
 /// Purchases decided entirely in Redis, one script call each.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> seckill::Result<()> {
+/// use std::time::{Duration, SystemTime};
+/// use seckill::domain::voucher::SaleTerms;
+/// use seckill::store::{connect, FastPath, OrderIdGenerator, Purchase, Refusal};
+///
+/// let redis = testkit::RedisServer::start();
+/// let conn = connect(&redis.url()).await?;
+/// let shop = FastPath::new(conn.clone(), "shop", OrderIdGenerator::new(conn, "shop", 100)?);
+///
+/// let now = SystemTime::now();
+/// shop.load_voucher(1, &SaleTerms::new(1, now, now + Duration::from_secs(60))?).await?;
+/// assert!(matches!(shop.purchase(1, 42).await?, Purchase::Accepted(_)));
+/// assert_eq!(shop.purchase(1, 42).await?, Purchase::Refused(Refusal::AlreadyBought));
+/// assert_eq!(shop.purchase(1, 43).await?, Purchase::Refused(Refusal::SoldOut));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct FastPath {
     conn: ConnectionManager,
