@@ -175,9 +175,16 @@ impl Service {
     /// # Errors
     /// If the server failed.
     pub async fn stop(self) -> anyhow::Result<()> {
+        let started = std::time::Instant::now();
         let _ = self.shutdown.send(true);
         self.server.await??;
+        let served = started.elapsed();
         self.worker.await?;
+        tracing::info!(
+            requests_finished_in = ?served,
+            pipeline_drained_in = ?(started.elapsed() - served),
+            "seckill stopped"
+        );
         Ok(())
     }
 }
@@ -231,8 +238,15 @@ async fn work(
     }
     // A voucher created since the last refresh must be drained too.
     refresh(&pipeline, &db, &metrics, &mut vouchers).await;
-    if let Err(e) = drain(&pipeline, &vouchers).await {
-        tracing::warn!(error = %e, "final pipeline drain failed; entries stay pending for the next start");
+    match drain(&pipeline, &vouchers).await {
+        Ok(report) => tracing::info!(
+            stored = report.created,
+            handled = report.handled(),
+            "final pipeline drain done"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "final pipeline drain failed; entries stay pending for the next start")
+        }
     }
 }
 
