@@ -238,9 +238,51 @@ impl OrderPipeline {
         let mut work = self.reclaim(&keys.orders).await?;
         report.reclaimed = work.len() as u64;
         work.extend(self.read_new(&keys.orders).await?);
-        for delivery in work {
-            self.handle(&keys.orders, delivery, &mut report).await?;
+        // Entries that cannot be stored leave first; the rest are written
+        // together (one commit) and acknowledged together.
+        let mut orders = Vec::with_capacity(work.len());
+        for Delivery { entry, deliveries } in work {
+            if deliveries > self.settings.max_deliveries {
+                let reason = format!("delivered {deliveries} times");
+                self.dead_letter(&keys.orders, &entry, &reason, &mut report)
+                    .await?;
+            } else if let Some(order) = parse(&entry) {
+                orders.push((entry, order));
+            } else {
+                self.dead_letter(&keys.orders, &entry, "malformed entry", &mut report)
+                    .await?;
+            }
         }
+        let records: Vec<OrderRecord> = orders.iter().map(|(_, order)| *order).collect();
+        let outcomes = self.db.record_orders(&records).await;
+        let mut stored = Vec::with_capacity(orders.len());
+        for ((entry, _), outcome) in orders.into_iter().zip(outcomes) {
+            let refusal = match outcome {
+                Ok(Recorded::Created) => {
+                    report.created += 1;
+                    stored.push(entry.id);
+                    continue;
+                }
+                Ok(Recorded::AlreadyStored) => {
+                    report.already_stored += 1;
+                    stored.push(entry.id);
+                    continue;
+                }
+                // Redis accepted what the database refuses: no retry can
+                // fix it; `reconcile` reports it.
+                Ok(Recorded::UserAlreadyOrdered) => "user already has an order",
+                Ok(Recorded::OutOfStock) => "no stock left in the database",
+                Ok(Recorded::UnknownVoucher) => "voucher unknown to the database",
+                Err(e) => {
+                    tracing::warn!(error = %e, entry = %entry.id, "storing an order failed; it stays pending");
+                    report.left_pending += 1;
+                    continue;
+                }
+            };
+            self.dead_letter(&keys.orders, &entry, refusal, &mut report)
+                .await?;
+        }
+        self.acknowledge(&keys.orders, &stored).await?;
         Ok(report)
     }
 
@@ -306,64 +348,21 @@ impl OrderPipeline {
             .collect())
     }
 
-    async fn handle(
-        &self,
-        stream: &str,
-        delivery: Delivery,
-        report: &mut StepReport,
-    ) -> Result<()> {
-        let Delivery { entry, deliveries } = delivery;
-        if deliveries > self.settings.max_deliveries {
-            let reason = format!("delivered {deliveries} times");
-            return self.dead_letter(stream, &entry, &reason, report).await;
+    /// Acknowledges and deletes the stored entries `ids` (none: no call).
+    async fn acknowledge(&self, stream: &str, ids: &[String]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
         }
-        let Some(order) = parse(&entry) else {
-            return self
-                .dead_letter(stream, &entry, "malformed entry", report)
-                .await;
-        };
-        match self.db.record_order(&order).await {
-            Ok(Recorded::Created) => {
-                report.created += 1;
-                self.acknowledge(stream, &entry.id).await
-            }
-            Ok(Recorded::AlreadyStored) => {
-                report.already_stored += 1;
-                self.acknowledge(stream, &entry.id).await
-            }
-            // Redis accepted what the database refuses: no retry can fix
-            // it; `reconcile` reports it.
-            Ok(Recorded::UserAlreadyOrdered) => {
-                self.dead_letter(stream, &entry, "user already has an order", report)
-                    .await
-            }
-            Ok(Recorded::OutOfStock) => {
-                self.dead_letter(stream, &entry, "no stock left in the database", report)
-                    .await
-            }
-            Ok(Recorded::UnknownVoucher) => {
-                self.dead_letter(stream, &entry, "voucher unknown to the database", report)
-                    .await
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, entry = %entry.id, "storing an order failed; it stays pending");
-                report.left_pending += 1;
-                Ok(())
-            }
-        }
-    }
-
-    async fn acknowledge(&self, stream: &str, id: &str) -> Result<()> {
         let () = redis::pipe()
             .atomic()
             .cmd("XACK")
             .arg(stream)
             .arg(&self.settings.group)
-            .arg(id)
+            .arg(ids)
             .ignore()
             .cmd("XDEL")
             .arg(stream)
-            .arg(id)
+            .arg(ids)
             .ignore()
             .query_async(&mut self.conn.clone())
             .await?;

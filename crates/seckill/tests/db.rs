@@ -92,6 +92,51 @@ async fn every_outcome_is_decided_by_the_constraints_on_every_backend() {
 }
 
 #[tokio::test]
+async fn a_batch_commits_once_or_gives_each_order_its_own_outcome_on_every_backend() {
+    on_every_backend(|db| async move {
+        db.migrate().await.unwrap();
+        let v = db.create_voucher("Batch", &terms(4)).await.unwrap();
+        // All storable: one commit, all created.
+        let first = db.record_orders(&[order(1, 1, v), order(2, 2, v)]).await;
+        assert!(
+            first.iter().all(|o| matches!(o, Ok(Recorded::Created))),
+            "{first:?}"
+        );
+        // A re-delivery and a second order of user 1 in the middle: the
+        // batch falls back to one transaction per order, and nothing of the
+        // failed batch is kept twice.
+        let mixed = db
+            .record_orders(&[
+                order(3, 3, v),
+                order(1, 1, v),
+                order(4, 1, v),
+                order(5, 5, v),
+            ])
+            .await;
+        let mixed: Vec<Recorded> = mixed.into_iter().map(Result::unwrap).collect();
+        assert_eq!(
+            mixed,
+            [
+                Recorded::Created,
+                Recorded::AlreadyStored,
+                Recorded::UserAlreadyOrdered,
+                Recorded::Created
+            ]
+        );
+        assert_eq!(db.order_count(v).await.unwrap(), 4);
+        assert_eq!(db.voucher_stock(v).await.unwrap(), Some(0));
+        // Past the stock, in a batch.
+        let late = db.record_orders(&[order(6, 6, v), order(7, 7, v)]).await;
+        assert!(
+            late.iter().all(|o| matches!(o, Ok(Recorded::OutOfStock))),
+            "{late:?}"
+        );
+        assert_eq!(db.voucher_stock(v).await.unwrap(), Some(0));
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn concurrent_writers_never_take_more_than_the_stock_on_every_backend() {
     on_every_backend(|db| async move {
         db.migrate().await.unwrap();
