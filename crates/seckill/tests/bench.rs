@@ -311,6 +311,69 @@ async fn an_instance_that_goes_away_mid_run_is_counted_reported_and_fails_the_ru
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_killed_mid_run_fails_requests_and_checks_but_the_report_is_written() {
+    let (mut redis, database, service) = sqlite_service("redis-gone-db", Mode::Async).await;
+    let out_dir = tempdir("redis-gone");
+    let url = format!("http://{}", service.addr());
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args(["bench", "--url", &url, "--rate", "200", "--duration", "3s"])
+        .args([
+            "--users",
+            "5000",
+            "--stock",
+            "1000",
+            "--redis-url",
+            &redis.url(),
+        ])
+        .args([
+            "--database-url",
+            &database,
+            "--out",
+            out_dir.to_str().unwrap(),
+        ])
+        .args(["--drain-timeout", "1s", "--timeout", "2s"])
+        .env("SECKILL_TOKEN_SECRET", SECRET)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let db = Database::connect(&database).await.unwrap();
+    let underway = testkit::eventually(Duration::from_secs(20), || async {
+        db.order_count(1).await.unwrap_or(0) >= 10
+    })
+    .await;
+    assert!(underway, "no orders were stored");
+    redis.kill();
+    let out = child.wait_with_output().await.unwrap();
+    let log = text(&out);
+    assert!(!out.status.success(), "{log}");
+    let r = report(&out_dir);
+    let failed_requests: i64 = r["outcomes"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("error"))
+        .map(|(_, n)| n.as_i64().unwrap())
+        .sum();
+    assert!(failed_requests > 0, "{r}");
+    let unchecked = r["checks"].as_array().unwrap().iter().any(|c| {
+        c["held"] == false
+            && c["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("the stores could be checked")
+    });
+    assert!(unchecked, "{r}");
+    assert_charts(&out_dir);
+    // Without its Redis the service still stops, and soon (it took 23 s
+    // with redis-rs' default reconnection retries; ~1 s now).
+    tokio::time::timeout(Duration::from_secs(15), service.stop())
+        .await
+        .expect("the service stops without its Redis")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_options_and_unreachable_instances_are_refused_before_any_load() {
     let cases: [(&[&str], &str); 5] = [
         (

@@ -76,7 +76,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}/demo.db", tmp.display()));
     println!("database: {database_url}");
-    let secret = format!("demo-secret-{}", std::process::id());
+    // Never shorter than the 16 bytes tokens need, whatever the pid.
+    let secret = format!("seckill-demo-secret-{:010}", std::process::id());
     let service = Service::start(ServiceConfig {
         mode: args.mode,
         prefix: PREFIX.into(),

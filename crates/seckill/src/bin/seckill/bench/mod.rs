@@ -206,10 +206,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         record: &record,
     };
     let mut all = checks::from_answers(sale);
-    let (stored, differences) = stores
+    // A store failing now must not lose the run: it becomes a failed
+    // check, and the report is still written.
+    let differences = match stores
         .verify(sale, args.drain_timeout, dead_letters_before)
-        .await?;
-    all.extend(stored);
+        .await
+    {
+        Ok((stored, differences)) => {
+            all.extend(stored);
+            differences
+        }
+        Err(e) => {
+            all.push(checks::Check::new(
+                format!("the stores could be checked ({e:#})"),
+                false,
+            ));
+            Vec::new()
+        }
+    };
     if args.redis_url.is_none() || args.database_url.is_none() {
         println!("(give --redis-url and --database-url to check the stores too)");
     }
