@@ -205,18 +205,28 @@ impl MariaDbServer {
         let dir = temp_dir("mariadb");
         let data = dir.join("data");
         let log = dir.join("mariadb.log");
+        // A private temporary directory: installs running at once in the
+        // shared /tmp clash on their temporary tables' names (seen: 4 of 16
+        // parallel installs failed with "Unknown table mysql.tmp_user_sys").
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp).expect("create MariaDB tmpdir");
+        let install_log = dir.join("install.log");
         let installed = Command::new("mariadb-install-db")
             // Ignore the machine's my.cnf: it may force a user or paths.
             .arg("--no-defaults")
             .arg(format!("--user={}", current_user()))
             .arg(format!("--datadir={}", data.display()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+            .env("TMPDIR", &tmp)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&install_log).expect("create install log"))
             .status();
         match installed {
             Ok(s) if s.success() => {}
-            Ok(s) => panic!("mariadb-install-db failed: {s}"),
+            Ok(s) => panic!(
+                "mariadb-install-db failed ({s}):\n{}",
+                std::fs::read_to_string(&install_log).unwrap_or_default()
+            ),
             Err(_) => missing("MariaDB (mariadb-install-db)"),
         }
         let socket = dir.join("mysqld.sock");
@@ -227,6 +237,7 @@ impl MariaDbServer {
             .arg(format!("--socket={}", socket.display()))
             .arg(format!("--pid-file={}", dir.join("mariadb.pid").display()))
             .arg(format!("--log-error={}", log.display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .args(["--skip-networking", "--innodb-flush-log-at-trx-commit=0"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
