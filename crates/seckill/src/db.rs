@@ -383,30 +383,8 @@ impl Database {
     async fn try_record_all(&self, orders: &[OrderRecord]) -> Result<bool> {
         let mut tx = self.pool.begin().await?;
         for order in orders {
-            // Voucher row first, as in `try_record_order`.
-            let taken = sqlx::query(
-                self.sql("UPDATE seckill_voucher SET stock = stock - 1 WHERE id = ? AND stock > 0"),
-            )
-            .bind(order.voucher_id)
-            .execute(&mut *tx)
-            .await?;
-            if taken.rows_affected() == 0 {
+            if !self.take_and_insert(&mut tx, order).await? {
                 return Ok(false); // dropping `tx` rolls back
-            }
-            let inserted = sqlx::query(self.sql(
-                "INSERT INTO voucher_order (id, user_id, voucher_id, created_ms) VALUES (?, ?, ?, ?)",
-            ))
-            .bind(order.id.as_i64())
-            .bind(order.user_id)
-            .bind(order.voucher_id)
-            .bind(order.created_ms)
-            .execute(&mut *tx)
-            .await;
-            match inserted {
-                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(false),
-                other => {
-                    other?;
-                }
             }
         }
         tx.commit().await?;
@@ -415,6 +393,23 @@ impl Database {
 
     async fn try_record_order(&self, order: &OrderRecord) -> Result<Recorded> {
         let mut tx = self.pool.begin().await?;
+        if self.take_and_insert(&mut tx, order).await? {
+            tx.commit().await?;
+            Ok(Recorded::Created)
+        } else {
+            drop(tx); // rolls the decrement back
+            self.classify_refusal(order).await
+        }
+    }
+
+    /// In `tx`: takes a unit of the voucher's stock and inserts `order`.
+    /// `Ok(false)` if there was no stock or a unique key refused the order
+    /// (the caller rolls back and finds out which).
+    async fn take_and_insert(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        order: &OrderRecord,
+    ) -> Result<bool> {
         // Take the voucher row's exclusive lock first. Inserting the order
         // first would take a shared lock on it (the foreign key) and then
         // need to upgrade it: two buyers doing that deadlock on InnoDB.
@@ -422,11 +417,10 @@ impl Database {
             self.sql("UPDATE seckill_voucher SET stock = stock - 1 WHERE id = ? AND stock > 0"),
         )
         .bind(order.voucher_id)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
         if taken.rows_affected() == 0 {
-            drop(tx);
-            return self.classify_refusal(order).await;
+            return Ok(false);
         }
         let inserted = sqlx::query(self.sql(
             "INSERT INTO voucher_order (id, user_id, voucher_id, created_ms) VALUES (?, ?, ?, ?)",
@@ -435,17 +429,13 @@ impl Database {
         .bind(order.user_id)
         .bind(order.voucher_id)
         .bind(order.created_ms)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await;
         match inserted {
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                drop(tx); // rolls the decrement back
-                self.classify_refusal(order).await
-            }
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
             other => {
                 other?;
-                tx.commit().await?;
-                Ok(Recorded::Created)
+                Ok(true)
             }
         }
     }

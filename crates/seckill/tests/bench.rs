@@ -14,13 +14,53 @@ use testkit::{PostgresServer, RedisServer};
 const SECRET: &str = "bench-test-secret-0001";
 
 async fn bench(args: &[&str]) -> Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
-        .arg("bench")
-        .args(args)
-        .env("SECKILL_TOKEN_SECRET", SECRET)
+    bench_command(args)
         .output()
         .await
         .expect("run seckill bench")
+}
+
+fn bench_command(args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
+    command
+        .arg("bench")
+        .args(args)
+        .env("SECKILL_TOKEN_SECRET", SECRET)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    command
+}
+
+/// Starts a 5,000-user open-loop bench (with `args`) against `url` and
+/// returns once 10 of its orders are in `database` (voucher 1).
+async fn bench_under_way(
+    args: &[&str],
+    url: &str,
+    redis: &str,
+    database: &str,
+    out: &Path,
+) -> tokio::process::Child {
+    let common = [
+        "--url",
+        url,
+        "--users",
+        "5000",
+        "--stock",
+        "1000",
+        "--redis-url",
+        redis,
+    ];
+    let stores = ["--database-url", database, "--out", out.to_str().unwrap()];
+    let child = bench_command(&[&common[..], &stores[..], args].concat())
+        .spawn()
+        .expect("run seckill bench");
+    let db = Database::connect(database).await.unwrap();
+    let underway = testkit::eventually(Duration::from_secs(20), || async {
+        db.order_count(1).await.unwrap_or(0) >= 10
+    })
+    .await;
+    assert!(underway, "no orders were stored");
+    child
 }
 
 /// `seckill bench` with `args`, checking against `redis` and `database`,
@@ -256,34 +296,8 @@ async fn an_instance_that_goes_away_mid_run_is_counted_reported_and_fails_the_ru
     let (redis, database, service) = sqlite_service("gone-db", Mode::Async).await;
     let out_dir = tempdir("gone");
     let url = format!("http://{}", service.addr());
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
-        .args(["bench", "--url", &url, "--rate", "300", "--duration", "4s"])
-        .args([
-            "--users",
-            "5000",
-            "--stock",
-            "1000",
-            "--redis-url",
-            &redis.url(),
-        ])
-        .args([
-            "--database-url",
-            &database,
-            "--out",
-            out_dir.to_str().unwrap(),
-        ])
-        .env("SECKILL_TOKEN_SECRET", SECRET)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Stop the instance once the sale is under way.
-    let db = Database::connect(&database).await.unwrap();
-    let underway = testkit::eventually(Duration::from_secs(20), || async {
-        db.order_count(1).await.unwrap_or(0) >= 10
-    })
-    .await;
-    assert!(underway, "no orders were stored");
+    let args = ["--rate", "300", "--duration", "4s"];
+    let child = bench_under_way(&args, &url, &redis.url(), &database, &out_dir).await;
     service.stop().await.unwrap();
 
     let out = child.wait_with_output().await.unwrap();
@@ -305,6 +319,7 @@ async fn an_instance_that_goes_away_mid_run_is_counted_reported_and_fails_the_ru
         .collect();
     assert_eq!(failed, ["no request failed"], "{r}");
     // What was accepted before the stop was drained into the database.
+    let db = Database::connect(&database).await.unwrap();
     assert_eq!(db.order_count(1).await.unwrap(), n(&r, "accepted"));
     assert_eq!(n(&r, "requests"), 1200, "the schedule went on: {r}");
     assert_charts(&out_dir);
@@ -315,34 +330,17 @@ async fn a_redis_killed_mid_run_fails_requests_and_checks_but_the_report_is_writ
     let (mut redis, database, service) = sqlite_service("redis-gone-db", Mode::Async).await;
     let out_dir = tempdir("redis-gone");
     let url = format!("http://{}", service.addr());
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
-        .args(["bench", "--url", &url, "--rate", "200", "--duration", "3s"])
-        .args([
-            "--users",
-            "5000",
-            "--stock",
-            "1000",
-            "--redis-url",
-            &redis.url(),
-        ])
-        .args([
-            "--database-url",
-            &database,
-            "--out",
-            out_dir.to_str().unwrap(),
-        ])
-        .args(["--drain-timeout", "1s", "--timeout", "2s"])
-        .env("SECKILL_TOKEN_SECRET", SECRET)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let db = Database::connect(&database).await.unwrap();
-    let underway = testkit::eventually(Duration::from_secs(20), || async {
-        db.order_count(1).await.unwrap_or(0) >= 10
-    })
-    .await;
-    assert!(underway, "no orders were stored");
+    let args = [
+        "--rate",
+        "200",
+        "--duration",
+        "3s",
+        "--drain-timeout",
+        "1s",
+        "--timeout",
+        "2s",
+    ];
+    let child = bench_under_way(&args, &url, &redis.url(), &database, &out_dir).await;
     redis.kill();
     let out = child.wait_with_output().await.unwrap();
     let log = text(&out);
