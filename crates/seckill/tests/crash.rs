@@ -1,14 +1,16 @@
 //! Kill the service (SIGKILL) while accepted orders are still in the
 //! pipeline, start it again, and find every accepted order exactly once.
 
+mod support;
+
 use std::collections::HashSet;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use seckill::auth::{Principal, Tokens};
 use seckill::db::Database;
-use serde_json::{json, Value};
+use serde_json::Value;
 use testkit::RedisServer;
 
 const SECRET: &str = "crash-test-secret-0123";
@@ -68,21 +70,7 @@ async fn a_killed_service_loses_and_doubles_no_accepted_order() {
     let base = format!("http://127.0.0.1:{port}");
     let mut first = serve(&redis.url(), &database, port, "first");
     wait_healthy(&http, &base).await;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let voucher: Value = http
-        .post(format!("{base}/api/vouchers"))
-        .bearer_auth(tokens.mint(Principal::Admin, Duration::from_secs(600)))
-        .json(&json!({"title": "Crash sale", "stock": STOCK, "begin_ms": now - 1000, "end_ms": now + 3_600_000}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let voucher = voucher["id"].as_i64().unwrap();
+    let voucher = support::open_voucher(&http, &base, &tokens, "Crash sale", STOCK).await;
 
     // Buy everything, 64 at a time.
     let next = Arc::new(std::sync::atomic::AtomicI64::new(1));

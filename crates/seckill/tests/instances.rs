@@ -1,15 +1,17 @@
 //! Two service instances at once on one Redis and one PostgreSQL database:
 //! purchases spread over both, both pipelines consuming the same streams.
 
+mod support;
+
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use seckill::auth::{Principal, Tokens};
 use seckill::db::Database;
 use seckill::reconcile::reconcile;
 use seckill::service::{Service, ServiceConfig};
-use serde_json::{json, Value};
+use serde_json::Value;
 use testkit::{PostgresServer, RedisServer};
 
 const SECRET: &str = "two-instances-secret-01";
@@ -38,21 +40,7 @@ async fn two_instances_share_the_sale_and_the_pipeline_without_loss_or_duplicate
     ]);
     let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
     let http = reqwest::Client::new();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let v: Value = http
-        .post(format!("{}/api/vouchers", bases[0]))
-        .bearer_auth(tokens.mint(Principal::Admin, Duration::from_secs(60)))
-        .json(&json!({"title": "Shared", "stock": STOCK, "begin_ms": now - 1000, "end_ms": now + 3_600_000}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let voucher = v["id"].as_i64().unwrap();
+    let voucher = support::open_voucher(&http, &bases[0], &tokens, "Shared", STOCK).await;
 
     // 600 users, each asking once through each instance, all at once.
     let calls: Vec<_> = (1..=600i64)
