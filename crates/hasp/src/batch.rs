@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::keys::LockKeys;
 use crate::owner::Owner;
 use crate::pubsub::PubSub;
-use crate::scripts::BATCH;
+use crate::scripts::{self, BATCH};
 
 /// Operations per script call. A call holds Redis for a few microseconds
 /// per operation, so this bounds it to well under a millisecond.
@@ -269,43 +269,35 @@ async fn run(mut queue: mpsc::UnboundedReceiver<Op>, ctx: BatchContext) {
 }
 
 async fn execute(ctx: &BatchContext, batch: Vec<Op>) {
-    let mut invocation = BATCH.prepare_invoke();
-    invocation.arg(&*ctx.client_id);
+    let mut cmd = scripts::evalsha(&BATCH, 2 * batch.len());
     for op in &batch {
-        match op.kind {
-            Kind::Acquire { will_wait } => {
-                invocation
-                    .key(&*op.keys.lock)
-                    .key(&op.keys.fence)
-                    .arg("a")
-                    .arg(op.owner.id())
-                    .arg(op.lease_ms)
-                    .arg(if will_wait { "1" } else { "0" });
-            }
-            Kind::Release { holds } => {
-                invocation
-                    .key(&*op.keys.lock)
-                    .key(&*op.keys.channel)
-                    .arg("r")
-                    .arg(op.owner.id())
-                    .arg(op.lease_ms)
-                    .arg(holds);
-            }
-        }
+        let aux: &str = match op.kind {
+            Kind::Acquire { .. } => &op.keys.fence,
+            Kind::Release { .. } => &op.keys.channel,
+        };
+        cmd.arg(&*op.keys.lock).arg(aux);
     }
-    let replies: Result<Vec<i64>, RedisError> = invocation
-        .invoke_async::<Vec<i64>>(&mut ctx.conn.clone())
-        .await
-        .and_then(|r| {
-            if r.len() == batch.len() {
-                Ok(r)
-            } else {
-                Err(RedisError::from((
-                    redis::ErrorKind::Parse,
-                    "batch reply has the wrong length",
-                )))
-            }
-        });
+    cmd.arg(&*ctx.client_id);
+    for op in &batch {
+        let (kind, extra) = match op.kind {
+            Kind::Acquire { will_wait } => ("a", u32::from(will_wait)),
+            Kind::Release { holds } => ("r", holds),
+        };
+        cmd.arg(kind).arg(op.owner.id()).arg(op.lease_ms).arg(extra);
+    }
+    let replies: Result<Vec<i64>, RedisError> =
+        scripts::run::<Vec<i64>>(&BATCH, &cmd, &mut ctx.conn.clone())
+            .await
+            .and_then(|r| {
+                if r.len() == batch.len() {
+                    Ok(r)
+                } else {
+                    Err(RedisError::from((
+                        redis::ErrorKind::Parse,
+                        "batch reply has the wrong length",
+                    )))
+                }
+            });
     let mut undo = Vec::new();
     for (i, op) in batch.into_iter().enumerate() {
         let reply = match &replies {

@@ -109,8 +109,13 @@ impl Client {
     /// Cancel safe.
     pub async fn open_with(url: &str, settings: Settings) -> Result<Self> {
         settings.validate()?;
-        let redis =
-            redis::Client::open(url).map_err(|e| Error::invalid("url", format!("{url:?}: {e}")))?;
+        let invalid_url = |e: redis::RedisError| Error::invalid("url", format!("{url:?}: {e}"));
+        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(invalid_url)?;
+        // Lock calls are small and latency-bound: Nagle's algorithm must not
+        // hold one back while an earlier call is unacknowledged (redis-rs
+        // leaves TCP_NODELAY off by default).
+        let info = info.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let redis = redis::Client::open(info).map_err(invalid_url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(settings.response_timeout))
             .set_connection_timeout(Some(settings.connection_timeout))

@@ -1,12 +1,15 @@
 //! The Lua scripts, built (and hashed) once per process.
 //!
-//! `Script::invoke_async` sends `EVALSHA` and, when the server answers
-//! `NOSCRIPT` (restarted, or `SCRIPT FLUSH`), loads the script and retries
-//! once, so renewal and locking keep working after a server restart.
+//! Calls send `EVALSHA` and, when the server answers `NOSCRIPT` (restarted,
+//! or `SCRIPT FLUSH`), load the script and retry once, so renewal and
+//! locking keep working after a server restart: `Script::invoke_async` for
+//! the occasional calls, [`evalsha`] + [`run`] for the batch call, which
+//! builds its command in one buffer (an invocation allocates per argument).
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::aio::ConnectionManager;
+use redis::{Cmd, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
 const SOURCES: [&str; 3] = [
     include_str!("scripts/batch.lua"),
@@ -27,4 +30,28 @@ pub(crate) async fn preload(conn: &mut redis::aio::ConnectionManager) -> redis::
         pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
     }
     pipe.query_async(conn).await
+}
+
+/// The start of an `EVALSHA` of `script` with `keys` keys: append the keys,
+/// then the arguments, and pass it to [`run`].
+pub(crate) fn evalsha(script: &Script, keys: usize) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    cmd
+}
+
+/// Runs an [`evalsha`] command of `script`, loading the script and retrying
+/// once if the server does not have it.
+pub(crate) async fn run<T: FromRedisValue>(
+    script: &Script,
+    cmd: &Cmd,
+    conn: &mut ConnectionManager,
+) -> RedisResult<T> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        result => result,
+    }
 }

@@ -28,6 +28,7 @@
 --   -1           not held by this owner (nothing changed)
 --   0            released; published only if a waiter flagged itself
 --   n >= 1       holds this owner still has (lease re-armed)
+local call = redis.call
 local results = {}
 local message = ARGV[1]
 for i = 1, #KEYS / 2 do
@@ -35,40 +36,42 @@ for i = 1, #KEYS / 2 do
   local at = 4 * i - 2
   local owner, lease, extra = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   if ARGV[at] == 'a' then
-    if redis.call('exists', lock) == 0 then
-      local token = redis.call('incr', aux)
-      redis.call('hset', lock, owner, 1)
-      redis.call('pexpire', lock, lease)
+    if call('exists', lock) == 0 then
+      local token = call('incr', aux)
+      -- Strings, not Lua numbers: Redis formats a number argument with
+      -- printf's %.17g, a measurable share of a call this small.
+      call('hset', lock, owner, '1')
+      call('pexpire', lock, lease)
       results[i] = token
-    elseif redis.call('hexists', lock, owner) == 1 then
-      redis.call('hincrby', lock, owner, 1)
-      redis.call('pexpire', lock, lease)
+    elseif call('hexists', lock, owner) == 1 then
+      call('hincrby', lock, owner, '1')
+      call('pexpire', lock, lease)
       -- A counter deleted behind our back still yields a valid token.
-      results[i] = tonumber(redis.call('get', aux)) or redis.call('incr', aux)
+      results[i] = tonumber(call('get', aux)) or call('incr', aux)
     else
       if extra == '1' then
-        redis.call('hset', lock, ':w', 1)
+        call('hset', lock, ':w', '1')
       end
-      local ttl = redis.call('pttl', lock)
+      local ttl = call('pttl', lock)
       if ttl > 0 then results[i] = -ttl else results[i] = 0 end
     end
   else
-    local held = redis.call('hmget', lock, owner, ':w')
-    if not held[1] then
+    local held = call('hmget', lock, owner, ':w')
+    local count = held[1]
+    if not count then
       results[i] = -1
+    elseif count ~= extra and tonumber(count) > tonumber(extra) then
+      -- Compared as strings first: the usual release gives back every hold.
+      local left = tonumber(count) - tonumber(extra)
+      call('hset', lock, owner, tostring(left))
+      call('pexpire', lock, lease)
+      results[i] = left
     else
-      local left = tonumber(held[1]) - tonumber(extra)
-      if left > 0 then
-        redis.call('hset', lock, owner, left)
-        redis.call('pexpire', lock, lease)
-        results[i] = left
-      else
-        redis.call('del', lock)
-        if held[2] then
-          redis.call('publish', aux, message)
-        end
-        results[i] = 0
+      call('del', lock)
+      if held[2] then
+        call('publish', aux, message)
       end
+      results[i] = 0
     end
   end
 end

@@ -406,3 +406,61 @@ async fn a_reentry_keeps_the_lease_mode_of_the_first_acquisition() {
     inner.unlock().await.unwrap();
     outer.unlock().await.unwrap();
 }
+
+#[tokio::test]
+async fn two_clients_sharing_an_owner_hold_the_lock_until_both_release() {
+    let ctx = Ctx::new();
+    let owner = Owner::from_id("shared-worker").unwrap();
+    let first = ctx.client().await.lock("shared-owner").unwrap();
+    let second = ctx.client().await.lock("shared-owner").unwrap();
+    let (first, second) = (first.with_owner(owner.clone()), second.with_owner(owner));
+    let stranger = ctx.client().await.lock("shared-owner").unwrap();
+
+    let a = first.lock().await.unwrap();
+    // The same owner through another client: a re-entry in Redis (count 2).
+    let b = tokio::time::timeout(Duration::from_secs(1), second.lock())
+        .await
+        .expect("the same owner does not wait")
+        .unwrap();
+    assert_eq!(a.fencing_token(), b.fencing_token());
+    let mut raw = ctx.raw().await;
+    let count: Option<String> = query(
+        &mut raw,
+        &["HGET", &lock_key("shared-owner"), "shared-worker"],
+    )
+    .await;
+    assert_eq!(count.as_deref(), Some("2"));
+
+    a.unlock().await.unwrap();
+    let count: Option<String> = query(
+        &mut raw,
+        &["HGET", &lock_key("shared-owner"), "shared-worker"],
+    )
+    .await;
+    assert_eq!(count.as_deref(), Some("1"), "one hold given back, one left");
+    assert!(stranger.try_lock().await.unwrap().is_none());
+    b.unlock().await.unwrap();
+    assert!(!stranger.is_locked().await.unwrap());
+    stranger
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free")
+        .unlock()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn locking_survives_a_script_cache_flush() {
+    let ctx = Ctx::new();
+    let client = ctx.client().await;
+    let lock = client.lock("flushed-batch").unwrap();
+    lock.lock().await.unwrap().unlock().await.unwrap();
+    let mut raw = ctx.raw().await;
+    let _: String = query(&mut raw, &["SCRIPT", "FLUSH"]).await;
+    let guard = lock.lock().await.unwrap();
+    assert!(lock.is_held_by_me().await.unwrap());
+    guard.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
+}
