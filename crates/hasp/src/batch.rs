@@ -45,7 +45,7 @@ type Reply = Result<i64, RedisError>;
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
-    Acquire { will_wait: bool },
+    Acquire { lease_ms: u64, will_wait: bool },
     Release { holds: u32 },
 }
 
@@ -53,7 +53,6 @@ enum Kind {
 struct Op {
     keys: Arc<LockKeys>,
     owner: Owner,
-    lease_ms: u64,
     kind: Kind,
     reply: Option<oneshot::Sender<Reply>>,
 }
@@ -99,14 +98,15 @@ impl Batcher {
         let op = Op {
             keys: keys.clone(),
             owner: owner.clone(),
-            lease_ms,
-            kind: Kind::Acquire { will_wait },
+            kind: Kind::Acquire {
+                lease_ms,
+                will_wait,
+            },
             reply: Some(tx),
         };
         let undo = UndoInfo {
             keys: keys.clone(),
             owner: owner.clone(),
-            lease_ms,
             queue: self.queue.clone(),
         };
         let rx = match self.queue.send(op) {
@@ -125,7 +125,6 @@ impl Batcher {
         &self,
         keys: &Arc<LockKeys>,
         owner: &Owner,
-        lease_ms: u64,
         holds: u32,
     ) -> impl Future<Output = Reply> + Send + 'static {
         let (tx, rx) = oneshot::channel();
@@ -134,7 +133,6 @@ impl Batcher {
             .send(Op {
                 keys: keys.clone(),
                 owner: owner.clone(),
-                lease_ms,
                 kind: Kind::Release { holds },
                 reply: Some(tx),
             })
@@ -151,17 +149,10 @@ impl Batcher {
 impl Batcher {
     /// Queues the release of `holds` holds without waiting for the result
     /// (a dropped guard); a failure is logged.
-    pub(crate) fn release_detached(
-        &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
-        lease_ms: u64,
-        holds: u32,
-    ) {
+    pub(crate) fn release_detached(&self, keys: &Arc<LockKeys>, owner: &Owner, holds: u32) {
         let _ = self.queue.send(Op {
             keys: keys.clone(),
             owner: owner.clone(),
-            lease_ms,
             kind: Kind::Release { holds },
             reply: None,
         });
@@ -177,7 +168,6 @@ fn closed() -> RedisError {
 struct UndoInfo {
     keys: Arc<LockKeys>,
     owner: Owner,
-    lease_ms: u64,
     queue: mpsc::UnboundedSender<Op>,
 }
 
@@ -186,7 +176,6 @@ impl UndoInfo {
         let _ = self.queue.send(Op {
             keys: self.keys,
             owner: self.owner,
-            lease_ms: self.lease_ms,
             kind: Kind::Release { holds: 1 },
             reply: None,
         });
@@ -269,21 +258,37 @@ async fn run(mut queue: mpsc::UnboundedReceiver<Op>, ctx: BatchContext) {
 }
 
 async fn execute(ctx: &BatchContext, batch: Vec<Op>) {
-    let mut cmd = scripts::evalsha(&BATCH, 2 * batch.len());
+    // Keys and arguments as batch.lua lays them out; the owner id is the
+    // only long argument (and the lease, up to 20 digits).
+    let (mut keys, mut args, mut bytes) = (0, 1, ctx.client_id.len());
     for op in &batch {
-        let aux: &str = match op.kind {
-            Kind::Acquire { .. } => &op.keys.fence,
-            Kind::Release { .. } => &op.keys.channel,
+        let lock = op.keys.lock.len() + op.owner.id().len() + 4;
+        (keys, args, bytes) = match op.kind {
+            Kind::Acquire { .. } => (keys + 2, args + 3, bytes + 2 * lock + 28),
+            Kind::Release { .. } => (keys + 1, args + 2, bytes + lock + 10),
         };
-        cmd.arg(&*op.keys.lock).arg(aux);
+    }
+    let mut cmd = scripts::evalsha(&BATCH, keys, keys + args, bytes);
+    for op in &batch {
+        cmd.arg(&*op.keys.lock);
+        if let Kind::Acquire { .. } = op.kind {
+            cmd.arg(&op.keys.fence);
+        }
     }
     cmd.arg(&*ctx.client_id);
     for op in &batch {
-        let (kind, extra) = match op.kind {
-            Kind::Acquire { will_wait } => ("a", u32::from(will_wait)),
-            Kind::Release { holds } => ("r", holds),
-        };
-        cmd.arg(kind).arg(op.owner.id()).arg(op.lease_ms).arg(extra);
+        match op.kind {
+            Kind::Acquire {
+                lease_ms,
+                will_wait,
+            } => {
+                let kind = if will_wait { "w" } else { "a" };
+                cmd.arg(kind).arg(op.owner.id()).arg(lease_ms);
+            }
+            Kind::Release { holds } => {
+                cmd.arg(holds).arg(op.owner.id());
+            }
+        }
     }
     let replies: Result<Vec<i64>, RedisError> =
         scripts::run::<Vec<i64>>(&BATCH, &cmd, &mut ctx.conn.clone())

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::holds::{HoldState, Lease, ReleaseStep};
+use crate::holds::{HoldState, ReleaseStep};
 use crate::owner::Owner;
 
 /// A held lock, returned by [`Lock::lock`](crate::Lock::lock) and friends.
@@ -113,12 +113,7 @@ impl Guard {
             ReleaseStep::Final { redis_holds } => {
                 let remaining = shared
                     .batcher
-                    .release(
-                        &self.state.keys,
-                        &self.state.owner,
-                        self.lease_ms(),
-                        redis_holds,
-                    )
+                    .release(&self.state.keys, &self.state.owner, redis_holds)
                     .await?;
                 if remaining < 0 {
                     Err(self.not_held())
@@ -126,13 +121,6 @@ impl Guard {
                     Ok(())
                 }
             }
-        }
-    }
-
-    fn lease_ms(&self) -> u64 {
-        match self.state.lease {
-            Lease::Fixed(ms) => ms,
-            Lease::Watchdog => self.client.shared.watchdog_lease_ms,
         }
     }
 
@@ -150,12 +138,9 @@ impl Drop for Guard {
         }
         let shared = &self.client.shared;
         if let ReleaseStep::Final { redis_holds } = shared.holds.release(&self.state) {
-            shared.batcher.release_detached(
-                &self.state.keys,
-                &self.state.owner,
-                self.lease_ms(),
-                redis_holds,
-            );
+            shared
+                .batcher
+                .release_detached(&self.state.keys, &self.state.owner, redis_holds);
         }
     }
 }

@@ -33,9 +33,11 @@ pub(crate) async fn preload(conn: &mut redis::aio::ConnectionManager) -> redis::
 }
 
 /// The start of an `EVALSHA` of `script` with `keys` keys: append the keys,
-/// then the arguments, and pass it to [`run`].
-pub(crate) fn evalsha(script: &Script, keys: usize) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
+/// then the arguments, and pass it to [`run`]. `args` and `bytes` size the
+/// buffer (the total number and length of the keys and arguments to come).
+pub(crate) fn evalsha(script: &Script, keys: usize, args: usize, bytes: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(3 + args, 64 + bytes);
+    cmd.arg("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys);
     cmd
 }

@@ -2,23 +2,30 @@
 -- operations its tasks have pending at the same moment; each operation is
 -- applied in order and on its own, exactly as if it had been sent alone.
 --
--- Per operation i (1-based):
--- KEYS[2i-1]   lock hash: field <owner> = hold count, field ':w' present
---              when some client waits on the release channel
--- KEYS[2i]     acquire: the fencing counter (string, no TTL, same slot)
---              release: the release channel
--- ARGV[1]      message a release publishes (the releasing client's id, so
---              that client ignores its own message: it wakes its local
---              waiters directly)
--- ARGV[4i-2]   'a' (acquire) or 'r' (release)
--- ARGV[4i-1]   owner id (never starts with ':', so it cannot clash with ':w')
--- ARGV[4i]     lease in milliseconds, always >= 1 (set on acquire; re-armed
---              on a release that leaves holds)
--- ARGV[4i+1]   acquire: '1' if the caller will wait for a release message
---              release: how many holds to give back (1, or more when tasks
---              sharing an owner both reached Redis)
+-- ARGV[1] is the message a release publishes: the releasing client's id, so
+-- that client ignores its own message (it wakes its local waiters directly).
+-- Then come the operations, each taking the next keys and arguments:
 --
--- Returns an array; element i is, for an acquire:
+--   acquire  KEYS: lock, fence       ARGV: 'a' or 'w', owner, lease
+--   release  KEYS: lock              ARGV: holds, owner
+--
+-- lock    hash: field <owner> = hold count; field ':w' present while some
+--         client waits on the release channel
+-- fence   the fencing counter (string, no TTL, same slot)
+-- 'w'     acquire, and flag the lock as waited on if another owner holds it
+--         (the caller subscribed to the release channel)
+-- owner   owner id (never starts with ':', so it cannot clash with ':w')
+-- lease   milliseconds, always >= 1
+-- holds   how many holds to give back, as digits (1, or more when tasks
+--         sharing an owner both reached Redis); digits, unlike 'a' and 'w',
+--         mark a release
+--
+-- The release channel is not a key: it is <lock>:released (see keys.rs).
+-- Every argument is a string, and strings are what the script passes on:
+-- Redis formats a Lua number argument with printf's %.17g, a measurable
+-- share of calls this small.
+--
+-- Returns an array with one element per operation; for an acquire:
 --   token >= 1   acquired. A free lock gets a fresh token (INCR of the
 --                counter); a re-entry gets the current hold's token, which is
 --                the counter's value: it only moves when a free lock is taken.
@@ -27,52 +34,51 @@
 -- and for a release:
 --   -1           not held by this owner (nothing changed)
 --   0            released; published only if a waiter flagged itself
---   n >= 1       holds this owner still has (lease re-armed)
+--   n >= 1       holds this owner still has (the lease is left as it is)
 local call = redis.call
 local results = {}
 local message = ARGV[1]
-for i = 1, #KEYS / 2 do
-  local lock, aux = KEYS[2 * i - 1], KEYS[2 * i]
-  local at = 4 * i - 2
-  local owner, lease, extra = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
-  if ARGV[at] == 'a' then
+local key, arg = 1, 2
+while arg <= #ARGV do
+  local kind, owner, lock = ARGV[arg], ARGV[arg + 1], KEYS[key]
+  local result
+  if kind == 'a' or kind == 'w' then
+    local fence, lease = KEYS[key + 1], ARGV[arg + 2]
+    key, arg = key + 2, arg + 3
     if call('exists', lock) == 0 then
-      local token = call('incr', aux)
-      -- Strings, not Lua numbers: Redis formats a number argument with
-      -- printf's %.17g, a measurable share of a call this small.
+      result = call('incr', fence)
       call('hset', lock, owner, '1')
       call('pexpire', lock, lease)
-      results[i] = token
     elseif call('hexists', lock, owner) == 1 then
       call('hincrby', lock, owner, '1')
       call('pexpire', lock, lease)
       -- A counter deleted behind our back still yields a valid token.
-      results[i] = tonumber(call('get', aux)) or call('incr', aux)
+      result = tonumber(call('get', fence)) or call('incr', fence)
     else
-      if extra == '1' then
+      if kind == 'w' then
         call('hset', lock, ':w', '1')
       end
       local ttl = call('pttl', lock)
-      if ttl > 0 then results[i] = -ttl else results[i] = 0 end
+      if ttl > 0 then result = -ttl else result = 0 end
     end
   else
+    key, arg = key + 1, arg + 2
     local held = call('hmget', lock, owner, ':w')
     local count = held[1]
     if not count then
-      results[i] = -1
-    elseif count ~= extra and tonumber(count) > tonumber(extra) then
-      -- Compared as strings first: the usual release gives back every hold.
-      local left = tonumber(count) - tonumber(extra)
-      call('hset', lock, owner, tostring(left))
-      call('pexpire', lock, lease)
-      results[i] = left
+      result = -1
+    elseif count ~= kind and tonumber(count) > tonumber(kind) then
+      -- Compared as strings first: a release usually gives back every hold.
+      result = tonumber(count) - tonumber(kind)
+      call('hset', lock, owner, tostring(result))
     else
       call('del', lock)
       if held[2] then
-        call('publish', aux, message)
+        call('publish', lock .. ':released', message)
       end
-      results[i] = 0
+      result = 0
     end
   end
+  results[#results + 1] = result
 end
 return results
