@@ -333,7 +333,6 @@ fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
             "a",
             "owner-1",
             "30000",
-            "0",
         ],
     );
     cli(server, &["FLUSHALL"]);
@@ -351,14 +350,11 @@ fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
         &[
             "EVALSHA",
             &batch,
-            "2",
-            "hasp:{r:__rand_int__}",
-            "hasp:{r:__rand_int__}:released",
-            "client-1",
-            "r",
-            "owner-1",
-            "30000",
             "1",
+            "hasp:{r:__rand_int__}",
+            "client-1",
+            "1",
+            "owner-1",
         ],
     );
     let after: u64 = cli(server, &["DBSIZE"]).parse().unwrap();
@@ -412,7 +408,9 @@ where
     RF: std::future::Future<Output = ()> + Send,
 {
     let base = Instant::now();
-    let last_release = Arc::new(AtomicU64::new(0)); // ns since base, 0 = none
+    // When the last release returned (ns since base) and which acquisition
+    // it ended (its index + 1; 0 = none yet).
+    let last_release = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
     let acquired = Arc::new(AtomicU64::new(0)); // acquisitions so far
     let overtaken_by = Arc::new(Mutex::new(Histogram::<u64>::new(3).unwrap()));
     let histograms = Arc::new(Mutex::new((
@@ -434,9 +432,21 @@ where
                     let before = acquired.load(Ordering::SeqCst);
                     let release = acquire().await;
                     let got = Instant::now();
-                    let others = acquired.fetch_add(1, Ordering::SeqCst) - before;
-                    overtaken_by.lock().unwrap().record(others).unwrap();
-                    let prev = last_release.load(Ordering::Acquire);
+                    let index = acquired.fetch_add(1, Ordering::SeqCst);
+                    overtaken_by.lock().unwrap().record(index - before).unwrap();
+                    // The hand-off from acquisition index - 1: zero if its
+                    // release has not returned yet (a direct hand-off can
+                    // make the heir the holder before the releaser's call
+                    // returns).
+                    let handoff = (index > 0).then(|| {
+                        if last_release.1.load(Ordering::Acquire) == index {
+                            let prev = last_release.0.load(Ordering::Acquire);
+                            let since = got.duration_since(base).as_nanos() as u64;
+                            since.saturating_sub(prev) / 1000
+                        } else {
+                            0
+                        }
+                    });
                     let held_from = Instant::now();
                     // tokio's timer has 1 ms granularity: `sleep(1 ms)` takes
                     // ~2 ms. Block this worker instead (one holder at a time,
@@ -448,13 +458,15 @@ where
                         let mut h = histograms.lock().unwrap();
                         h.2.record((got - asked).as_micros() as u64).unwrap();
                         h.0.record(hold.as_micros() as u64).unwrap();
-                        if prev != 0 {
-                            let since = got.duration_since(base).as_nanos() as u64;
-                            h.1.record(since.saturating_sub(prev) / 1000).unwrap();
+                        if let Some(handoff) = handoff {
+                            h.1.record(handoff).unwrap();
                         }
                     }
                     release().await;
-                    last_release.store(base.elapsed().as_nanos() as u64, Ordering::Release);
+                    last_release
+                        .0
+                        .store(base.elapsed().as_nanos() as u64, Ordering::Release);
+                    last_release.1.store(index + 1, Ordering::Release);
                     n += 1;
                 }
                 n

@@ -11,6 +11,9 @@
 //! its per-request syscalls and wake-ups (Redisson batches its renewals the
 //! same way).
 //!
+//! A release of a lock that tasks of this client wait for is sent as a
+//! hand-off to the first of them (see `handoff`).
+//!
 //! The task, not the caller, owns each operation once queued, which is what
 //! makes the lock API cancel safe: a release always reaches Redis, and an
 //! acquisition whose caller went away is released again here.
@@ -22,12 +25,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::ConnectionManager;
 use redis::RedisError;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::handoff::{Grant, Offer};
 use crate::keys::LockKeys;
 use crate::owner::Owner;
 use crate::pubsub::PubSub;
@@ -104,7 +109,7 @@ impl Batcher {
             },
             reply: Some(tx),
         };
-        let undo = UndoInfo {
+        let undo = Undo {
             keys: keys.clone(),
             owner: owner.clone(),
             queue: self.queue.clone(),
@@ -159,20 +164,33 @@ impl Batcher {
     }
 }
 
+impl Batcher {
+    /// What releasing a hold of `owner` on this lock takes, for a caller
+    /// that may vanish before it learns it holds the lock.
+    pub(crate) fn undo(&self, keys: &Arc<LockKeys>, owner: &Owner) -> Undo {
+        Undo {
+            keys: keys.clone(),
+            owner: owner.clone(),
+            queue: self.queue.clone(),
+        }
+    }
+}
+
 fn closed() -> RedisError {
     RedisError::from((redis::ErrorKind::Client, "hasp client is shut down"))
 }
 
-/// What undoing an abandoned acquisition needs.
+/// The release of one hold that an acquisition or a hand-off made for a
+/// caller that is gone.
 #[derive(Debug)]
-struct UndoInfo {
+pub(crate) struct Undo {
     keys: Arc<LockKeys>,
     owner: Owner,
     queue: mpsc::UnboundedSender<Op>,
 }
 
-impl UndoInfo {
-    fn release(self) {
+impl Undo {
+    pub(crate) fn release(self) {
         let _ = self.queue.send(Op {
             keys: self.keys,
             owner: self.owner,
@@ -187,7 +205,7 @@ impl UndoInfo {
 #[derive(Debug)]
 pub(crate) struct AcquireReply {
     rx: Option<oneshot::Receiver<Reply>>,
-    undo: Option<UndoInfo>,
+    undo: Option<Undo>,
 }
 
 impl Future for AcquireReply {
@@ -258,38 +276,62 @@ async fn run(mut queue: mpsc::UnboundedReceiver<Op>, ctx: BatchContext) {
 }
 
 async fn execute(ctx: &BatchContext, batch: Vec<Op>) {
-    // Keys and arguments as batch.lua lays them out; the owner id is the
-    // only long argument (and the lease, up to 20 digits).
+    // A release whose lock has local waiters hands it to the first of them.
+    let offers: Vec<Option<Offer>> = batch
+        .iter()
+        .map(|op| match op.kind {
+            Kind::Release { .. } => ctx.pubsub.take_offer(&op.keys.channel),
+            Kind::Acquire { .. } => None,
+        })
+        .collect();
+    // Keys and arguments as batch.lua lays them out; the owner ids are the
+    // only long arguments (and the lease, up to 20 digits).
     let (mut keys, mut args, mut bytes) = (0, 1, ctx.client_id.len());
-    for op in &batch {
+    for (op, offer) in batch.iter().zip(&offers) {
         let lock = op.keys.lock.len() + op.owner.id().len() + 4;
-        (keys, args, bytes) = match op.kind {
-            Kind::Acquire { .. } => (keys + 2, args + 3, bytes + 2 * lock + 28),
-            Kind::Release { .. } => (keys + 1, args + 2, bytes + lock + 10),
+        (keys, args, bytes) = match (op.kind, offer) {
+            (Kind::Acquire { .. }, _) => (keys + 2, args + 3, bytes + 2 * lock + 28),
+            (Kind::Release { .. }, None) => (keys + 1, args + 2, bytes + lock + 10),
+            (Kind::Release { .. }, Some(heir)) => (
+                keys + 2,
+                args + 5,
+                bytes + 2 * lock + heir.owner.id().len() + 40,
+            ),
         };
     }
     let mut cmd = scripts::evalsha(&BATCH, keys, keys + args, bytes);
-    for op in &batch {
+    for (op, offer) in batch.iter().zip(&offers) {
         cmd.arg(&*op.keys.lock);
-        if let Kind::Acquire { .. } = op.kind {
+        if matches!(op.kind, Kind::Acquire { .. }) || offer.is_some() {
             cmd.arg(&op.keys.fence);
         }
     }
     cmd.arg(&*ctx.client_id);
-    for op in &batch {
-        match op.kind {
-            Kind::Acquire {
-                lease_ms,
-                will_wait,
-            } => {
+    for (op, offer) in batch.iter().zip(&offers) {
+        match (op.kind, offer) {
+            (
+                Kind::Acquire {
+                    lease_ms,
+                    will_wait,
+                },
+                _,
+            ) => {
                 let kind = if will_wait { "w" } else { "a" };
                 cmd.arg(kind).arg(op.owner.id()).arg(lease_ms);
             }
-            Kind::Release { holds } => {
+            (Kind::Release { holds }, None) => {
                 cmd.arg(holds).arg(op.owner.id());
+            }
+            (Kind::Release { holds }, Some(heir)) => {
+                cmd.arg("h")
+                    .arg(op.owner.id())
+                    .arg(holds)
+                    .arg(heir.owner.id())
+                    .arg(heir.lease_ms);
             }
         }
     }
+    let sent_at = Instant::now();
     let replies: Result<Vec<i64>, RedisError> =
         scripts::run::<Vec<i64>>(&BATCH, &cmd, &mut ctx.conn.clone())
             .await
@@ -304,13 +346,29 @@ async fn execute(ctx: &BatchContext, batch: Vec<Op>) {
                 }
             });
     let mut undo = Vec::new();
-    for (i, op) in batch.into_iter().enumerate() {
-        let reply = match &replies {
+    for ((i, op), offer) in batch.into_iter().enumerate().zip(offers) {
+        let mut reply = match &replies {
             Ok(r) => Ok(r[i]),
             Err(e) => Err(e.clone()),
         };
-        if let (Kind::Release { .. }, Ok(0)) = (op.kind, &reply) {
-            ctx.pubsub.wake_one(&op.keys.channel);
+        let mut handed = None;
+        match (offer, &reply) {
+            (Some(heir), Ok(token)) if *token > 0 => {
+                let grant = Grant {
+                    token: token.unsigned_abs(),
+                    sent_at,
+                };
+                handed = Some((heir, grant));
+                reply = Ok(0); // for the releaser, a release
+            }
+            // Not handed over: still held (not held by this owner, or holds
+            // left), or freed and published to all clients (another one
+            // waits), whose message wakes a waiter here too.
+            (Some(heir), _) => ctx.pubsub.return_offer(&op.keys.channel, heir),
+            (None, Ok(0)) if matches!(op.kind, Kind::Release { .. }) => {
+                ctx.pubsub.wake_one(&op.keys.channel);
+            }
+            (None, _) => {}
         }
         let acquired = matches!((op.kind, &reply), (Kind::Acquire { .. }, Ok(t)) if *t > 0);
         let delivered = match op.reply {
@@ -322,6 +380,18 @@ async fn execute(ctx: &BatchContext, batch: Vec<Op>) {
                 true
             }
         };
+        // After the releaser's reply, so that the heir is the task this
+        // worker runs next (tokio runs the last task woken first).
+        if let Some((heir, grant)) = handed {
+            if let Err(owner) = heir.grant(grant) {
+                undo.push(Op {
+                    keys: op.keys.clone(),
+                    owner,
+                    kind: Kind::Release { holds: 1 },
+                    reply: None,
+                });
+            }
+        }
         if acquired && !delivered {
             undo.push(Op {
                 kind: Kind::Release { holds: 1 },
@@ -332,5 +402,64 @@ async fn execute(ctx: &BatchContext, batch: Vec<Op>) {
     }
     if !undo.is_empty() {
         Box::pin(execute(ctx, undo)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handoff::{Grant, Offer};
+
+    fn undo_queue(owner: &Owner) -> (Undo, mpsc::UnboundedReceiver<Op>) {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let undo = Undo {
+            keys: Arc::new(LockKeys::new("hasp", "handed")),
+            owner: owner.clone(),
+            queue,
+        };
+        (undo, rx)
+    }
+
+    fn grant() -> Grant {
+        Grant {
+            token: 7,
+            sent_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn a_grant_that_reached_a_waiter_who_left_is_released_by_the_waiter_side() {
+        let owner = Owner::from_id("heir").unwrap();
+        let (undo, mut queue) = undo_queue(&owner);
+        let (offer, pending) = Offer::new(owner.clone(), 1000, undo);
+        offer.grant(grant()).unwrap();
+        drop(pending); // the waiter stopped before it looked
+        let op = queue.try_recv().expect("a release was queued");
+        assert!(matches!(op.kind, Kind::Release { holds: 1 }));
+        assert_eq!(op.owner, owner);
+        assert!(op.reply.is_none());
+    }
+
+    #[test]
+    fn a_grant_for_a_waiter_already_gone_comes_back_to_the_batcher() {
+        let owner = Owner::from_id("heir").unwrap();
+        let (undo, mut queue) = undo_queue(&owner);
+        let (offer, pending) = Offer::new(owner.clone(), 1000, undo);
+        drop(pending);
+        assert!(!offer.is_live());
+        assert_eq!(offer.grant(grant()).unwrap_err(), owner);
+        assert!(queue.try_recv().is_err(), "the batcher releases it, once");
+    }
+
+    #[tokio::test]
+    async fn a_grant_the_waiter_took_is_its_own() {
+        let owner = Owner::from_id("heir").unwrap();
+        let (undo, mut queue) = undo_queue(&owner);
+        let (offer, mut pending) = Offer::new(owner, 1000, undo);
+        offer.grant(grant()).unwrap();
+        assert_eq!((&mut pending).await.map(|g| g.token), Some(7));
+        assert!(pending.is_done());
+        drop(pending);
+        assert!(queue.try_recv().is_err(), "nothing to undo");
     }
 }

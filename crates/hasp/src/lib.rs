@@ -26,7 +26,9 @@
 //! Under the hood a client batches the lock operations its tasks have
 //! pending at the same moment into one script call (group commit), renews
 //! every lease-less lock it holds from one watchdog task, 100 locks per call,
-//! and shares one pub/sub subscription per lock name among its waiters.
+//! shares one pub/sub subscription per lock name among its waiters, and
+//! hands a lock its task releases straight to its next waiting task in the
+//! same call (unless another client waits too: then all get an even chance).
 //!
 //! * [`Client`] — one per Redis deployment; clone it freely.
 //! * [`Lock`] — a named lock handle: [`Lock::lock`] waits,
@@ -44,7 +46,7 @@
 //!
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
-//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:w` → some client waits |
+//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:w` → the id of the client waiting, `*` if several |
 //! | `P:{E}:fence`              | string  | last fencing token issued: the holder's while held (no TTL) |
 //! | `P:{E}:released`           | channel | release notifications                     |
 //!
@@ -59,6 +61,7 @@ mod client;
 mod config;
 mod error;
 mod guard;
+mod handoff;
 mod holds;
 mod keys;
 mod lock;

@@ -8,22 +8,25 @@
 //! in the state the live handles want.
 //!
 //! A release message wakes *one* local waiter (FIFO): the others keep their
-//! place instead of all stampeding Redis. A client wakes its own local
-//! waiters directly when it releases and ignores the echo of its own message
-//! (the payload is the releasing client's id).
+//! place instead of all stampeding Redis. A client hands a lock it releases
+//! to its own first waiter (`handoff`) or wakes it directly, and ignores the
+//! echo of its own message (the payload is the releasing client's id); a
+//! release published with payload `*` wakes a waiter in every client.
 //!
 //! When the connection drops, the task reconnects with back-off,
 //! resubscribes, and wakes every waiter, since messages may have been lost.
 //! Waiters never depend on a message alone: each also waits at most the
 //! lock's remaining TTL before retrying.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch, Notify};
+
+use crate::handoff::Offer;
 
 /// Per-channel state shared by the waiters of one lock name.
 #[derive(Debug)]
@@ -33,6 +36,15 @@ pub(crate) struct ChannelState {
     active: watch::Sender<bool>,
     /// Local tasks currently waiting for this lock.
     waiting: AtomicUsize,
+    /// Their requests for a direct hand-off, in the order they started
+    /// waiting (see `handoff`).
+    offers: Mutex<VecDeque<Offer>>,
+}
+
+impl ChannelState {
+    fn offers(&self) -> MutexGuard<'_, VecDeque<Offer>> {
+        self.offers.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 #[derive(Debug)]
@@ -41,9 +53,12 @@ struct Entry {
     refs: usize,
 }
 
-type Channels = Arc<Mutex<HashMap<Arc<str>, Entry>>>;
+/// Looked up on every release (is there a waiter to wake or hand to?):
+/// foldhash, as the holds registry.
+type ChannelMap = HashMap<Arc<str>, Entry, foldhash::fast::RandomState>;
+type Channels = Arc<Mutex<ChannelMap>>;
 
-fn lock(channels: &Channels) -> MutexGuard<'_, HashMap<Arc<str>, Entry>> {
+fn lock(channels: &Channels) -> MutexGuard<'_, ChannelMap> {
     channels.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -94,6 +109,7 @@ impl PubSub {
                     notify: Notify::new(),
                     active: watch::Sender::new(false),
                     waiting: AtomicUsize::new(0),
+                    offers: Mutex::default(),
                 });
                 map.insert(
                     channel.clone(),
@@ -121,6 +137,27 @@ impl PubSub {
             if entry.state.waiting.load(Ordering::Acquire) > 0 {
                 entry.state.notify.notify_one();
             }
+        }
+    }
+
+    /// The first live hand-off offer of `channel`'s waiters, if any.
+    pub(crate) fn take_offer(&self, channel: &str) -> Option<Offer> {
+        let state = lock(&self.channels).get(channel)?.state.clone();
+        let mut offers = state.offers();
+        while let Some(offer) = offers.pop_front() {
+            if offer.is_live() {
+                return Some(offer);
+            }
+        }
+        None
+    }
+
+    /// Puts back an offer [`take_offer`](Self::take_offer) returned unused,
+    /// ahead of the others (it was first).
+    pub(crate) fn return_offer(&self, channel: &str, offer: Offer) {
+        let state = lock(&self.channels).get(channel).map(|e| e.state.clone());
+        if let Some(state) = state {
+            state.offers().push_front(offer);
         }
     }
 
@@ -158,6 +195,11 @@ impl Subscription {
         let mut rx = self.state.active.subscribe();
         let confirmed = tokio::time::timeout(limit, rx.wait_for(|active| *active)).await;
         matches!(confirmed, Ok(Ok(_)))
+    }
+
+    /// Queues a hand-off offer behind those of earlier waiters.
+    pub(crate) fn offer(&self, offer: Offer) {
+        self.state.offers().push_back(offer);
     }
 
     /// Registers the caller as a waiter until the returned token is dropped.

@@ -6,19 +6,28 @@
 -- that client ignores its own message (it wakes its local waiters directly).
 -- Then come the operations, each taking the next keys and arguments:
 --
---   acquire  KEYS: lock, fence       ARGV: 'a' or 'w', owner, lease
---   release  KEYS: lock              ARGV: holds, owner
+--   acquire   KEYS: lock, fence   ARGV: 'a' or 'w', owner, lease
+--   release   KEYS: lock          ARGV: holds, owner
+--   hand-off  KEYS: lock, fence   ARGV: 'h', owner, holds, heir, lease
 --
 -- lock    hash: field <owner> = hold count; field ':w' present while some
---         client waits on the release channel
+--         client waits on the release channel: that client's id, or '*'
+--         once two clients did
 -- fence   the fencing counter (string, no TTL, same slot)
 -- 'w'     acquire, and flag the lock as waited on if another owner holds it
 --         (the caller subscribed to the release channel)
 -- owner   owner id (never starts with ':', so it cannot clash with ':w')
 -- lease   milliseconds, always >= 1
 -- holds   how many holds to give back, as digits (1, or more when tasks
---         sharing an owner both reached Redis); digits, unlike 'a' and 'w',
+--         sharing an owner both reached Redis); digits, unlike the letters,
 --         mark a release
+-- 'h'     release, and if that frees the lock take it at once for heir (a
+--         waiting owner of the releasing client) with a fresh token, unless
+--         another client flagged itself as waiting: then the lock is freed
+--         and published to all, so that the other client gets an even
+--         chance (the releasing client's waiters race too). Freeing
+--         the lock clears the flag, so it names only clients that started
+--         waiting since.
 --
 -- The release channel is not a key: it is <lock>:released (see keys.rs).
 -- Every argument is a string, and strings are what the script passes on:
@@ -31,10 +40,14 @@
 --                the counter's value: it only moves when a free lock is taken.
 --   -ttl  (< 0)  held by another owner; ttl = remaining milliseconds
 --   0            held by another owner and the key has no expiry
--- and for a release:
+-- for a release:
 --   -1           not held by this owner (nothing changed)
 --   0            released; published only if a waiter flagged itself
 --   n >= 1       holds this owner still has (the lease is left as it is)
+-- and for a hand-off:
+--   -1           not held by this owner (nothing changed)
+--   0            released (or holds left) without handing over
+--   token >= 1   released, and now held by heir with this token
 local call = redis.call
 local results = {}
 local message = ARGV[1]
@@ -56,10 +69,37 @@ while arg <= #ARGV do
       result = tonumber(call('get', fence)) or call('incr', fence)
     else
       if kind == 'w' then
-        call('hset', lock, ':w', '1')
+        local flag = call('hget', lock, ':w')
+        if not flag then
+          call('hset', lock, ':w', message)
+        elseif flag ~= message and flag ~= '*' then
+          call('hset', lock, ':w', '*')
+        end
       end
       local ttl = call('pttl', lock)
       if ttl > 0 then result = -ttl else result = 0 end
+    end
+  elseif kind == 'h' then
+    local fence, holds, heir, lease = KEYS[key + 1], ARGV[arg + 2], ARGV[arg + 3], ARGV[arg + 4]
+    key, arg = key + 2, arg + 5
+    local held = call('hmget', lock, owner, ':w')
+    local count, flagged = held[1], held[2]
+    if not count then
+      result = -1
+    elseif count ~= holds and tonumber(count) > tonumber(holds) then
+      call('hset', lock, owner, tostring(tonumber(count) - tonumber(holds)))
+      result = 0
+    elseif flagged and flagged ~= message then
+      -- Published to everyone, the releasing client included: its waiters
+      -- learn of the release by the same message as the other client's.
+      call('del', lock)
+      call('publish', lock .. ':released', '*')
+      result = 0
+    else
+      call('hdel', lock, owner)
+      call('hset', lock, heir, '1')
+      call('pexpire', lock, lease)
+      result = call('incr', fence)
     end
   else
     key, arg = key + 1, arg + 2

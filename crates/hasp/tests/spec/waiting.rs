@@ -191,3 +191,132 @@ async fn a_task_queued_behind_a_waiter_that_gives_up_still_gets_a_silently_expir
     guard.unlock().await.unwrap();
     drop(held);
 }
+
+/// Script calls the server has run so far.
+async fn script_calls(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = query(raw, &["INFO", "commandstats"]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// The waiting flag of a lock (`:w`: a client id, or `*` for several).
+async fn waiting_flag(raw: &mut redis::aio::MultiplexedConnection, name: &str) -> Option<String> {
+    query(raw, &["HGET", &lock_key(name), ":w"]).await
+}
+
+#[tokio::test]
+async fn a_release_hands_the_lock_to_a_waiter_of_its_client_in_the_same_call() {
+    let ctx = Ctx::new();
+    let client = ctx.client().await;
+    let lock = client.lock("direct").unwrap();
+    let mut raw = ctx.raw().await;
+    let held = lock.lock().await.unwrap();
+    let first_token = held.fencing_token();
+    let waiter = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock().await.unwrap() })
+    };
+    // Queued once its attempt flagged the lock as waited on.
+    assert!(
+        testkit::eventually(Duration::from_secs(5), || {
+            let mut raw = raw.clone();
+            async move { waiting_flag(&mut raw, "direct").await.is_some() }
+        })
+        .await
+    );
+    let before = script_calls(&mut raw).await;
+    held.unlock().await.unwrap();
+    let handed = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("handed over at once, not after the 30 s lease")
+        .unwrap();
+    assert_eq!(
+        script_calls(&mut raw).await - before,
+        1,
+        "the release call also acquired for the waiter"
+    );
+    assert!(handed.fencing_token() > first_token, "a fresh token");
+    let hash: std::collections::HashMap<String, String> =
+        query(&mut raw, &["HGETALL", &lock_key("direct")]).await;
+    assert_eq!(hash.get(handed.owner().id()).map(String::as_str), Some("1"));
+    assert_eq!(
+        hash.keys().filter(|f| !f.starts_with(':')).count(),
+        1,
+        "{hash:?}"
+    );
+    assert!(lock.is_locked().await.unwrap());
+    handed.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
+}
+
+#[tokio::test]
+async fn hand_offs_within_a_client_yield_to_a_waiter_of_another_client() {
+    // Four tasks of one client take turns on a lock, 30 times each; a task
+    // of another client asks meanwhile. Handing the lock from task to task
+    // inside the first client would starve it until all 120 turns are done.
+    const TASKS: usize = 4;
+    const TURNS: usize = 30;
+    let ctx = Ctx::new();
+    let busy = ctx.client().await;
+    let turns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut raw = ctx.raw().await;
+    let first = busy.lock("fair").unwrap().lock().await.unwrap();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let lock = busy.lock("fair").unwrap();
+            let turns = turns.clone();
+            tokio::spawn(async move {
+                for _ in 0..TURNS {
+                    let g = lock.lock().await.unwrap();
+                    turns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    g.unlock().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    // Let the busy client's tasks queue first (its first waiter flags the
+    // lock), then the other client's task comes.
+    assert!(
+        testkit::eventually(Duration::from_secs(5), || {
+            let mut raw = raw.clone();
+            async move { waiting_flag(&mut raw, "fair").await.is_some() }
+        })
+        .await
+    );
+    let other = ctx.client().await.lock("fair").unwrap();
+    let outsider = tokio::spawn(async move {
+        let g = other.lock().await.unwrap();
+        g.unlock().await.unwrap();
+    });
+    assert!(
+        testkit::eventually(Duration::from_secs(5), || {
+            let mut raw = raw.clone();
+            async move { waiting_flag(&mut raw, "fair").await.as_deref() == Some("*") }
+        })
+        .await,
+        "two clients wait"
+    );
+    first.unlock().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), outsider)
+        .await
+        .expect("the other client gets the lock")
+        .unwrap();
+    let served_before = turns.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        served_before < TASKS * TURNS / 2,
+        "the other client waited for {served_before} of {} turns",
+        TASKS * TURNS
+    );
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        turns.load(std::sync::atomic::Ordering::SeqCst),
+        TASKS * TURNS
+    );
+    let left: i64 = query(&mut raw, &["EXISTS", &lock_key("fair")]).await;
+    assert_eq!(left, 0, "free at the end");
+}

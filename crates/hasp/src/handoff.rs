@@ -1,0 +1,129 @@
+//! Direct hand-off of a released lock to the client's next local waiter.
+//!
+//! A task that waits for a lock leaves an [`Offer`] in the lock's channel
+//! state: its owner and lease. When a task of the same client releases the
+//! lock, the batcher takes the first live offer and sends the release as
+//! "release and hand to this owner": the script frees the lock and takes it
+//! again for the waiter in the same call, with a fresh fencing token. The
+//! waiter gets the token through its [`PendingGrant`] one round trip sooner
+//! than if it were woken to ask Redis itself, and no other client can slip
+//! in between.
+//!
+//! The hand-off yields to other clients: when another client has flagged
+//! itself as waiting since the lock was last free, the script frees the
+//! lock and publishes to all instead, and this client's waiter learns of it
+//! by the same message as the other client's, so neither is favoured (see
+//! `batch.lua`). An offer that was not used goes back to the front of the
+//! queue.
+//!
+//! A grant whose waiter went away (cancelled, timed out, acquired by its own
+//! attempt meanwhile) is released again, on whichever side notices: the
+//! batcher if the waiter is already gone, the waiter's [`PendingGrant`] on
+//! drop if the grant arrived too late to be used.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use crate::batch::Undo;
+use crate::owner::Owner;
+
+/// A lock handed to a waiter.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    /// The fencing token of the new hold.
+    pub(crate) token: u64,
+    /// When the call that made the hold was sent: a fixed lease runs from
+    /// no earlier than this.
+    pub(crate) sent_at: Instant,
+}
+
+/// A waiting task's standing request for a hand-off.
+#[derive(Debug)]
+pub(crate) struct Offer {
+    pub(crate) owner: Owner,
+    pub(crate) lease_ms: u64,
+    grant: oneshot::Sender<Grant>,
+}
+
+impl Offer {
+    /// An offer and the waiter's side of it. `undo` releases a grant the
+    /// waiter received but did not use.
+    pub(crate) fn new(owner: Owner, lease_ms: u64, undo: Undo) -> (Self, PendingGrant) {
+        let (grant, rx) = oneshot::channel();
+        let offer = Self {
+            owner,
+            lease_ms,
+            grant,
+        };
+        let pending = PendingGrant {
+            rx: Some(rx),
+            undo: Some(undo),
+        };
+        (offer, pending)
+    }
+
+    /// False once the waiter has stopped waiting.
+    pub(crate) fn is_live(&self) -> bool {
+        !self.grant.is_closed()
+    }
+
+    /// Hands the lock to the waiter. Gives the offer's owner back if the
+    /// waiter has gone: the caller must then release the hold.
+    pub(crate) fn grant(self, grant: Grant) -> Result<(), Owner> {
+        let Self {
+            owner, grant: tx, ..
+        } = self;
+        tx.send(grant).map_err(|_| owner)
+    }
+}
+
+/// The waiter's side of an [`Offer`]: resolves to the grant, or to `None`
+/// if the offer was dropped unused (the client is shutting down). Releases
+/// a grant that arrives after the waiter stopped polling.
+#[derive(Debug)]
+pub(crate) struct PendingGrant {
+    rx: Option<oneshot::Receiver<Grant>>,
+    undo: Option<Undo>,
+}
+
+impl PendingGrant {
+    /// True once this resolved (polling it again would return `None`).
+    pub(crate) fn is_done(&self) -> bool {
+        self.rx.is_none()
+    }
+}
+
+impl Future for PendingGrant {
+    type Output = Option<Grant>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Grant>> {
+        let Some(rx) = self.rx.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let grant = match Pin::new(rx).poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(grant) => grant.ok(),
+        };
+        self.rx = None;
+        self.undo = None; // delivered: the waiter owns the hold now
+        Poll::Ready(grant)
+    }
+}
+
+impl Drop for PendingGrant {
+    fn drop(&mut self) {
+        let (Some(mut rx), Some(undo)) = (self.rx.take(), self.undo.take()) else {
+            return;
+        };
+        // After close() the batcher's grant fails and it releases the hold
+        // itself; a grant that got here first is released here.
+        rx.close();
+        if rx.try_recv().is_ok() {
+            undo.release();
+        }
+    }
+}
