@@ -118,9 +118,14 @@ pub(crate) enum ReleaseStep {
 /// CPU under load. foldhash is seeded per map, like std's.
 type HoldMap = HashMap<HoldKey, Entry, foldhash::fast::RandomState>;
 
+/// Shards of the registry. Two runtime workers that lock at once rarely meet
+/// on one mutex; on a machine where they share a core, a meeting costs two
+/// context switches.
+const SHARDS: usize = 16;
+
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
-    map: Mutex<HoldMap>,
+    shards: [Mutex<HoldMap>; SHARDS],
     next_id: AtomicU64,
 }
 
@@ -131,6 +136,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Holds {
+    fn map(&self, keys: &LockKeys) -> MutexGuard<'_, HoldMap> {
+        lock(&self.shards[keys.shard % SHARDS])
+    }
+
     fn key(keys: &LockKeys, owner: &Owner) -> HoldKey {
         HoldKey {
             lock: keys.lock.clone(),
@@ -141,7 +150,7 @@ impl Holds {
     /// The live hold of `owner` on this lock, if any. A hold found lost is
     /// dropped from the registry so that the caller acquires afresh.
     pub(crate) fn live(&self, keys: &LockKeys, owner: &Owner) -> Option<Arc<HoldState>> {
-        let mut map = lock(&self.map);
+        let mut map = self.map(keys);
         let key = Self::key(keys, owner);
         let entry = map.get(&key)?;
         if entry.state.is_lost() {
@@ -154,7 +163,7 @@ impl Holds {
     /// Counts one more local hold on `state`. False if it was released or
     /// replaced meanwhile.
     pub(crate) fn reenter(&self, state: &Arc<HoldState>) -> bool {
-        let mut map = lock(&self.map);
+        let mut map = self.map(&state.keys);
         match map.get_mut(&Self::key(&state.keys, &state.owner)) {
             Some(entry) if Arc::ptr_eq(&entry.state, state) => {
                 entry.count += 1;
@@ -173,7 +182,7 @@ impl Holds {
         lease: Lease,
         expires_at: Option<Instant>,
     ) -> Arc<HoldState> {
-        let mut map = lock(&self.map);
+        let mut map = self.map(keys);
         let key = Self::key(keys, owner);
         if let Some(entry) = map.get_mut(&key) {
             if entry.state.token == token && !entry.state.lost.load(Ordering::Acquire) {
@@ -210,7 +219,7 @@ impl Holds {
 
     /// Gives back one local hold of `state`.
     pub(crate) fn release(&self, state: &HoldState) -> ReleaseStep {
-        let mut map = lock(&self.map);
+        let mut map = self.map(&state.keys);
         let key = Self::key(&state.keys, &state.owner);
         let Some(entry) = map.get_mut(&key) else {
             return ReleaseStep::NotHeld;
@@ -229,7 +238,7 @@ impl Holds {
 
     /// Local hold count of `owner` on this lock (0 if none or lost).
     pub(crate) fn count(&self, keys: &LockKeys, owner: &Owner) -> u32 {
-        let map = lock(&self.map);
+        let map = self.map(keys);
         match map.get(&Self::key(keys, owner)) {
             Some(entry) if !entry.state.is_lost() => entry.count,
             _ => 0,
@@ -238,15 +247,22 @@ impl Holds {
 
     /// The holds the watchdog must renew.
     pub(crate) fn watchdog_holds(&self) -> Vec<Arc<HoldState>> {
-        let map = lock(&self.map);
-        map.values()
-            .filter(|e| e.state.lease == Lease::Watchdog && !e.state.lost.load(Ordering::Relaxed))
-            .map(|e| e.state.clone())
-            .collect()
+        let mut holds = Vec::new();
+        for shard in &self.shards {
+            holds.extend(
+                lock(shard)
+                    .values()
+                    .filter(|e| {
+                        e.state.lease == Lease::Watchdog && !e.state.lost.load(Ordering::Relaxed)
+                    })
+                    .map(|e| e.state.clone()),
+            );
+        }
+        holds
     }
 
     /// Number of registered holds (all owners, all locks).
     pub(crate) fn len(&self) -> usize {
-        lock(&self.map).len()
+        self.shards.iter().map(|shard| lock(shard).len()).sum()
     }
 }

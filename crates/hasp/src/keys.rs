@@ -22,6 +22,9 @@ pub(crate) struct LockKeys {
     pub(crate) lock: Arc<str>,
     pub(crate) fence: String,
     pub(crate) channel: Arc<str>,
+    /// Which shard of a client's registries this lock belongs to: the same
+    /// for every handle on the name (FNV-1a of the name).
+    pub(crate) shard: usize,
 }
 
 impl LockKeys {
@@ -32,6 +35,11 @@ impl LockKeys {
             name: name.into(),
             fence: format!("{lock}:fence"),
             channel: format!("{lock}:released").into(),
+            shard: name
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                }) as usize,
             lock: lock.into(),
         }
     }

@@ -72,6 +72,9 @@ enum Request {
 #[derive(Debug)]
 pub(crate) struct PubSub {
     channels: Channels,
+    /// Entries in `channels`, readable without its lock: every release asks
+    /// for waiters, and mostly there are none.
+    in_use: AtomicUsize,
     requests: mpsc::UnboundedSender<Request>,
 }
 
@@ -93,7 +96,11 @@ impl PubSub {
             channels.clone(),
             rx,
         ));
-        Arc::new(Self { channels, requests })
+        Arc::new(Self {
+            channels,
+            in_use: AtomicUsize::new(0),
+            requests,
+        })
     }
 
     /// Joins (or starts) the subscription to `channel`.
@@ -111,6 +118,7 @@ impl PubSub {
                     waiting: AtomicUsize::new(0),
                     offers: Mutex::default(),
                 });
+                self.in_use.fetch_add(1, Ordering::SeqCst);
                 map.insert(
                     channel.clone(),
                     Entry {
@@ -133,6 +141,9 @@ impl PubSub {
 
     /// Wakes one local waiter of `channel`, if any (after a local release).
     pub(crate) fn wake_one(&self, channel: &str) {
+        if self.in_use.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         if let Some(entry) = lock(&self.channels).get(channel) {
             if entry.state.waiting.load(Ordering::Acquire) > 0 {
                 entry.state.notify.notify_one();
@@ -142,6 +153,9 @@ impl PubSub {
 
     /// The first live hand-off offer of `channel`'s waiters, if any.
     pub(crate) fn take_offer(&self, channel: &str) -> Option<Offer> {
+        if self.in_use.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
         let state = lock(&self.channels).get(channel)?.state.clone();
         let mut offers = state.offers();
         while let Some(offer) = offers.pop_front() {
@@ -164,6 +178,9 @@ impl PubSub {
     /// True if local tasks are already queued for `channel`: a newcomer
     /// then queues behind them instead of barging.
     pub(crate) fn has_waiters(&self, channel: &str) -> bool {
+        if self.in_use.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
         lock(&self.channels)
             .get(channel)
             .is_some_and(|e| e.state.waiting.load(Ordering::Acquire) > 0)
@@ -216,6 +233,7 @@ impl Drop for Subscription {
             entry.refs -= 1;
             if entry.refs == 0 {
                 map.remove(&self.channel);
+                self.pubsub.in_use.fetch_sub(1, Ordering::SeqCst);
                 let _ = self
                     .pubsub
                     .requests
