@@ -15,11 +15,13 @@ use crate::pubsub::PubSub;
 
 /// A handle on one Redis server, shared by every lock made from it.
 ///
-/// A client owns one multiplexed connection for commands (pipelined by all
-/// tasks, reconnected automatically), one pub/sub connection for release
-/// notifications, one task that batches the lock operations pending at the
-/// same moment into one script call, and one watchdog task that renews the
-/// leases of every lock it holds in watchdog mode. Clone it freely: clones share all of that.
+/// A client owns three connections, each reconnected when it breaks: one
+/// multiplexed for commands (pipelined by all tasks), one for lock and
+/// unlock calls, driven by the task that batches the operations pending at
+/// the same moment into one script call, and one pub/sub connection for
+/// release notifications; and one watchdog task that renews the leases of
+/// every lock it holds in watchdog mode. Clone it freely: clones share all
+/// of that.
 /// When the last clone and the last guard are dropped, the background tasks
 /// stop and locks still held expire after their lease.
 ///
@@ -125,8 +127,13 @@ impl Client {
         crate::scripts::preload(&mut conn).await?;
         let id: Arc<str> = format!("c:{}", uuid::Uuid::new_v4()).into();
         let runtime = tokio::runtime::Handle::current();
-        let pubsub = PubSub::start(redis, settings.connection_timeout, id.clone(), &runtime);
-        let batcher = Batcher::start(conn.clone(), id.clone(), pubsub.clone(), &runtime);
+        let pubsub = PubSub::start(
+            redis.clone(),
+            settings.connection_timeout,
+            id.clone(),
+            &runtime,
+        );
+        let batcher = Batcher::start(redis, &settings, id.clone(), pubsub.clone(), &runtime);
         let (shutdown, shutdown_rx) = watch::channel(());
         let watchdog_lease_ms = lease_millis(settings.watchdog_timeout)
             .ok_or_else(|| Error::invalid("watchdog_timeout", "too large"))?;

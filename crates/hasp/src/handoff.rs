@@ -11,8 +11,8 @@
 //!
 //! The hand-off yields to other clients: when another client has flagged
 //! itself as waiting since the lock was last free, the script frees the
-//! lock and publishes to all instead, and this client's waiter learns of it
-//! by the same message as the other client's, so neither is favoured (see
+//! lock and publishes instead, and this client's first waiter is woken only
+//! after a grace period, so that the other client takes its turn (see
 //! `batch.lua`). An offer that was not used goes back to the front of the
 //! queue.
 //!

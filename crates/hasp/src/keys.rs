@@ -35,11 +35,9 @@ impl LockKeys {
             name: name.into(),
             fence: format!("{lock}:fence"),
             channel: format!("{lock}:released").into(),
-            shard: name
-                .bytes()
-                .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-                }) as usize,
+            shard: name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            }) as usize,
             lock: lock.into(),
         }
     }

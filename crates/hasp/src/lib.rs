@@ -28,7 +28,7 @@
 //! every lease-less lock it holds from one watchdog task, 100 locks per call,
 //! shares one pub/sub subscription per lock name among its waiters, and
 //! hands a lock its task releases straight to its next waiting task in the
-//! same call (unless another client waits too: then all get an even chance).
+//! same call (unless another client waits too: then that client goes first).
 //!
 //! * [`Client`] — one per Redis deployment; clone it freely.
 //! * [`Lock`] — a named lock handle: [`Lock::lock`] waits,

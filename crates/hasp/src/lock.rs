@@ -39,8 +39,8 @@ use crate::scripts::{FORCE_RELEASE, RENEW};
 ///   never poll. Tasks of one client are served in the order they started
 ///   waiting: a task that releases the lock hands it to the first of them
 ///   in the same call to Redis, one round trip sooner than a wake-up would,
-///   unless a task of another client waits too; then the lock is freed and
-///   every client's waiters learn of it by the same message.
+///   unless a task of another client waits too; then the lock is freed for
+///   that client, and this client's waiter tries again only 10 ms later.
 /// * **Fencing.** Each acquisition of a free lock gets a token greater than
 ///   every token issued before for the name ([`Guard::fencing_token`]); pass
 ///   it to the resource you protect so that it can reject a stale holder.

@@ -10,8 +10,7 @@
 //! A release message wakes *one* local waiter (FIFO): the others keep their
 //! place instead of all stampeding Redis. A client hands a lock it releases
 //! to its own first waiter (`handoff`) or wakes it directly, and ignores the
-//! echo of its own message (the payload is the releasing client's id); a
-//! release published with payload `*` wakes a waiter in every client.
+//! echo of its own message (the payload is the releasing client's id).
 //!
 //! When the connection drops, the task reconnects with back-off,
 //! resubscribes, and wakes every waiter, since messages may have been lost.

@@ -8,7 +8,7 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
+use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
 const SOURCES: [&str; 3] = [
@@ -47,7 +47,7 @@ pub(crate) fn evalsha(script: &Script, keys: usize, args: usize, bytes: usize) -
 pub(crate) async fn run<T: FromRedisValue>(
     script: &Script,
     cmd: &Cmd,
-    conn: &mut ConnectionManager,
+    conn: &mut impl ConnectionLike,
 ) -> RedisResult<T> {
     match cmd.query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {

@@ -24,8 +24,8 @@
 -- 'h'     release, and if that frees the lock take it at once for heir (a
 --         waiting owner of the releasing client) with a fresh token, unless
 --         another client flagged itself as waiting: then the lock is freed
---         and published to all, so that the other client gets an even
---         chance (the releasing client's waiters race too). Freeing
+--         and published for the other clients (the releasing client ignores
+--         its own messages and holds its waiters back a little). Freeing
 --         the lock clears the flag, so it names only clients that started
 --         waiting since.
 --
@@ -46,7 +46,8 @@
 --   n >= 1       holds this owner still has (the lease is left as it is)
 -- and for a hand-off:
 --   -1           not held by this owner (nothing changed)
---   0            released (or holds left) without handing over
+--   -2           released and published for another client that waits
+--   0            holds this owner still has left: not handed over
 --   token >= 1   released, and now held by heir with this token
 local call = redis.call
 local results = {}
@@ -90,11 +91,9 @@ while arg <= #ARGV do
       call('hset', lock, owner, tostring(tonumber(count) - tonumber(holds)))
       result = 0
     elseif flagged and flagged ~= message then
-      -- Published to everyone, the releasing client included: its waiters
-      -- learn of the release by the same message as the other client's.
       call('del', lock)
-      call('publish', lock .. ':released', '*')
-      result = 0
+      call('publish', lock .. ':released', message)
+      result = -2
     else
       call('hdel', lock, owner)
       call('hset', lock, heir, '1')

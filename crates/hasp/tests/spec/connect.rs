@@ -53,3 +53,29 @@ async fn nothing_listening_is_a_redis_error_at_open() {
     server.kill();
     assert!(matches!(Client::open(&url).await, Err(Error::Redis(_))));
 }
+
+#[tokio::test]
+async fn connections_the_server_closes_are_made_again() {
+    let server = RedisServer::start_tcp();
+    let client = Client::open(&server.url()).await.unwrap();
+    lock_and_release(&client).await;
+    // Every client connection of the library (commands, lock batches,
+    // pub/sub) is closed by the server.
+    let killed: u64 = server
+        .cli(&["CLIENT", "KILL", "TYPE", "normal"])
+        .parse()
+        .unwrap();
+    assert!(killed >= 2, "{killed} connections closed");
+    let recovered = testkit::eventually(std::time::Duration::from_secs(5), || {
+        let lock = client.lock("after-kill").unwrap();
+        async move {
+            match lock.try_lock().await {
+                Ok(Some(guard)) => guard.unlock().await.is_ok(),
+                _ => false,
+            }
+        }
+    })
+    .await;
+    assert!(recovered, "the client did not reconnect");
+    lock_and_release(&client).await;
+}

@@ -254,10 +254,12 @@ async fn a_release_hands_the_lock_to_a_waiter_of_its_client_in_the_same_call() {
 #[tokio::test]
 async fn hand_offs_within_a_client_yield_to_a_waiter_of_another_client() {
     // Four tasks of one client take turns on a lock, 30 times each; a task
-    // of another client asks meanwhile. Handing the lock from task to task
-    // inside the first client would starve it until all 120 turns are done.
+    // of another client takes it 10 times meanwhile. Handing the lock from
+    // task to task inside the first client would starve it until all 120
+    // turns are done; yielding, the clients take turns.
     const TASKS: usize = 4;
     const TURNS: usize = 30;
+    const OUTSIDER_TURNS: usize = 10;
     let ctx = Ctx::new();
     let busy = ctx.client().await;
     let turns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -288,8 +290,10 @@ async fn hand_offs_within_a_client_yield_to_a_waiter_of_another_client() {
     );
     let other = ctx.client().await.lock("fair").unwrap();
     let outsider = tokio::spawn(async move {
-        let g = other.lock().await.unwrap();
-        g.unlock().await.unwrap();
+        for _ in 0..OUTSIDER_TURNS {
+            let g = other.lock().await.unwrap();
+            g.unlock().await.unwrap();
+        }
     });
     assert!(
         testkit::eventually(Duration::from_secs(5), || {
@@ -302,7 +306,7 @@ async fn hand_offs_within_a_client_yield_to_a_waiter_of_another_client() {
     first.unlock().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), outsider)
         .await
-        .expect("the other client gets the lock")
+        .expect("the other client gets the lock, 10 times")
         .unwrap();
     let served_before = turns.load(std::sync::atomic::Ordering::SeqCst);
     assert!(

@@ -1,0 +1,113 @@
+//! The batcher's own connection to Redis, driven by the batching task.
+//!
+//! redis-rs runs a multiplexed connection from a task of its own: a call
+//! handed to it is written when that task next runs, which under load is
+//! after every task the last replies woke. Here the batcher polls the
+//! connection's driver itself, right after queuing a call, so the call is
+//! on the wire at once and Redis works on it while the client is still
+//! busy with the previous replies.
+//!
+//! The connection is made on first use and again after it breaks; calls in
+//! flight when it breaks fail with the error (their effect in Redis is
+//! unknown, as with any connection loss), and the next batch reconnects.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, RedisResult};
+
+type Driver = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A connection that is (re)made when needed.
+pub(super) struct Connection {
+    client: redis::Client,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    live: Option<(MultiplexedConnection, Driver)>,
+}
+
+impl Connection {
+    /// Connects lazily: nothing happens until the first [`get`](Self::get).
+    pub(super) fn new(
+        client: redis::Client,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
+        Self {
+            client,
+            connect_timeout,
+            response_timeout,
+            live: None,
+        }
+    }
+
+    /// A handle to send calls on, connecting first if there is none.
+    pub(super) async fn get(&mut self) -> RedisResult<MultiplexedConnection> {
+        if let Some((conn, _)) = &self.live {
+            return Ok(conn.clone());
+        }
+        let connect = connect(&self.client, self.response_timeout);
+        let (conn, driver) = tokio::time::timeout(self.connect_timeout, connect)
+            .await
+            .map_err(|_| RedisError::from((ErrorKind::Io, "connect timed out")))??;
+        self.live = Some((conn.clone(), driver));
+        Ok(conn)
+    }
+
+    /// Forgets a connection that failed a call, so that the next call
+    /// reconnects (the driver going away fails whatever else was on it).
+    pub(super) fn failed(&mut self, error: &RedisError) {
+        if error.is_connection_dropped() || error.is_io_error() {
+            self.live = None;
+        }
+    }
+
+    /// Does the connection's reading and writing; resolves only when the
+    /// connection has closed (and is then forgotten). Pending while there
+    /// is none.
+    pub(super) fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some((_, driver)) = &mut self.live else {
+            return Poll::Pending;
+        };
+        if driver.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        tracing::debug!("batch connection closed");
+        self.live = None;
+        Poll::Ready(())
+    }
+}
+
+async fn connect(
+    client: &redis::Client,
+    response_timeout: Duration,
+) -> RedisResult<(MultiplexedConnection, Driver)> {
+    let info = client.get_connection_info();
+    let config = AsyncConnectionConfig::new().set_response_timeout(Some(response_timeout));
+    let redis = info.redis_settings();
+    match info.addr() {
+        ConnectionAddr::Tcp(host, port) => {
+            let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            // Small, latency-bound calls: never held back by Nagle.
+            stream.set_nodelay(true)?;
+            let (conn, driver) =
+                MultiplexedConnection::new_with_config(redis, stream, config).await?;
+            Ok((conn, Box::pin(driver)))
+        }
+        #[cfg(unix)]
+        ConnectionAddr::Unix(path) => {
+            let stream = tokio::net::UnixStream::connect(path).await?;
+            let (conn, driver) =
+                MultiplexedConnection::new_with_config(redis, stream, config).await?;
+            Ok((conn, Box::pin(driver)))
+        }
+        other => Err(RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "unsupported address",
+            format!("{other}"),
+        ))),
+    }
+}
