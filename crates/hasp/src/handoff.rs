@@ -21,14 +21,11 @@
 //! batcher if the waiter is already gone, the waiter's [`PendingGrant`] on
 //! drop if the grant arrived too late to be used.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use tokio::sync::oneshot;
 
-use crate::batch::Undo;
+use crate::batch::{HoldReply, Undo};
 use crate::owner::Owner;
 
 /// A lock handed to a waiter.
@@ -59,10 +56,7 @@ impl Offer {
             lease_ms,
             grant,
         };
-        let pending = PendingGrant {
-            rx: Some(rx),
-            undo: Some(undo),
-        };
+        let pending = HoldReply::new(Some(rx), undo, |_| true);
         (offer, pending)
     }
 
@@ -84,46 +78,4 @@ impl Offer {
 /// The waiter's side of an [`Offer`]: resolves to the grant, or to `None`
 /// if the offer was dropped unused (the client is shutting down). Releases
 /// a grant that arrives after the waiter stopped polling.
-#[derive(Debug)]
-pub(crate) struct PendingGrant {
-    rx: Option<oneshot::Receiver<Grant>>,
-    undo: Option<Undo>,
-}
-
-impl PendingGrant {
-    /// True once this resolved (polling it again would return `None`).
-    pub(crate) fn is_done(&self) -> bool {
-        self.rx.is_none()
-    }
-}
-
-impl Future for PendingGrant {
-    type Output = Option<Grant>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Grant>> {
-        let Some(rx) = self.rx.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let grant = match Pin::new(rx).poll(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(grant) => grant.ok(),
-        };
-        self.rx = None;
-        self.undo = None; // delivered: the waiter owns the hold now
-        Poll::Ready(grant)
-    }
-}
-
-impl Drop for PendingGrant {
-    fn drop(&mut self) {
-        let (Some(mut rx), Some(undo)) = (self.rx.take(), self.undo.take()) else {
-            return;
-        };
-        // After close() the batcher's grant fails and it releases the hold
-        // itself; a grant that got here first is released here.
-        rx.close();
-        if rx.try_recv().is_ok() {
-            undo.release();
-        }
-    }
-}
+pub(crate) type PendingGrant = HoldReply<Grant>;

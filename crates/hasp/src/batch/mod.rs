@@ -29,9 +29,8 @@
 //! for a standalone server (or one shard), where that always holds.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Instant;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -47,8 +46,10 @@ use crate::pubsub::PubSub;
 use crate::scripts::{self, BATCH};
 
 mod connection;
+mod undo;
 
 use connection::Connection;
+pub(crate) use undo::{HoldReply, Undo};
 
 /// Operations per script call. A call holds Redis for a few microseconds
 /// per operation, so this bounds it to well under a millisecond.
@@ -120,7 +121,7 @@ impl Batcher {
         owner: &Owner,
         lease_ms: u64,
         will_wait: bool,
-    ) -> AcquireReply {
+    ) -> impl Future<Output = Reply> + Send + 'static {
         let (tx, rx) = oneshot::channel();
         let op = Op {
             keys: keys.clone(),
@@ -131,19 +132,13 @@ impl Batcher {
             },
             reply: Some(tx),
         };
-        let undo = Undo {
-            keys: keys.clone(),
-            owner: owner.clone(),
-            queue: self.queue.clone(),
-        };
+        let undo = self.undo(keys, owner);
         let rx = match self.queue.send(op) {
             Ok(()) => Some(rx),
             Err(_) => None, // the task is gone: the client is shutting down
         };
-        AcquireReply {
-            rx,
-            undo: Some(undo),
-        }
+        let reply = HoldReply::new(rx, undo, |reply: &Reply| matches!(reply, Ok(t) if *t > 0));
+        async move { reply.await.unwrap_or_else(|| Err(closed())) }
     }
 
     /// Queues the release of `holds` holds. Runs whether or not the returned
@@ -200,67 +195,6 @@ impl Batcher {
 
 fn closed() -> RedisError {
     RedisError::from((redis::ErrorKind::Client, "hasp client is shut down"))
-}
-
-/// The release of one hold that an acquisition or a hand-off made for a
-/// caller that is gone.
-#[derive(Debug)]
-pub(crate) struct Undo {
-    keys: Arc<LockKeys>,
-    owner: Owner,
-    queue: mpsc::UnboundedSender<Op>,
-}
-
-impl Undo {
-    pub(crate) fn release(self) {
-        let _ = self.queue.send(Op {
-            keys: self.keys,
-            owner: self.owner,
-            kind: Kind::Release { holds: 1 },
-            reply: None,
-        });
-    }
-}
-
-/// The pending result of an acquire. Cancel safe: if dropped before it
-/// resolves, an acquisition that happens anyway is released.
-#[derive(Debug)]
-pub(crate) struct AcquireReply {
-    rx: Option<oneshot::Receiver<Reply>>,
-    undo: Option<Undo>,
-}
-
-impl Future for AcquireReply {
-    type Output = Reply;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Reply> {
-        let Some(rx) = self.rx.as_mut() else {
-            return Poll::Ready(Err(closed()));
-        };
-        let reply = match Pin::new(rx).poll(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(reply) => reply.unwrap_or_else(|_| Err(closed())),
-        };
-        self.rx = None;
-        self.undo = None; // delivered: the caller owns the result now
-        Poll::Ready(reply)
-    }
-}
-
-impl Drop for AcquireReply {
-    fn drop(&mut self) {
-        let (Some(mut rx), Some(undo)) = (self.rx.take(), self.undo.take()) else {
-            return;
-        };
-        // After close() the task's send fails and the task undoes; a reply
-        // that arrived before it is undone here.
-        rx.close();
-        if let Ok(Ok(token)) = rx.try_recv() {
-            if token > 0 {
-                undo.release();
-            }
-        }
-    }
 }
 
 struct BatchContext {

@@ -1,7 +1,11 @@
 //! Client construction from Redis URLs: TCP, unix socket, password, db.
 
+use std::time::Duration;
+
 use hasp::{Client, Error};
 use testkit::{RedisServer, ServerOptions, Transport};
+
+use crate::helpers::lockable_within;
 
 async fn lock_and_release(client: &Client) {
     let guard = client.lock("connect").unwrap().lock().await.unwrap();
@@ -66,16 +70,10 @@ async fn connections_the_server_closes_are_made_again() {
         .parse()
         .unwrap();
     assert!(killed >= 2, "{killed} connections closed");
-    let recovered = testkit::eventually(std::time::Duration::from_secs(5), || {
-        let lock = client.lock("after-kill").unwrap();
-        async move {
-            match lock.try_lock().await {
-                Ok(Some(guard)) => guard.unlock().await.is_ok(),
-                _ => false,
-            }
-        }
-    })
-    .await;
-    assert!(recovered, "the client did not reconnect");
+    let lock = client.lock("after-kill").unwrap();
+    assert!(
+        lockable_within(&lock, Duration::from_secs(5)).await,
+        "the client did not reconnect"
+    );
     lock_and_release(&client).await;
 }

@@ -85,3 +85,18 @@ pub fn assert_not_held(err: hasp::Error) {
         "expected NotHeld, got {err:?}"
     );
 }
+
+/// Whether `lock` can be taken (and is then released) within `limit`,
+/// trying again while Redis answers with errors: the client recovered.
+pub async fn lockable_within(lock: &hasp::Lock, limit: Duration) -> bool {
+    testkit::eventually(limit, || {
+        let lock = lock.clone();
+        async move {
+            match lock.try_lock().await {
+                Ok(Some(guard)) => guard.unlock().await.is_ok(),
+                _ => false,
+            }
+        }
+    })
+    .await
+}
