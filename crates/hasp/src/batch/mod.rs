@@ -252,6 +252,11 @@ async fn run(
 /// `first` and whatever else is queued. If that is fewer than [`GATHER`]
 /// operations, the tasks already woken run once first and what they queue
 /// joins too (one `yield_now`: no timer, no wait when nothing else runs).
+/// tokio resumes a yielded task only after the worker has polled its I/O
+/// driver, so replies that arrived meanwhile wake their tasks in time to
+/// join as well: waking itself instead measured 77,000–80,000 pairs/s in W1
+/// at C = 64 against 90,000–100,000. Skipping the yield while no call is in
+/// flight (an idle client) measured no better in W1 or W2.
 async fn gather(first: Op, queue: &mut mpsc::UnboundedReceiver<Op>) -> Vec<Op> {
     let mut batch = Vec::with_capacity(GATHER);
     batch.push(first);
