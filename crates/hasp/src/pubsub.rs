@@ -44,6 +44,15 @@ impl ChannelState {
     fn offers(&self) -> MutexGuard<'_, VecDeque<Offer>> {
         self.offers.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Queues an offer, dropping those of waiters that stopped waiting: a
+    /// release takes only the first live one, and without local releases
+    /// (the lock held elsewhere, waits timing out) dead ones would pile up.
+    fn queue_offer(&self, offer: Offer) {
+        let mut offers = self.offers();
+        offers.retain(Offer::is_live);
+        offers.push_back(offer);
+    }
 }
 
 #[derive(Debug)]
@@ -215,7 +224,7 @@ impl Subscription {
 
     /// Queues a hand-off offer behind those of earlier waiters.
     pub(crate) fn offer(&self, offer: Offer) {
-        self.state.offers().push_back(offer);
+        self.state.queue_offer(offer);
     }
 
     /// Registers the caller as a waiter until the returned token is dropped.
@@ -354,5 +363,34 @@ async fn run(
         for entry in lock(&channels).values() {
             entry.state.active.send_replace(false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Undo;
+    use crate::owner::Owner;
+
+    #[test]
+    fn offers_of_waiters_that_stopped_waiting_do_not_pile_up() {
+        let state = ChannelState {
+            notify: Notify::new(),
+            active: watch::Sender::new(true),
+            waiting: AtomicUsize::new(0),
+            offers: Mutex::default(),
+        };
+        let owner = Owner::from_id("waiter").unwrap();
+        let mut live = Vec::new();
+        for i in 0..100 {
+            let (offer, pending) = Offer::new(owner.clone(), 1000, Undo::detached());
+            state.queue_offer(offer);
+            if i % 10 == 0 {
+                live.push(pending); // still waiting
+            } // else: timed out, its pending grant dropped
+        }
+        let (offer, _pending) = Offer::new(owner, 1000, Undo::detached());
+        state.queue_offer(offer);
+        assert_eq!(state.offers().len(), live.len() + 1);
     }
 }

@@ -27,6 +27,16 @@ pub(crate) struct Undo {
 }
 
 impl Undo {
+    /// An undo whose release goes nowhere (for tests of its holders).
+    #[cfg(test)]
+    pub(crate) fn detached() -> Self {
+        Self {
+            keys: Arc::new(LockKeys::new("hasp", "detached")),
+            owner: Owner::from_id("nobody").expect("a valid owner id"),
+            queue: mpsc::unbounded_channel().0,
+        }
+    }
+
     /// Queues the release (in the background; a failure is logged).
     pub(crate) fn release(self) {
         let _ = self.queue.send(Op {

@@ -214,18 +214,20 @@ async fn a_release_hands_the_lock_to_a_waiter_of_its_client_in_the_same_call() {
     let mut raw = ctx.raw().await;
     let held = lock.lock().await.unwrap();
     let first_token = held.fencing_token();
+    let asked_before = script_calls(&mut raw).await;
     let waiter = {
         let lock = lock.clone();
         tokio::spawn(async move { lock.lock().await.unwrap() })
     };
-    // Queued once its attempt flagged the lock as waited on.
+    // The waiter asks once, subscribes, asks again, then waits: two calls.
     assert!(
         testkit::eventually(Duration::from_secs(5), || {
             let mut raw = raw.clone();
-            async move { waiting_flag(&mut raw, "direct").await.is_some() }
+            async move { script_calls(&mut raw).await - asked_before >= 2 }
         })
         .await
     );
+    assert!(waiting_flag(&mut raw, "direct").await.is_some());
     let before = script_calls(&mut raw).await;
     held.unlock().await.unwrap();
     let handed = tokio::time::timeout(Duration::from_secs(5), waiter)
