@@ -33,7 +33,7 @@ const W2_HOLD: Duration = Duration::from_millis(1);
 
 struct Args {
     duration: Duration,
-    /// Sections to run (w1, rb, w2, c); empty = all.
+    /// Sections to run (w1, rb, ri, w2, c); empty = all.
     only: Vec<String>,
     /// W1 concurrency levels to run; empty = all of [`W1_CONCURRENCY`].
     levels: Vec<usize>,
@@ -61,7 +61,7 @@ fn parse_args() -> Args {
         if a == "--only" {
             only.extend(
                 args.next()
-                    .expect("--only w1,rb,w2,c")
+                    .expect("--only w1,rb,ri,w2,c")
                     .split(',')
                     .map(str::to_owned),
             );
@@ -144,6 +144,16 @@ async fn run(args: Args) {
             rb.release_hit_rate * 100.0,
             rb.pairs()
         );
+    }
+    if args.runs("ri") {
+        match redis_instructions() {
+            Some((hasp, rslock)) => println!(
+                "\nRedis instructions per lock/unlock pair (callgrind, {RI_ROUNDS} rounds of {RI_PAIRS} pairs): \
+                 hasp {hasp:.0} (batch.lua, {RI_PAIRS} operations per call), \
+                 rslock {rslock:.0} (SET NX PX + compare-and-delete script, pipelined)"
+            ),
+            None => println!("\nRedis instructions per pair: skipped (needs valgrind)"),
+        }
     }
     if hasp_c1 == 0.0 {
         let server = RedisServer::start_tcp();
@@ -266,6 +276,140 @@ fn process_cpu(pid: &str) -> f64 {
     let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
         + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
     ticks as f64 / 100.0
+}
+
+const RI_ROUNDS: usize = 2_000;
+const RI_PAIRS: usize = 25;
+
+/// Instructions redis-server runs per lock/unlock pair, counted by callgrind
+/// (a count, not a time: the same on a busy or an idle machine). Each
+/// workload runs on its own server under valgrind; a server that only
+/// starts and stops is subtracted. `None` without valgrind.
+fn redis_instructions() -> Option<(f64, f64)> {
+    std::process::Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .ok()?;
+    let idle = callgrind_redis(|_| 0)?.0 as f64;
+    let per_pair = |(total, pairs): (u64, usize)| (total as f64 - idle) / pairs as f64;
+    let hasp = callgrind_redis(|conn| {
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(include_str!("../src/scripts/batch.lua"))
+            .query(conn)
+            .unwrap();
+        for _ in 0..RI_ROUNDS {
+            // batch.lua's layout (see its header), as the client sends it.
+            let mut acquire = redis::cmd("EVALSHA");
+            acquire.arg(&sha).arg(2 * RI_PAIRS);
+            let mut release = redis::cmd("EVALSHA");
+            release.arg(&sha).arg(RI_PAIRS);
+            for i in 0..RI_PAIRS {
+                acquire
+                    .arg(format!("hasp:{{ri-{i}}}"))
+                    .arg(format!("hasp:{{ri-{i}}}:fence"));
+                release.arg(format!("hasp:{{ri-{i}}}"));
+            }
+            acquire.arg("c:bench");
+            release.arg("c:bench");
+            for i in 0..RI_PAIRS {
+                let owner = format!("c:bench:t{i}");
+                acquire.arg("a").arg(&owner).arg(30_000);
+                release.arg(1).arg(&owner);
+            }
+            let tokens: Vec<i64> = acquire.query(conn).unwrap();
+            assert!(tokens.iter().all(|&t| t > 0), "acquired: {tokens:?}");
+            let released: Vec<i64> = release.query(conn).unwrap();
+            assert!(released.iter().all(|&r| r == 0), "released: {released:?}");
+        }
+        RI_ROUNDS * RI_PAIRS
+    })
+    .map(per_pair)?;
+    let rslock = callgrind_redis(|conn| {
+        let unlock = "if redis.call('get', KEYS[1]) == ARGV[1] then \
+            return redis.call('del', KEYS[1]) else return 0 end";
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(unlock)
+            .query(conn)
+            .unwrap();
+        for round in 0..RI_ROUNDS {
+            let (mut lock, mut release) = (redis::pipe(), redis::pipe());
+            for i in 0..RI_PAIRS {
+                let (key, value) = (format!("ri-{i}"), format!("{round}-{i}"));
+                lock.cmd("SET")
+                    .arg(&key)
+                    .arg(&value)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000);
+                release
+                    .cmd("EVALSHA")
+                    .arg(&sha)
+                    .arg(1)
+                    .arg(&key)
+                    .arg(&value);
+            }
+            let _: Vec<redis::Value> = lock.query(conn).unwrap();
+            let released: Vec<i64> = release.query(conn).unwrap();
+            assert!(released.iter().all(|&r| r == 1), "released: {released:?}");
+        }
+        RI_ROUNDS * RI_PAIRS
+    })
+    .map(per_pair)?;
+    Some((hasp, rslock))
+}
+
+/// Runs `workload` against a fresh redis-server under callgrind and returns
+/// the instructions the server ran in all, with the workload's pair count.
+fn callgrind_redis(workload: impl FnOnce(&mut redis::Connection) -> usize) -> Option<(u64, usize)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .ok()?
+        .port();
+    let out =
+        std::env::temp_dir().join(format!("hasp-callgrind-{}-{port}.out", std::process::id()));
+    let mut server = std::process::Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .args([
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let started = Instant::now();
+    let mut conn = loop {
+        match client.get_connection() {
+            Ok(conn) => break conn,
+            Err(_) if started.elapsed() < Duration::from_secs(60) => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(_) => {
+                let _ = server.kill();
+                return None;
+            }
+        }
+    };
+    let pairs = workload(&mut conn);
+    // The server exits on SHUTDOWN without answering.
+    let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").arg("NOSAVE").query(&mut conn);
+    server.wait().ok()?;
+    let report = std::fs::read_to_string(&out).ok()?;
+    let _ = std::fs::remove_file(&out);
+    let total = report.lines().find_map(|l| {
+        l.strip_prefix("summary: ")
+            .or_else(|| l.strip_prefix("totals: "))
+            .and_then(|n| n.trim().parse().ok())
+    })?;
+    Some((total, pairs))
 }
 
 struct RedisBenchmark {
