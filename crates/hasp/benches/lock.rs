@@ -13,6 +13,8 @@
 //!   returns → next acquire returns), acquire-wait p99/max, tasks served,
 //!   and the most acquisitions by others during one wait (31 = strict FIFO
 //!   among 32 tasks; more = overtaken).
+//! * **Redis instructions per pair** (`ri`, needs valgrind): counted by
+//!   callgrind for hasp's batch script and for rslock's commands.
 //! * **(c) renewal cost**: script calls per renewal period while holding
 //!   10,000 locks.
 //!
