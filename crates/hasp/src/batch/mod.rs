@@ -144,7 +144,8 @@ impl Batcher {
     }
 
     /// Queues the release of `holds` holds. Runs whether or not the returned
-    /// future is awaited; on a full release one local waiter is woken.
+    /// future is awaited; a full release hands the lock to
+    /// this client's first waiter, or wakes one (see `execute`).
     pub(crate) fn release(
         &self,
         keys: &Arc<LockKeys>,
