@@ -297,28 +297,28 @@ fn redis_instructions() -> Option<(f64, f64)> {
     let hasp = callgrind_redis(|conn| {
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(include_str!("../src/scripts/batch.lua"))
+            .arg(hasp::__bench::BATCH_SCRIPT)
             .query(conn)
             .unwrap();
+        let names: Vec<(String, String)> = (0..RI_PAIRS)
+            .map(|i| (format!("ri-{i}"), format!("c:bench:t{i}")))
+            .collect();
+        let call = |lease: Option<u64>| {
+            let ops: Vec<(&str, &str, Option<u64>)> = names
+                .iter()
+                .map(|(name, owner)| (name.as_str(), owner.as_str(), lease))
+                .collect();
+            let mut args = hasp::__bench::batch_args("c:bench", "hasp", &ops).unwrap();
+            args[1] = sha.clone().into_bytes(); // the loaded script, not our hash
+            let mut cmd = redis::Cmd::new();
+            for arg in args {
+                cmd.arg(arg);
+            }
+            cmd
+        };
+        let (acquire, release) = (call(Some(30_000)), call(None));
         for _ in 0..RI_ROUNDS {
-            // batch.lua's layout (see its header), as the client sends it.
-            let mut acquire = redis::cmd("EVALSHA");
-            acquire.arg(&sha).arg(2 * RI_PAIRS);
-            let mut release = redis::cmd("EVALSHA");
-            release.arg(&sha).arg(RI_PAIRS);
-            for i in 0..RI_PAIRS {
-                acquire
-                    .arg(format!("hasp:{{ri-{i}}}"))
-                    .arg(format!("hasp:{{ri-{i}}}:fence"));
-                release.arg(format!("hasp:{{ri-{i}}}"));
-            }
-            acquire.arg("c:bench");
-            release.arg("c:bench");
-            for i in 0..RI_PAIRS {
-                let owner = format!("c:bench:t{i}");
-                acquire.arg("a").arg(&owner).arg(30_000);
-                release.arg(1).arg(&owner);
-            }
+            // A nonce repeats across rounds here; the script only stores it.
             let tokens: Vec<i64> = acquire.query(conn).unwrap();
             assert!(tokens.iter().all(|&t| t > 0), "acquired: {tokens:?}");
             let released: Vec<i64> = release.query(conn).unwrap();
@@ -458,29 +458,22 @@ fn redis_benchmark_rate(server: &RedisServer, n: u64, keyspace: u64, command: &[
 /// names, so 1,000,000 held locks are created first and random ones are
 /// released; the hit rate says how many took the full release path.
 fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts");
-    let load = |file: &str| {
-        let source = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
-        cli(server, &["SCRIPT", "LOAD", &source])
+    let batch = cli(server, &["SCRIPT", "LOAD", hasp::__bench::BATCH_SCRIPT]);
+    // hasp's own argument layout, with redis-benchmark's placeholder in the
+    // names and the loaded script's hash in place of the client's.
+    let args = |op: (&str, &str, Option<u64>)| -> Vec<String> {
+        let mut args: Vec<String> = hasp::__bench::batch_args("client-1", "hasp", &[op])
+            .unwrap()
+            .into_iter()
+            .map(|a| String::from_utf8(a).unwrap())
+            .collect();
+        args[1] = batch.clone();
+        args
     };
-    let batch = load("batch.lua");
     let n = 300_000;
-    let acquire_rate = redis_benchmark_rate(
-        server,
-        n,
-        1_000_000_000,
-        &[
-            "EVALSHA",
-            &batch,
-            "2",
-            "hasp:{b:__rand_int__}",
-            "hasp:{b:__rand_int__}:fence",
-            "client-1",
-            "a",
-            "owner-1",
-            "30000",
-        ],
-    );
+    let acquire = args(("b:__rand_int__", "owner-1", Some(30_000)));
+    let acquire: Vec<&str> = acquire.iter().map(String::as_str).collect();
+    let acquire_rate = redis_benchmark_rate(server, n, 1_000_000_000, &acquire);
     cli(server, &["FLUSHALL"]);
     let keyspace = 1_000_000u64;
     let populate = "for i = 0, tonumber(ARGV[1]) - 1 do \
@@ -489,20 +482,9 @@ fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
     cli(server, &["EVAL", populate, "0", &keyspace.to_string()]);
     let before: u64 = cli(server, &["DBSIZE"]).parse().unwrap();
     let release_n = 100_000;
-    let release_rate = redis_benchmark_rate(
-        server,
-        release_n,
-        keyspace,
-        &[
-            "EVALSHA",
-            &batch,
-            "1",
-            "hasp:{r:__rand_int__}",
-            "client-1",
-            "1",
-            "owner-1",
-        ],
-    );
+    let release = args(("r:__rand_int__", "owner-1", None));
+    let release: Vec<&str> = release.iter().map(String::as_str).collect();
+    let release_rate = redis_benchmark_rate(server, release_n, keyspace, &release);
     let after: u64 = cli(server, &["DBSIZE"]).parse().unwrap();
     RedisBenchmark {
         acquire: acquire_rate,

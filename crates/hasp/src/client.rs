@@ -1,17 +1,11 @@
 //! The client: a cheap, cloneable handle on one Redis deployment.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::watch;
-
-use crate::batch::Batcher;
-use crate::config::{lease_millis, Settings};
-use crate::error::{Error, Result};
-use crate::holds::Holds;
+use crate::config::Settings;
+use crate::core::Core;
+use crate::error::Result;
 use crate::lock::Lock;
-use crate::pubsub::PubSub;
 
 /// A handle on one Redis server, shared by every lock made from it.
 ///
@@ -48,26 +42,7 @@ use crate::pubsub::PubSub;
 /// ```
 #[derive(Clone, Debug)]
 pub struct Client {
-    pub(crate) shared: Arc<Shared>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) conn: ConnectionManager,
-    pub(crate) settings: Settings,
-    pub(crate) id: Arc<str>,
-    pub(crate) holds: Holds,
-    pub(crate) pubsub: Arc<PubSub>,
-    pub(crate) batcher: Batcher,
-    pub(crate) runtime: tokio::runtime::Handle,
-    pub(crate) stats: Counters,
-    pub(crate) watchdog_lease_ms: u64,
-    _shutdown: watch::Sender<()>,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) renew_calls: AtomicU64,
+    core: Arc<Core>,
 }
 
 /// Counters of a client's activity, for tests and monitoring.
@@ -110,49 +85,9 @@ impl Client {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn open_with(url: &str, settings: Settings) -> Result<Self> {
-        settings.validate()?;
-        let invalid_url = |e: redis::RedisError| Error::invalid("url", format!("{url:?}: {e}"));
-        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(invalid_url)?;
-        // Lock calls are small and latency-bound: Nagle's algorithm must not
-        // hold one back while an earlier call is unacknowledged (redis-rs
-        // leaves TCP_NODELAY off by default).
-        let info = info.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-        let redis = redis::Client::open(info).map_err(invalid_url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(settings.response_timeout))
-            .set_connection_timeout(Some(settings.connection_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(std::time::Duration::from_millis(500));
-        let mut conn = ConnectionManager::new_with_config(redis.clone(), config).await?;
-        crate::scripts::preload(&mut conn).await?;
-        let id: Arc<str> = format!("c:{}", uuid::Uuid::new_v4()).into();
-        let runtime = tokio::runtime::Handle::current();
-        let pubsub = PubSub::start(
-            redis.clone(),
-            settings.connection_timeout,
-            id.clone(),
-            &runtime,
-        );
-        let batcher = Batcher::start(redis, &settings, id.clone(), pubsub.clone(), &runtime);
-        let (shutdown, shutdown_rx) = watch::channel(());
-        let watchdog_lease_ms = lease_millis(settings.watchdog_timeout)
-            .ok_or_else(|| Error::invalid("watchdog_timeout", "too large"))?;
-        let shared = Arc::new(Shared {
-            conn,
-            settings,
-            id,
-            holds: Holds::default(),
-            pubsub,
-            batcher,
-            runtime,
-            stats: Counters::default(),
-            watchdog_lease_ms,
-            _shutdown: shutdown,
-        });
-        shared
-            .runtime
-            .spawn(crate::watchdog::run(Arc::downgrade(&shared), shutdown_rx));
-        Ok(Self { shared })
+        Ok(Self {
+            core: Core::open(url, settings).await?,
+        })
     }
 
     /// A handle on the lock called `name`. Names are opaque UTF-8 (braces,
@@ -162,25 +97,26 @@ impl Client {
     /// [`Error::InvalidArgument`] for an empty or over-long name; no Redis
     /// call is made.
     pub fn lock(&self, name: &str) -> Result<Lock> {
-        Lock::new(self.clone(), name)
+        Lock::new(self.core.clone(), name)
     }
 
     /// This client's id (a UUID), the prefix of its default owner ids.
     pub fn id(&self) -> &str {
-        &self.shared.id
+        self.core.id()
     }
 
     /// The settings this client was opened with.
     pub fn settings(&self) -> &Settings {
-        &self.shared.settings
+        self.core.settings()
     }
 
     /// A snapshot of this client's counters.
     pub fn stats(&self) -> Stats {
+        let counts = self.core.counts();
         Stats {
-            renew_calls: self.shared.stats.renew_calls.load(Ordering::Relaxed),
-            held_locks: self.shared.holds.len(),
-            subscribed_channels: self.shared.pubsub.channel_count(),
+            renew_calls: counts.renew_calls,
+            held_locks: counts.held_locks,
+            subscribed_channels: counts.subscribed_channels,
         }
     }
 }

@@ -4,6 +4,15 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+/// The longest lease hasp sends: 100 years. Redis refuses an expiry whose
+/// end (now + lease) does not fit its signed 64-bit milliseconds, and a
+/// refused `PEXPIRE` would leave a lock without any expiry; this bound keeps
+/// every lease far inside what Redis accepts, and no real lease near it.
+pub const MAX_LEASE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The most renewals one script call carries (one batch of the batcher).
+const MAX_RENEW_BATCH: usize = 100;
+
 /// How a [`Client`](crate::Client) behaves. Build with [`Settings::default`]
 /// and the `set_*` methods; every value is checked by
 /// [`Client::open_with`](crate::Client::open_with) before any connection.
@@ -47,8 +56,9 @@ impl Settings {
         self
     }
 
-    /// Locks renewed per script call by the watchdog (default 100, as in
-    /// Redisson).
+    /// Most locks renewed per script call by the watchdog (default 100, as
+    /// in Redisson; at most 100, the size of one batch). Renewals share the
+    /// calls of the client's other lock operations.
     pub fn set_renew_batch(mut self, batch: usize) -> Self {
         self.renew_batch = batch;
         self
@@ -60,9 +70,9 @@ impl Settings {
         self
     }
 
-    /// Longest accepted explicit lease (default 7 days). Redis accepts absurd
-    /// expiries; a cap turns a unit mistake into an error instead of a lock
-    /// that outlives everyone.
+    /// Longest accepted explicit lease (default 7 days; at most
+    /// [`MAX_LEASE`], 100 years). Redis accepts absurd expiries; a cap turns
+    /// a unit mistake into an error instead of a lock that outlives everyone.
     pub fn set_max_lease(mut self, lease: Duration) -> Self {
         self.max_lease = lease;
         self
@@ -100,13 +110,25 @@ impl Settings {
                 "must not contain '{' or '}' (the hash tag is reserved for the lock name)",
             ));
         }
-        if self.renew_batch == 0 {
-            return Err(Error::invalid("renew_batch", "must be at least 1"));
+        if !(1..=MAX_RENEW_BATCH).contains(&self.renew_batch) {
+            return Err(Error::invalid(
+                "renew_batch",
+                format!("{} is not in 1..={MAX_RENEW_BATCH}", self.renew_batch),
+            ));
         }
         if self.max_name_len == 0 {
             return Err(Error::invalid("max_name_len", "must be at least 1"));
         }
         check_positive_ms("max_lease", self.max_lease)?;
+        if self.max_lease > MAX_LEASE {
+            return Err(Error::invalid(
+                "max_lease",
+                format!(
+                    "{:?} exceeds {MAX_LEASE:?}, the longest lease hasp sends to Redis",
+                    self.max_lease
+                ),
+            ));
+        }
         // The watchdog renews every third of its timeout: below 3 ms that
         // period would be zero.
         if self.watchdog_timeout < Duration::from_millis(3) {
@@ -195,6 +217,25 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_max_lease_redis_would_refuse_is_rejected() {
+        let err = Settings::default()
+            .set_max_lease(Duration::from_millis(i64::MAX as u64))
+            .validate()
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            Error::InvalidArgument {
+                argument: "max_lease",
+                ..
+            }
+        ));
+        Settings::default()
+            .set_max_lease(MAX_LEASE)
+            .validate()
+            .unwrap();
     }
 
     #[test]

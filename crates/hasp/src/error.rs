@@ -8,7 +8,7 @@ use std::time::Duration;
 /// [`TimedOut`](Error::TimedOut)) are separate from failures of the
 /// infrastructure ([`Redis`](Error::Redis)): an unreachable Redis is never
 /// reported as "not acquired".
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// An argument was rejected before any Redis call (empty or over-long

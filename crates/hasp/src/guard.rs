@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use crate::client::Client;
-use crate::error::{Error, Result};
-use crate::holds::{HoldState, ReleaseStep};
+use crate::core::holds::HoldState;
+use crate::core::Core;
+use crate::error::Result;
 use crate::owner::Owner;
 
 /// A held lock, returned by [`Lock::lock`](crate::Lock::lock) and friends.
@@ -46,15 +46,15 @@ use crate::owner::Owner;
 #[must_use = "if unused the lock is released at once, in the background"]
 #[derive(Debug)]
 pub struct Guard {
-    client: Client,
+    core: Arc<Core>,
     state: Arc<HoldState>,
     released: bool,
 }
 
 impl Guard {
-    pub(crate) fn new(client: Client, state: Arc<HoldState>) -> Self {
+    pub(crate) fn new(core: Arc<Core>, state: Arc<HoldState>) -> Self {
         Self {
-            client,
+            core,
             state,
             released: false,
         }
@@ -78,14 +78,17 @@ impl Guard {
     }
 
     /// True once the hold is known to be lost: renewal found the lock gone
-    /// or owned by another, or its fixed lease ran out.
+    /// or owned by another, or the holder's belief ran out — the send time
+    /// of the last acquire or renewal Redis confirmed, plus the lease, has
+    /// passed (so it turns true on time even while Redis is unreachable).
     pub fn is_lost(&self) -> bool {
         self.state.is_lost()
     }
 
-    /// Resolves when the hold is lost (see [`is_lost`](Self::is_lost)). In
-    /// watchdog mode loss is detected at the next renewal, at most a third of
-    /// the watchdog timeout after it happens.
+    /// Resolves when the hold is lost (see [`is_lost`](Self::is_lost)): at
+    /// once when renewal finds the lock gone, at the latest when the
+    /// holder's belief ends. After a reconnect every hold is checked at
+    /// once.
     ///
     /// # Cancel safety
     /// Cancel safe.
@@ -93,54 +96,38 @@ impl Guard {
         self.state.lost().await
     }
 
+    /// The instant (monotonic) at which this hold counts as lost unless a
+    /// renewal is confirmed first: when the last acquire or renewal that
+    /// Redis confirmed was sent, plus the lease.
+    pub fn valid_until(&self) -> std::time::Instant {
+        self.state.valid_until()
+    }
+
     /// Releases this hold. The lock is free for others once every hold of
     /// its owner is released.
     ///
     /// # Errors
-    /// [`Error::NotHeld`] if the lock is no longer held by this owner
-    /// (expired, force-unlocked, lost); nothing held by anyone else is
-    /// touched. [`Error::Redis`] if Redis cannot be reached.
+    /// [`Error::NotHeld`](crate::Error::NotHeld) if the lock is no longer
+    /// held by this owner (expired, force-unlocked, lost); nothing held by
+    /// anyone else is touched. [`Error::Redis`](crate::Error::Redis) if Redis
+    /// cannot be reached; the release is then completed by the client as
+    /// soon as Redis answers again (before any later operation of this
+    /// client on the lock), so the lock is never left held by a hold that
+    /// nobody tracks.
     ///
     /// # Cancel safety
     /// Cancel safe: once called, the release completes even if the future
     /// is dropped; only its result is lost.
     pub async fn unlock(mut self) -> Result<()> {
         self.released = true;
-        let shared = &self.client.shared;
-        match shared.holds.release(&self.state) {
-            ReleaseStep::Local if !self.state.is_lost() => Ok(()),
-            ReleaseStep::Local | ReleaseStep::NotHeld => Err(self.not_held()),
-            ReleaseStep::Final { redis_holds } => {
-                let remaining = shared
-                    .batcher
-                    .release(&self.state.keys, &self.state.owner, redis_holds)
-                    .await?;
-                if remaining < 0 {
-                    Err(self.not_held())
-                } else {
-                    Ok(())
-                }
-            }
-        }
-    }
-
-    fn not_held(&self) -> Error {
-        Error::NotHeld {
-            name: self.state.keys.name.to_string(),
-        }
+        self.core.release(&self.state).await
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        let shared = &self.client.shared;
-        if let ReleaseStep::Final { redis_holds } = shared.holds.release(&self.state) {
-            shared
-                .batcher
-                .release_detached(&self.state.keys, &self.state.owner, redis_holds);
+        if !self.released {
+            self.core.release_detached(&self.state);
         }
     }
 }

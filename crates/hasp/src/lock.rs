@@ -3,17 +3,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::FutureExt;
-
-use crate::client::Client;
 use crate::config::validate_lease;
+use crate::core::holds::Lease;
+use crate::core::keys::LockKeys;
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::guard::Guard;
-use crate::handoff::Offer;
-use crate::holds::Lease;
-use crate::keys::LockKeys;
 use crate::owner::Owner;
-use crate::scripts::{FORCE_RELEASE, RENEW};
 
 /// A handle on one named, reentrant distributed lock.
 ///
@@ -101,37 +97,17 @@ use crate::scripts::{FORCE_RELEASE, RENEW};
 /// ```
 #[derive(Clone, Debug)]
 pub struct Lock {
-    client: Client,
+    core: Arc<Core>,
     keys: Arc<LockKeys>,
     lease: Lease,
     owner: Option<Owner>,
 }
 
-/// Longest first wait of a task that queued behind local waiters without
-/// asking Redis (so without knowing the lock's TTL).
-const QUEUED_RECHECK: Duration = Duration::from_secs(1);
-
-enum Attempt {
-    Acquired(Guard),
-    /// Held by another owner; remaining TTL if it has one.
-    Held(Option<Duration>),
-}
-
 impl Lock {
-    pub(crate) fn new(client: Client, name: &str) -> Result<Self> {
-        if name.is_empty() {
-            return Err(Error::invalid("name", "must not be empty"));
-        }
-        let max = client.shared.settings.max_name_len;
-        if name.len() > max {
-            return Err(Error::invalid(
-                "name",
-                format!("{} bytes exceeds the limit of {max}", name.len()),
-            ));
-        }
-        let keys = Arc::new(LockKeys::new(&client.shared.settings.prefix, name));
+    pub(crate) fn new(core: Arc<Core>, name: &str) -> Result<Self> {
+        let keys = core.keys(name)?;
         Ok(Self {
-            client,
+            core,
             keys,
             lease: Lease::Watchdog,
             owner: None,
@@ -150,7 +126,7 @@ impl Lock {
     /// [`Error::InvalidArgument`] if `lease` is zero or above the client's
     /// `max_lease`.
     pub fn with_lease(mut self, lease: Duration) -> Result<Self> {
-        self.lease = Lease::Fixed(validate_lease(&self.client.shared.settings, lease)?);
+        self.lease = Lease::Fixed(validate_lease(self.core.settings(), lease)?);
         Ok(self)
     }
 
@@ -171,7 +147,7 @@ impl Lock {
     pub fn owner(&self) -> Owner {
         match &self.owner {
             Some(owner) => owner.clone(),
-            None => Owner::current(&self.client.shared.id),
+            None => Owner::current(self.core.id()),
         }
     }
 
@@ -179,7 +155,10 @@ impl Lock {
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis cannot be reached (the wait ends with the
-    /// error; it is never reported as acquired).
+    /// error; it is never reported as acquired). An error means the lock is
+    /// not held: if the call reached Redis and only its reply was lost, the
+    /// client undoes what it did as soon as Redis answers again, before any
+    /// later operation of this client on the lock.
     ///
     /// # Cancel safety
     /// Cancel safe. Dropping the future leaves no lock held (an acquisition
@@ -195,7 +174,8 @@ impl Lock {
     /// holds the lock.
     ///
     /// # Errors
-    /// [`Error::Redis`] if Redis cannot be reached.
+    /// [`Error::Redis`] if Redis cannot be reached (then the lock is not
+    /// held, as for [`lock`](Self::lock)).
     ///
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Self::lock).
@@ -239,150 +219,11 @@ impl Lock {
 
     async fn acquire(&self, deadline: Option<Instant>, wait: bool) -> Result<Option<Guard>> {
         let owner = self.owner();
-        if let Some(guard) = self.reenter(&owner).await? {
-            return Ok(Some(guard));
-        }
-        let shared = &self.client.shared;
-        // Queue behind local waiters rather than barge past them.
-        let mut behind_local_waiters = wait && shared.pubsub.has_waiters(&self.keys.channel);
-        let mut ttl = None;
-        if !behind_local_waiters {
-            match self.attempt(&owner, wait).await? {
-                Attempt::Acquired(guard) => return Ok(Some(guard)),
-                Attempt::Held(t) => ttl = t,
-            }
-            if !wait || deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None);
-            }
-        }
-
-        let subscription = shared.pubsub.subscribe(&self.keys.channel);
-        let _queued = subscription.enter_queue();
-        // A task of this client that releases the lock hands it straight to
-        // the first waiter that asked (see `handoff`).
-        let undo = shared.batcher.undo(&self.keys, &owner);
-        let (offer, mut grant) = Offer::new(owner.clone(), self.lease_ms(), undo);
-        subscription.offer(offer);
-        // Wait for the server to confirm the subscription (a release before
-        // that would be missed), but no longer than the lock's TTL: past it
-        // the next attempt is due anyway.
-        let confirm_limit = remaining(deadline)
-            .min(shared.settings.response_timeout)
-            .min(ttl.unwrap_or(QUEUED_RECHECK));
-        subscription.ready(confirm_limit).await;
-        loop {
-            let notified = subscription.state().notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if let Some(Some(handed)) = (&mut grant).now_or_never() {
-                return Ok(Some(self.hold(&owner, handed.token, handed.sent_at)));
-            }
-            if !behind_local_waiters {
-                match self.attempt(&owner, true).await? {
-                    Attempt::Acquired(guard) => return Ok(Some(guard)),
-                    Attempt::Held(t) => ttl = t,
-                }
-            }
-            let queued_blind = std::mem::take(&mut behind_local_waiters);
-            let left = remaining(deadline);
-            if left.is_zero() {
-                return Ok(None);
-            }
-            // Unknown TTL: a key without expiry is re-checked once per
-            // watchdog timeout; a task queued behind local waiters (it has
-            // not asked yet) re-checks after a second at most, in case the
-            // lock expired silently while the waiter ahead gave up.
-            let unknown_ttl = if queued_blind {
-                QUEUED_RECHECK
-            } else {
-                shared.settings.watchdog_timeout
-            };
-            let slice = ttl.unwrap_or(unknown_ttl).min(left);
-            let woken = tokio::select! {
-                biased;
-                handed = &mut grant, if !grant.is_done() => match handed {
-                    Some(handed) => {
-                        return Ok(Some(self.hold(&owner, handed.token, handed.sent_at)));
-                    }
-                    None => true, // no hand-off will come (shutting down): ask Redis
-                },
-                notified = tokio::time::timeout(slice, notified.as_mut()) => notified.is_ok(),
-            };
-            if !woken && deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None);
-            }
-        }
-    }
-
-    fn lease_ms(&self) -> u64 {
-        match self.lease {
-            Lease::Fixed(ms) => ms,
-            Lease::Watchdog => self.client.shared.watchdog_lease_ms,
-        }
-    }
-
-    /// Re-enters a hold this client already has for `owner`.
-    async fn reenter(&self, owner: &Owner) -> Result<Option<Guard>> {
-        let shared = &self.client.shared;
-        let Some(state) = shared.holds.live(&self.keys, owner) else {
-            return Ok(None);
-        };
-        // A re-entry keeps the hold's lease mode; a fixed lease is re-armed
-        // (with this handle's lease if it sets one).
-        if let Lease::Fixed(held_ms) = state.lease {
-            let ms = match self.lease {
-                Lease::Fixed(ms) => ms,
-                Lease::Watchdog => held_ms,
-            };
-            let started = Instant::now();
-            let renewed: Vec<i64> = RENEW
-                .key(&*self.keys.lock)
-                .arg(ms)
-                .arg(owner.id())
-                .invoke_async(&mut shared.conn.clone())
-                .await?;
-            if renewed.first() != Some(&1) {
-                state.mark_lost();
-                return Ok(None);
-            }
-            state.set_expires_at(started + Duration::from_millis(ms));
-        }
-        if shared.holds.reenter(&state) {
-            Ok(Some(Guard::new(self.client.clone(), state)))
-        } else {
-            Ok(None)
-        }
-    }
-
-    /// Registers a hold acquired in Redis with `token` by a call sent at
-    /// `sent_at` (a fixed lease runs from no earlier than that).
-    fn hold(&self, owner: &Owner, token: u64, sent_at: Instant) -> Guard {
-        let expires_at = match self.lease {
-            Lease::Fixed(ms) => Some(sent_at + Duration::from_millis(ms)),
-            Lease::Watchdog => None,
-        };
-        let shared = &self.client.shared;
-        let state = shared
-            .holds
-            .insert(&self.keys, owner, token, self.lease, expires_at);
-        Guard::new(self.client.clone(), state)
-    }
-
-    /// One acquire attempt (batched with whatever else is pending).
-    async fn attempt(&self, owner: &Owner, will_wait: bool) -> Result<Attempt> {
-        let shared = &self.client.shared;
-        let started = Instant::now();
-        let reply = shared
-            .batcher
-            .acquire(&self.keys, owner, self.lease_ms(), will_wait)
+        let hold = self
+            .core
+            .acquire(&self.keys, &owner, self.lease, deadline, wait)
             .await?;
-        Ok(match reply {
-            token if token > 0 => {
-                Attempt::Acquired(self.hold(owner, token.unsigned_abs(), started))
-            }
-            0 => Attempt::Held(None),
-            negative_ttl => Attempt::Held(Some(Duration::from_millis(negative_ttl.unsigned_abs()))),
-        })
+        Ok(hold.map(|hold| Guard::new(self.core.clone(), hold)))
     }
 
     /// Frees the lock whoever holds it and wakes its waiters. Returns whether
@@ -393,15 +234,9 @@ impl Lock {
     /// [`Error::Redis`] if Redis cannot be reached.
     ///
     /// # Cancel safety
-    /// Cancel safe; once sent, the call takes effect whether awaited or not.
+    /// Cancel safe; once called, the call takes effect whether awaited or not.
     pub async fn force_unlock(&self) -> Result<bool> {
-        let freed: i64 = FORCE_RELEASE
-            .key(&*self.keys.lock)
-            .key(&*self.keys.channel)
-            .arg("*")
-            .invoke_async(&mut self.client.shared.conn.clone())
-            .await?;
-        Ok(freed == 1)
+        self.core.force_release(&self.keys).await
     }
 
     /// Whether any owner holds the lock now.
@@ -412,11 +247,9 @@ impl Lock {
     /// # Cancel safety
     /// Cancel safe (read only).
     pub async fn is_locked(&self) -> Result<bool> {
-        let exists: bool = redis::cmd("EXISTS")
-            .arg(&*self.keys.lock)
-            .query_async(&mut self.client.shared.conn.clone())
-            .await?;
-        Ok(exists)
+        self.core
+            .query(redis::cmd("EXISTS").arg(&*self.keys.lock))
+            .await
     }
 
     /// Whether this handle's owner holds the lock, as Redis sees it now.
@@ -427,18 +260,16 @@ impl Lock {
     /// # Cancel safety
     /// Cancel safe (read only).
     pub async fn is_held_by_me(&self) -> Result<bool> {
-        let held: bool = redis::cmd("HEXISTS")
-            .arg(&*self.keys.lock)
-            .arg(self.owner().id())
-            .query_async(&mut self.client.shared.conn.clone())
-            .await?;
-        Ok(held)
+        let owner = self.owner();
+        self.core
+            .query(redis::cmd("HEXISTS").arg(&*self.keys.lock).arg(owner.id()))
+            .await
     }
 
     /// How many times this handle's owner holds the lock through this client
     /// (0 if not held, or if the hold is known to be lost). Answered locally.
     pub fn hold_count(&self) -> u32 {
-        self.client.shared.holds.count(&self.keys, &self.owner())
+        self.core.hold_count(&self.keys, &self.owner())
     }
 
     /// Time until the lock expires: `None` if no one holds it.
@@ -450,24 +281,17 @@ impl Lock {
     /// # Cancel safety
     /// Cancel safe (read only).
     pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(&*self.keys.lock)
-            .query_async(&mut self.client.shared.conn.clone())
+        let ttl: i64 = self
+            .core
+            .query(redis::cmd("PTTL").arg(&*self.keys.lock))
             .await?;
         match ttl {
             -2 => Ok(None),
-            ms if ms >= 0 => Ok(Some(Duration::from_millis(ms as u64))),
+            ms if ms >= 0 => Ok(Some(Duration::from_millis(ms.unsigned_abs()))),
             _ => Err(Error::Protocol(format!(
                 "lock key {:?} has no expiry",
                 self.keys.lock
             ))),
         }
-    }
-}
-
-fn remaining(deadline: Option<Instant>) -> Duration {
-    match deadline {
-        Some(d) => d.saturating_duration_since(Instant::now()),
-        None => Duration::MAX,
     }
 }

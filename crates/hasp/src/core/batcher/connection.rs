@@ -27,6 +27,8 @@ pub(super) struct Connection {
     connect_timeout: Duration,
     response_timeout: Duration,
     live: Option<(MultiplexedConnection, Driver)>,
+    /// True from the moment a live connection breaks until one is made again.
+    broken: bool,
 }
 
 impl Connection {
@@ -41,7 +43,14 @@ impl Connection {
             connect_timeout,
             response_timeout,
             live: None,
+            broken: false,
         }
+    }
+
+    /// True if the last connection broke and none was made since: the next
+    /// [`get`](Self::get) that succeeds is a reconnect.
+    pub(super) fn was_broken(&self) -> bool {
+        self.broken
     }
 
     /// A handle to send calls on, connecting first if there is none.
@@ -54,14 +63,18 @@ impl Connection {
             .await
             .map_err(|_| RedisError::from((ErrorKind::Io, "connect timed out")))??;
         self.live = Some((conn.clone(), driver));
+        self.broken = false;
         Ok(conn)
     }
 
     /// Forgets a connection that failed a call, so that the next call
     /// reconnects (the driver going away fails whatever else was on it).
+    /// A time-out keeps the connection: what is sent next on it (the
+    /// settlement of the call that timed out) reaches Redis after that call,
+    /// which a new connection would not guarantee.
     pub(super) fn failed(&mut self, error: &RedisError) {
-        if error.is_connection_dropped() || error.is_io_error() {
-            self.live = None;
+        if (error.is_connection_dropped() || error.is_io_error()) && !error.is_timeout() {
+            self.broken |= self.live.take().is_some();
         }
     }
 
@@ -77,6 +90,7 @@ impl Connection {
         }
         tracing::debug!("batch connection closed");
         self.live = None;
+        self.broken = true;
         Poll::Ready(())
     }
 }

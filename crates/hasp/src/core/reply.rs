@@ -1,50 +1,36 @@
-//! Releasing holds whose recipient went away.
+//! Replies that may carry a hold, received cancel-safely.
 //!
 //! An acquisition (or a hand-off) can succeed in Redis after the task that
 //! asked for it stopped waiting: cancelled, timed out, or served another
-//! way. The reply then carries a hold nobody will release, so whichever
-//! side sees it last — the batcher failing to deliver it, or the dropped
-//! [`HoldReply`] finding it delivered — queues its release.
+//! way. The reply then carries a hold nobody will release, so whichever side
+//! sees it last releases it: the batcher when it cannot deliver the reply
+//! (`Queue::call`), or the dropped [`HoldReply`] when it finds the reply
+//! delivered but unread.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use super::{Kind, Op};
-use crate::keys::LockKeys;
+use super::batcher::Queue;
+use super::keys::LockKeys;
 use crate::owner::Owner;
 
 /// The release of one hold of `owner` on a lock, to queue if its recipient
 /// is gone.
 #[derive(Debug)]
 pub(crate) struct Undo {
-    pub(super) keys: Arc<LockKeys>,
-    pub(super) owner: Owner,
-    pub(super) queue: mpsc::UnboundedSender<Op>,
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) owner: Owner,
+    pub(crate) queue: Queue,
 }
 
 impl Undo {
-    /// An undo whose release goes nowhere (for tests of its holders).
-    #[cfg(test)]
-    pub(crate) fn detached() -> Self {
-        Self {
-            keys: Arc::new(LockKeys::new("hasp", "detached")),
-            owner: Owner::from_id("nobody").expect("a valid owner id"),
-            queue: mpsc::unbounded_channel().0,
-        }
-    }
-
     /// Queues the release (in the background; a failure is logged).
     pub(crate) fn release(self) {
-        let _ = self.queue.send(Op {
-            keys: self.keys,
-            owner: self.owner,
-            kind: Kind::Release { holds: 1 },
-            reply: None,
-        });
+        self.queue.release_one(self.keys, self.owner);
     }
 }
 
@@ -61,10 +47,9 @@ pub(crate) struct HoldReply<T> {
 }
 
 impl<T> HoldReply<T> {
-    /// `rx` is `None` when the request could not even be queued.
-    pub(crate) fn new(rx: Option<oneshot::Receiver<T>>, undo: Undo, holds: fn(&T) -> bool) -> Self {
+    pub(crate) fn new(rx: oneshot::Receiver<T>, undo: Undo, holds: fn(&T) -> bool) -> Self {
         Self {
-            rx,
+            rx: Some(rx),
             undo: Some(undo),
             holds,
         }
@@ -98,7 +83,7 @@ impl<T> Drop for HoldReply<T> {
         let (Some(mut rx), Some(undo)) = (self.rx.take(), self.undo.take()) else {
             return;
         };
-        // After close() the sender's send fails and the batcher undoes; a
+        // After close() the sender's send fails and the sender undoes; a
         // reply that arrived before it is undone here.
         rx.close();
         if let Ok(reply) = rx.try_recv() {

@@ -1,35 +1,26 @@
-//! The Lua scripts, built (and hashed) once per process.
+//! The Lua script, built (and hashed) once per process.
 //!
 //! Calls send `EVALSHA` and, when the server answers `NOSCRIPT` (restarted,
-//! or `SCRIPT FLUSH`), load the script and retry once, so renewal and
-//! locking keep working after a server restart: `Script::invoke_async` for
-//! the occasional calls, [`evalsha`] + [`run`] for the batch call, which
-//! builds its command in one buffer (an invocation allocates per argument).
+//! or `SCRIPT FLUSH`), load the script and retry once, so locking and
+//! renewal keep working after a server restart. The command is built in one
+//! buffer ([`evalsha`]; redis-rs's `ScriptInvocation` allocates per
+//! argument) and sent with [`run`].
 
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
-const SOURCES: [&str; 3] = [
-    include_str!("scripts/batch.lua"),
-    include_str!("scripts/force_release.lua"),
-    include_str!("scripts/renew.lua"),
-];
+/// `batch.lua`: every change hasp makes to its locks (see `wire`).
+pub(crate) const BATCH_SOURCE: &str = include_str!("scripts/batch.lua");
 
-pub(crate) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[0]));
-pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[1]));
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[2]));
+pub(crate) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
 
-/// Loads every script into the server's cache, so the first burst of calls
+/// Loads the script into the server's cache, so the first burst of calls
 /// after connecting does not meet `NOSCRIPT` all at once (each call would
 /// then load and retry). Later cache losses are handled per call.
-pub(crate) async fn preload(conn: &mut redis::aio::ConnectionManager) -> redis::RedisResult<()> {
-    let mut pipe = redis::pipe();
-    for source in SOURCES {
-        pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
-    }
-    pipe.query_async(conn).await
+pub(crate) async fn preload(conn: &mut impl ConnectionLike) -> RedisResult<()> {
+    BATCH.load_async(conn).await.map(drop)
 }
 
 /// The start of an `EVALSHA` of `script` with `keys` keys: append the keys,

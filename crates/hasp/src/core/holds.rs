@@ -5,15 +5,22 @@
 //! round trip. Redis sees one hold per (lock, owner, client) — more only when
 //! two clients share an explicit owner — and the watchdog renews what is
 //! listed here.
+//!
+//! Each hold knows when the holder's belief ends (faults spec 4): when the
+//! last acquire or renewal that Redis confirmed was *sent*, plus its lease,
+//! on the monotonic clock. Redis's expiry runs from when it *applied* the
+//! call, which is later, so while clocks run at the same rate the belief
+//! ends before the key can expire; past that instant the hold counts as
+//! lost, whether or not Redis can be reached to say so.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::keys::LockKeys;
+use super::keys::LockKeys;
 use crate::owner::Owner;
 
 /// How a hold's lease is kept alive.
@@ -33,55 +40,56 @@ pub(crate) struct HoldState {
     pub(crate) owner: Owner,
     pub(crate) token: u64,
     pub(crate) lease: Lease,
-    lost: AtomicBool,
+    /// Redis said the hold is gone (renewal or re-entry found another owner
+    /// or no lock).
+    gone: AtomicBool,
     lost_notify: Notify,
-    /// For fixed leases: when the lease runs out unless re-armed. Measured
-    /// from before the acquire was sent, so it never overestimates.
-    expires_at: Mutex<Option<Instant>>,
+    /// The end of the holder's belief (see the module docs).
+    valid_until: Mutex<Instant>,
 }
 
 impl HoldState {
-    pub(crate) fn mark_lost(&self) {
-        if !self.lost.swap(true, Ordering::AcqRel) {
+    /// Redis said the hold is gone: the loss is certain and there is nothing
+    /// left in Redis to release.
+    pub(crate) fn mark_gone(&self) {
+        if !self.gone.swap(true, Ordering::AcqRel) {
             tracing::warn!(lock = %self.keys.name, owner = %self.owner, "lock lost while held");
         }
         self.lost_notify.notify_waiters();
     }
 
-    pub(crate) fn expires_at(&self) -> Option<Instant> {
-        *lock(&self.expires_at)
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
     }
 
-    pub(crate) fn set_expires_at(&self, at: Instant) {
-        *lock(&self.expires_at) = Some(at);
+    /// When the holder's belief ends unless a renewal is confirmed.
+    pub(crate) fn valid_until(&self) -> Instant {
+        *lock(&self.valid_until)
     }
 
+    /// A call sent at `sent_at` that set the lease to `lease_ms` was
+    /// confirmed.
+    pub(crate) fn confirm(&self, sent_at: Instant, lease_ms: u64) {
+        *lock(&self.valid_until) = sent_at + Duration::from_millis(lease_ms);
+        self.lost_notify.notify_waiters(); // lost() re-reads the new end
+    }
+
+    /// Gone, or its belief ran out.
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
-            || self.expires_at().is_some_and(|at| Instant::now() >= at)
+        self.is_gone() || Instant::now() >= self.valid_until()
     }
 
-    /// Resolves when the hold is lost (renewal found it gone) or its fixed
-    /// lease ran out.
+    /// Resolves when the hold is lost (see [`is_lost`](Self::is_lost)).
     pub(crate) async fn lost(&self) {
         loop {
             let notified = self.lost_notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.lost.load(Ordering::Acquire) {
+            if self.is_lost() {
                 return;
             }
-            match self.expires_at() {
-                Some(at) => {
-                    if tokio::time::timeout_at(at.into(), notified).await.is_err() {
-                        // The lease may have been re-armed while we slept.
-                        if self.expires_at().is_some_and(|now| Instant::now() >= now) {
-                            return;
-                        }
-                    }
-                }
-                None => notified.await,
-            }
+            // Woken early by a renewal: read the new end.
+            let _ = tokio::time::timeout_at(self.valid_until().into(), notified).await;
         }
     }
 }
@@ -100,6 +108,18 @@ struct Entry {
     /// made Redis count a re-entry); the final release removes all of them.
     redis_holds: u32,
     state: Arc<HoldState>,
+}
+
+/// What the registry has for a (lock, owner).
+#[derive(Debug)]
+pub(crate) enum Found {
+    /// A hold not known to be lost.
+    Live(Arc<HoldState>),
+    /// A hold whose belief ran out (now dropped); Redis may still count
+    /// `redis_holds` of it.
+    Stale { redis_holds: u32 },
+    /// Nothing (or a hold Redis said was gone, now dropped).
+    None,
 }
 
 /// What a release must do next.
@@ -147,17 +167,24 @@ impl Holds {
         }
     }
 
-    /// The live hold of `owner` on this lock, if any. A hold found lost is
-    /// dropped from the registry so that the caller acquires afresh.
-    pub(crate) fn live(&self, keys: &LockKeys, owner: &Owner) -> Option<Arc<HoldState>> {
+    /// The hold of `owner` on this lock. A hold found lost is dropped from
+    /// the registry, so that the caller acquires afresh; if Redis may still
+    /// count it, the caller must release it first.
+    pub(crate) fn find(&self, keys: &LockKeys, owner: &Owner) -> Found {
         let mut map = self.map(keys);
         let key = Self::key(keys, owner);
-        let entry = map.get(&key)?;
-        if entry.state.is_lost() {
-            map.remove(&key);
-            return None;
+        let Some(entry) = map.get(&key) else {
+            return Found::None;
+        };
+        if !entry.state.is_lost() {
+            return Found::Live(entry.state.clone());
         }
-        Some(entry.state.clone())
+        let stale = (!entry.state.is_gone()).then_some(entry.redis_holds);
+        map.remove(&key);
+        match stale {
+            Some(redis_holds) => Found::Stale { redis_holds },
+            None => Found::None,
+        }
     }
 
     /// Counts one more local hold on `state`. False if it was released or
@@ -173,26 +200,25 @@ impl Holds {
         }
     }
 
-    /// Records a hold just acquired in Redis.
+    /// Records a hold just acquired in Redis by a call sent at `sent_at`
+    /// with a lease of `lease_ms`.
     pub(crate) fn insert(
         &self,
         keys: &Arc<LockKeys>,
         owner: &Owner,
         token: u64,
         lease: Lease,
-        expires_at: Option<Instant>,
+        (sent_at, lease_ms): (Instant, u64),
     ) -> Arc<HoldState> {
         let mut map = self.map(keys);
         let key = Self::key(keys, owner);
         if let Some(entry) = map.get_mut(&key) {
-            if entry.state.token == token && !entry.state.lost.load(Ordering::Acquire) {
+            if entry.state.token == token && !entry.state.is_gone() {
                 // Two tasks sharing an owner raced past the local check;
                 // Redis counted a re-entry of the same hold.
                 entry.count += 1;
                 entry.redis_holds += 1;
-                if let Some(at) = expires_at {
-                    entry.state.set_expires_at(at);
-                }
+                entry.state.confirm(sent_at, lease_ms);
                 return entry.state.clone();
             }
         }
@@ -202,9 +228,9 @@ impl Holds {
             owner: owner.clone(),
             token,
             lease,
-            lost: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
             lost_notify: Notify::new(),
-            expires_at: Mutex::new(expires_at),
+            valid_until: Mutex::new(sent_at + Duration::from_millis(lease_ms)),
         });
         map.insert(
             key,
@@ -245,16 +271,15 @@ impl Holds {
         }
     }
 
-    /// The holds the watchdog must renew.
-    pub(crate) fn watchdog_holds(&self) -> Vec<Arc<HoldState>> {
+    /// The holds not known to be lost: those in watchdog mode, or all of
+    /// them (for a check after a reconnect).
+    pub(crate) fn to_renew(&self, all: bool) -> Vec<Arc<HoldState>> {
         let mut holds = Vec::new();
         for shard in &self.shards {
             holds.extend(
                 lock(shard)
                     .values()
-                    .filter(|e| {
-                        e.state.lease == Lease::Watchdog && !e.state.lost.load(Ordering::Relaxed)
-                    })
+                    .filter(|e| (all || e.state.lease == Lease::Watchdog) && !e.state.is_lost())
                     .map(|e| e.state.clone()),
             );
         }

@@ -1,0 +1,513 @@
+//! Group commit of a client's lock operations.
+//!
+//! Every change a client makes to its locks — acquire, release, hand-off,
+//! renewal, force — goes through one queue. A background task takes
+//! whatever is queued (one operation when the client is idle, dozens when
+//! many tasks lock at once) and sends it as one `batch.lua` call (`wire`),
+//! which applies each operation on its own, in order. Under load this
+//! replaces N script calls by one, saving Redis its per-command dispatch and
+//! the client its per-request syscalls and wake-ups.
+//!
+//! A batch never waits on a timer. It takes what is queued and, if that is
+//! fewer than [`GATHER`] operations, lets the tasks already woken run once
+//! first (they are typically the holders of the last replies, about to
+//! queue their next operation). The call goes on the wire at once, on a
+//! connection this task drives itself (`connection`), so that Redis works on
+//! one batch while the client gathers the next: up to [`MAX_IN_FLIGHT`]
+//! calls overlap. (Measurements: `benches/README.md`.)
+//!
+//! The batcher knows operations and replies, nothing of what they are for:
+//! each queued [`Request`] carries its own completion, which the batcher
+//! calls with the operation's reply. The task, not the caller, owns an
+//! operation once queued, which is what makes the lock API cancel safe: a
+//! release always reaches Redis, and a reply that gives a hold to a caller
+//! who left is released again ([`Queue::call`]).
+//!
+//! **Lost replies.** When a call fails after it may have reached Redis
+//! (connection dropped, time-out), its callers get the error, and each of
+//! its operations leaves a settlement (`wire::Op::settlement`): an undo for
+//! an acquisition, a redo for a release. Settlements go first in the next
+//! call, ahead of anything queued later, and until one gets an answer; they
+//! are no-ops where there is nothing to undo or redo. So an error means "not
+//! held", and a hold Redis applied but nobody learnt of is freed as soon as
+//! Redis can be reached again.
+//!
+//! **Reconnects.** When the connection is made again after it broke, the
+//! batcher says so ([`Batcher::start`]'s `reconnected`), so that the holds
+//! are checked at once (faults spec 5).
+//!
+//! All keys of one call must live in one Redis Cluster slot; the client is
+//! for a standalone server (or one shard), where that always holds. A
+//! cluster client would keep one batcher per node and route each operation
+//! by its keys' slot (one call per slot); nothing above this module changes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use redis::aio::MultiplexedConnection;
+use redis::{RedisError, Value};
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use super::scripts::{self, BATCH};
+use super::wire::{self, Nonces, Op, Reply};
+use crate::error::Error;
+use crate::owner::Owner;
+
+mod connection;
+
+use connection::Connection;
+
+/// Locks per script call. A call holds Redis for a few microseconds per
+/// lock, so this bounds it to well under a millisecond.
+const MAX_BATCH: usize = 100;
+/// A batch with this many operations leaves without letting woken tasks add
+/// theirs: big enough to amortise a call, small enough that Redis gets work
+/// while the client is still busy.
+const GATHER: usize = 16;
+/// Script calls on the wire at once.
+const MAX_IN_FLIGHT: usize = 8;
+/// Settlements kept while Redis cannot be reached; past this the oldest
+/// are dropped (their holds expire with their leases).
+const MAX_SETTLEMENTS: usize = 10_000;
+
+/// What the batcher calls with an operation's reply.
+pub(crate) type Completion = Box<dyn FnOnce(Result<Reply, Error>) + Send>;
+
+/// One queued operation and what to do with its reply.
+pub(crate) struct Request {
+    op: Op,
+    done: Completion,
+    /// Sent once already, in a call whose connection broke.
+    retried: bool,
+}
+
+impl Request {
+    /// What to send again after this request went out in a call whose
+    /// connection broke: settlements first (whatever the call may have
+    /// done is undone, or a release completed), then, once, the request
+    /// itself (an acquisition with a new nonce; a release is carried by its
+    /// settlement, whose reply it gets). `None` for the request when it was
+    /// retried already: its caller then gets the error.
+    fn after_broken_call(self, retry: bool, nonces: &Nonces) -> (Vec<Op>, Option<Request>) {
+        let mut settle = self.op.settlement();
+        if !retry || self.retried {
+            (self.done)(Err(broken()));
+            return (settle, None);
+        }
+        let op = match self.op {
+            Op::Acquire {
+                keys,
+                owner,
+                lease_ms,
+                flag_waiting,
+                ..
+            } => Op::Acquire {
+                keys,
+                owner,
+                lease_ms,
+                flag_waiting,
+                nonce: nonces.next(),
+            },
+            Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } => {
+                let carrier = settle.pop().expect("a release settles with a release");
+                let done = self.done;
+                let retry = Request {
+                    op: carrier,
+                    // Nothing to redo: the release was applied, or the hold
+                    // is gone; either way it is released.
+                    done: Box::new(move |reply| {
+                        done(reply.map(|r| match r {
+                            Reply::NotHeld => Reply::Released,
+                            other => other,
+                        }))
+                    }),
+                    retried: true,
+                };
+                return (settle, Some(retry));
+            }
+            op => op,
+        };
+        let retry = Request {
+            op,
+            done: self.done,
+            retried: true,
+        };
+        (settle, Some(retry))
+    }
+}
+
+/// Counters of the batcher's calls.
+#[derive(Debug, Default)]
+pub(crate) struct CallStats {
+    /// Script calls that carried lease renewals.
+    pub(crate) renew_calls: AtomicU64,
+}
+
+/// A cloneable handle on the queue of a client's lock operations.
+#[derive(Clone)]
+pub(crate) struct Queue {
+    requests: mpsc::UnboundedSender<Request>,
+    nonces: Arc<Nonces>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue").finish_non_exhaustive()
+    }
+}
+
+/// The batching task's handle: queues operations; the task ends once every
+/// handle is dropped and the queue is drained.
+#[derive(Debug)]
+pub(crate) struct Batcher;
+
+impl Batcher {
+    /// Starts the batching task with a connection of its own to the server
+    /// `client` points at (made on first use; `timeouts` = connect, response).
+    /// A call carries at most `max_extends` renewals. `reconnected` is
+    /// notified when the connection is made again after it broke.
+    pub(crate) fn start(
+        client: redis::Client,
+        client_id: Arc<str>,
+        timeouts: (Duration, Duration),
+        max_extends: usize,
+        reconnected: Arc<Notify>,
+        stats: Arc<CallStats>,
+        runtime: &tokio::runtime::Handle,
+    ) -> Queue {
+        let (requests, rx) = mpsc::unbounded_channel();
+        let (connect_timeout, response_timeout) = timeouts;
+        let nonces = Arc::new(Nonces::new());
+        let task = Task {
+            client_id,
+            max_extends,
+            connection: Connection::new(client, connect_timeout, response_timeout),
+            settlements: Vec::new(),
+            retries: Vec::new(),
+            nonces: nonces.clone(),
+            reconnected,
+            stats,
+        };
+        runtime.spawn(task.run(rx));
+        Queue { requests, nonces }
+    }
+}
+
+impl Queue {
+    /// A fresh operation id.
+    pub(crate) fn nonce(&self) -> wire::Nonce {
+        self.nonces.next()
+    }
+
+    /// Queues `op`; `done` gets its reply, or the error that kept it from
+    /// Redis (called at once if the client is shut down).
+    pub(crate) fn send(&self, op: Op, done: Completion) {
+        let request = Request {
+            op,
+            done,
+            retried: false,
+        };
+        if let Err(mpsc::error::SendError(request)) = self.requests.send(request) {
+            (request.done)(Err(closed()));
+        }
+    }
+
+    /// Queues `op` and returns its reply. The operation runs whether or not
+    /// the receiver is kept; if it is gone when an [`Reply::Acquired`]
+    /// arrives, that hold is released again (the caller left).
+    pub(crate) fn call(&self, op: Op) -> oneshot::Receiver<Result<Reply, Error>> {
+        let (tx, rx) = oneshot::channel();
+        let undo = match &op {
+            Op::Acquire { keys, owner, .. } => Some((keys.clone(), owner.clone())),
+            _ => None,
+        };
+        let queue = self.clone();
+        self.send(
+            op,
+            Box::new(move |reply| {
+                if let Err(Ok(Reply::Acquired { .. })) = tx.send(reply) {
+                    if let Some((keys, owner)) = undo {
+                        queue.release_one(keys, owner);
+                    }
+                }
+            }),
+        );
+        rx
+    }
+
+    /// Queues `op` and logs a failure: nobody waits for the reply.
+    pub(crate) fn detach(&self, op: Op) {
+        let name = op.keys().name.clone();
+        self.send(
+            op,
+            Box::new(move |reply| {
+                if let Err(e) = reply {
+                    tracing::warn!(error = %e, lock = %name, "background lock operation failed");
+                }
+            }),
+        );
+    }
+
+    /// Queues the release of one hold of `owner` (a hold that nobody will
+    /// use: its recipient went away).
+    pub(crate) fn release_one(&self, keys: Arc<super::keys::LockKeys>, owner: Owner) {
+        let nonce = self.nonce();
+        self.detach(Op::Release {
+            keys,
+            owner,
+            holds: 1,
+            nonce,
+        });
+    }
+}
+
+fn closed() -> Error {
+    Error::Redis(RedisError::from((
+        redis::ErrorKind::Client,
+        "hasp client is shut down",
+    )))
+}
+
+fn broken() -> Error {
+    Error::Redis(RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "the connection to Redis broke during the call",
+    )))
+}
+
+/// An error after which a call may or may not have been applied.
+fn outcome_unknown(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
+}
+
+struct Task {
+    client_id: Arc<str>,
+    max_extends: usize,
+    connection: Connection,
+    /// Operations to send first, to settle calls whose replies were lost.
+    settlements: Vec<Op>,
+    /// Requests to send again (once) after their call's connection broke.
+    retries: Vec<Request>,
+    nonces: Arc<Nonces>,
+    reconnected: Arc<Notify>,
+    stats: Arc<CallStats>,
+}
+
+/// The result of one call: the error that broke it, the settlements it
+/// leaves (if its reply was lost) and the requests to send again.
+struct Sent {
+    error: Option<RedisError>,
+    unsettled: Vec<Op>,
+    retries: Vec<Request>,
+}
+
+impl Task {
+    async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Request>) {
+        // The calls on the wire are driven by this task itself: no task is
+        // spawned per call, so a reply costs one wake-up, not two.
+        let mut in_flight = FuturesUnordered::new();
+        loop {
+            let room = in_flight.len() < MAX_IN_FLIGHT;
+            let batch = tokio::select! {
+                // Retries go out first, on their own if nothing else comes.
+                () = std::future::ready(()), if room && !self.retries.is_empty() => {
+                    std::mem::take(&mut self.retries)
+                }
+                first = queue.recv(), if room => {
+                    let Some(first) = first else { break };
+                    let mut batch = std::mem::take(&mut self.retries);
+                    batch.extend(gather(first, &mut queue, self.max_extends).await);
+                    batch
+                }
+                Some(sent) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.after(sent);
+                    continue;
+                }
+                () = std::future::poll_fn(|cx| self.connection.poll_drive(cx)) => continue,
+            };
+            let was_broken = self.connection.was_broken();
+            let conn = match self.connection.get().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    fail(batch, &Error::Redis(e));
+                    continue;
+                }
+            };
+            if was_broken {
+                self.reconnected.notify_one();
+            }
+            let settle = std::mem::take(&mut self.settlements);
+            in_flight.push(self.execute(conn, settle, batch));
+            // On the wire now: the call queues itself on the connection when
+            // first polled, the driver writes.
+            let mut sent = None;
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(Some(done)) = in_flight.poll_next_unpin(cx) {
+                    sent = Some(done);
+                }
+                let _ = self.connection.poll_drive(cx);
+                Poll::Ready(())
+            })
+            .await;
+            if let Some(sent) = sent {
+                self.after(sent);
+            }
+        }
+        // The client is gone: finish what is on the wire.
+        while !in_flight.is_empty() {
+            tokio::select! {
+                _ = in_flight.next() => {}
+                () = std::future::poll_fn(|cx| self.connection.poll_drive(cx)) => {}
+            }
+        }
+    }
+
+    /// Sends `settle` and then `batch` as one call and completes each
+    /// request of `batch`.
+    fn execute(
+        &self,
+        mut conn: MultiplexedConnection,
+        settle: Vec<Op>,
+        batch: Vec<Request>,
+    ) -> impl std::future::Future<Output = Sent> + Send + 'static {
+        let ops = || settle.iter().chain(batch.iter().map(|r| &r.op));
+        let cmd = wire::encode(&self.client_id, ops());
+        if ops().any(Op::is_extend) {
+            self.stats.renew_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        let nonces = self.nonces.clone();
+        async move {
+            let count = settle.len() + batch.len();
+            let reply = scripts::run::<Value>(&BATCH, &cmd, &mut conn)
+                .await
+                .map_err(Error::Redis)
+                .and_then(|value| wire::split(value, count));
+            match reply {
+                Ok(values) => {
+                    let mut values = values.into_iter();
+                    for (op, value) in settle.iter().zip(values.by_ref()) {
+                        if let Err(e) = op.decode(&value) {
+                            tracing::warn!(error = %e, "settling a lost reply failed");
+                        }
+                    }
+                    for (request, value) in batch.into_iter().zip(values) {
+                        (request.done)(request.op.decode(&value));
+                    }
+                    Sent {
+                        error: None,
+                        unsettled: Vec::new(),
+                        retries: Vec::new(),
+                    }
+                }
+                Err(e) => {
+                    let redis = match &e {
+                        Error::Redis(r) => Some(r.clone()),
+                        _ => None,
+                    };
+                    let unknown = redis.as_ref().is_some_and(outcome_unknown);
+                    // A broken connection (not a slow one) is worth one more
+                    // try on a new connection, after the settlements.
+                    let retry = redis
+                        .as_ref()
+                        .is_some_and(|r| outcome_unknown(r) && !r.is_timeout());
+                    let mut sent = Sent {
+                        error: redis,
+                        unsettled: if unknown { settle } else { Vec::new() },
+                        retries: Vec::new(),
+                    };
+                    for request in batch {
+                        if !unknown {
+                            (request.done)(Err(e.clone()));
+                            continue;
+                        }
+                        let (settle, again) = request.after_broken_call(retry, &nonces);
+                        sent.unsettled.extend(settle);
+                        sent.retries.extend(again);
+                    }
+                    sent
+                }
+            }
+        }
+    }
+
+    fn after(&mut self, sent: Sent) {
+        if let Some(e) = &sent.error {
+            self.connection.failed(e);
+        }
+        self.retries.extend(sent.retries);
+        if !sent.unsettled.is_empty() {
+            tracing::debug!(
+                operations = sent.unsettled.len(),
+                "a call's reply was lost; settling it on the next call"
+            );
+            self.settlements.extend(sent.unsettled);
+            if self.settlements.len() > MAX_SETTLEMENTS {
+                let excess = self.settlements.len() - MAX_SETTLEMENTS;
+                tracing::warn!(dropped = excess, "too many lost replies to settle");
+                self.settlements.drain(..excess);
+            }
+        }
+    }
+}
+
+/// `first` and whatever else is queued, up to [`MAX_BATCH`] operations of
+/// which at most `max_extends` renewals. If that
+/// is fewer than [`GATHER`] operations, the tasks already woken run once
+/// first and what they queue joins too (one `yield_now`: no timer, no wait
+/// when nothing else runs). tokio resumes a yielded task only after the
+/// worker has polled its I/O driver, so replies that arrived meanwhile wake
+/// their tasks in time to join as well.
+async fn gather(
+    first: Request,
+    queue: &mut mpsc::UnboundedReceiver<Request>,
+    max_extends: usize,
+) -> Vec<Request> {
+    let mut extends = usize::from(first.op.is_extend());
+    let mut batch = Vec::with_capacity(GATHER);
+    batch.push(first);
+    let mut take = |batch: &mut Vec<Request>, queue: &mut mpsc::UnboundedReceiver<Request>| {
+        while batch.len() < MAX_BATCH && extends < max_extends {
+            match queue.try_recv() {
+                Ok(request) => {
+                    extends += usize::from(request.op.is_extend());
+                    batch.push(request);
+                }
+                Err(_) => break,
+            }
+        }
+    };
+    take(&mut batch, queue);
+    if batch.len() < GATHER {
+        tokio::task::yield_now().await;
+        take(&mut batch, queue);
+    }
+    batch
+}
+
+/// Answers every request of a batch that could not be sent.
+fn fail(batch: Vec<Request>, error: &Error) {
+    for request in batch {
+        (request.done)(Err(error.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_errors_after_sending_leave_the_outcome_unknown() {
+        let dropped = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert!(outcome_unknown(&dropped));
+        let refused = RedisError::from((redis::ErrorKind::Client, "hasp client is shut down"));
+        assert!(!outcome_unknown(&refused));
+    }
+
+    #[test]
+    fn a_closed_queue_is_an_error_not_a_panic() {
+        assert!(matches!(closed(), Error::Redis(_)));
+    }
+}

@@ -1,0 +1,445 @@
+//! The floor: everything that talks to one Redis deployment.
+//!
+//! [`Core`] owns a client's connections and background tasks and offers the
+//! kinds of lock above it a handful of operations on holds: acquire (with
+//! re-entry and waiting), release, force, read-only queries. It knows
+//! nothing of `Lock` or `Guard`; they are thin types over it.
+//!
+//! | module | concept |
+//! |---|---|
+//! | `keys` | the key layout of one lock name |
+//! | `wire` | `batch.lua`'s operations and replies: the one encoder and decoder |
+//! | `scripts` | the Lua script, loaded once, re-loaded on `NOSCRIPT` |
+//! | `batcher` | group commit of every change, settling calls whose replies were lost |
+//! | `reply` | replies that carry a hold, received cancel-safely |
+//! | `waiters` | this client's tasks waiting per lock: FIFO, hand-off, wake-ups, grace |
+//! | `pubsub` | the pub/sub connection: subscriptions, messages, reconnects |
+//! | `holds` | the registry of held locks, re-entry counts, belief ends |
+//! | `watchdog` | lease renewal, and the check of every hold after a reconnect |
+//!
+//! Imports run one way: `mod.rs` → `watchdog`, `waiters` → `batcher`,
+//! `reply`, `pubsub`, `holds` → `wire` → `keys`, `scripts`.
+//!
+//! **Growing.** A second kind of lock (a semaphore) adds its operations to
+//! `wire` and `batch.lua` (a permit acquire, a permit release that may hand
+//! permits to a waiter), a method here that runs its attempt in
+//! [`waiters::Waiter::wait_for`], and registry entries for its holds, so
+//! that the watchdog renews them and reconnects check them. A second kind of
+//! deployment (a Redis Cluster) keeps this API: `Core` gets one batcher per
+//! node and routes each operation by its keys' slot (all keys of one lock
+//! share a slot), the pub/sub transport subscribes per shard channel with
+//! `SSUBSCRIBE`, and nothing above this module changes.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::{oneshot, watch, Notify};
+
+use crate::config::{lease_millis, Settings};
+use crate::error::{Error, Result};
+use crate::owner::Owner;
+
+mod batcher;
+pub(crate) mod holds;
+pub(crate) mod keys;
+mod pubsub;
+mod reply;
+mod scripts;
+mod waiters;
+mod watchdog;
+pub(crate) mod wire;
+
+use batcher::{Batcher, CallStats, Queue};
+use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
+use keys::LockKeys;
+use pubsub::{Listener, PubSub};
+use reply::{HoldReply, Undo};
+use waiters::{remaining, Attempt, Waiters, RECHECK};
+use watchdog::Watchdog;
+use wire::{Op, Reply};
+
+pub(crate) use scripts::BATCH_SOURCE;
+
+/// One client's connections, tasks and registries (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Core {
+    id: Arc<str>,
+    settings: Settings,
+    watchdog_lease_ms: u64,
+    /// Read-only queries (`EXISTS`, `PTTL`, ...), pipelined by all tasks.
+    commands: ConnectionManager,
+    queue: Queue,
+    waiters: Arc<Waiters>,
+    holds: Arc<Holds>,
+    calls: Arc<CallStats>,
+    _shutdown: watch::Sender<()>,
+}
+
+/// A snapshot of a client's counters.
+pub(crate) struct Counts {
+    pub(crate) renew_calls: u64,
+    pub(crate) held_locks: usize,
+    pub(crate) subscribed_channels: usize,
+}
+
+impl Core {
+    /// Connects to `url` and starts the background tasks on the current
+    /// tokio runtime.
+    pub(crate) async fn open(url: &str, settings: Settings) -> Result<Arc<Self>> {
+        settings.validate()?;
+        let invalid_url = |e: redis::RedisError| Error::invalid("url", format!("{url:?}: {e}"));
+        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(invalid_url)?;
+        // Lock calls are small and latency-bound: Nagle's algorithm must not
+        // hold one back while an earlier call is unacknowledged.
+        let info = info.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let redis = redis::Client::open(info).map_err(invalid_url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(settings.response_timeout))
+            .set_connection_timeout(Some(settings.connection_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let mut commands = ConnectionManager::new_with_config(redis.clone(), config).await?;
+        scripts::preload(&mut commands).await?;
+        let watchdog_lease_ms = lease_millis(settings.watchdog_timeout)
+            .ok_or_else(|| Error::invalid("watchdog_timeout", "too large"))?;
+
+        let id: Arc<str> = format!("c:{}", uuid::Uuid::new_v4()).into();
+        let runtime = tokio::runtime::Handle::current();
+        let recheck = Arc::new(Notify::new());
+        let calls = Arc::new(CallStats::default());
+        let queue = Batcher::start(
+            redis.clone(),
+            id.clone(),
+            (settings.connection_timeout, settings.response_timeout),
+            settings.renew_batch,
+            recheck.clone(),
+            calls.clone(),
+            &runtime,
+        );
+        let waiters = Arc::new_cyclic(|waiters| {
+            let events = Arc::new(Events {
+                waiters: waiters.clone(),
+                recheck: recheck.clone(),
+            });
+            let pubsub = PubSub::start(redis, settings.connection_timeout, events, &runtime);
+            Waiters::new(id.clone(), pubsub)
+        });
+        let holds = Arc::new(Holds::default());
+        let (shutdown, shutdown_rx) = watch::channel(());
+        let watchdog = Watchdog {
+            holds: holds.clone(),
+            queue: queue.clone(),
+            lease_ms: watchdog_lease_ms,
+            period: settings.renew_period(),
+            recheck,
+            shutdown: shutdown_rx,
+        };
+        runtime.spawn(watchdog.run());
+        Ok(Arc::new(Self {
+            id,
+            settings,
+            watchdog_lease_ms,
+            commands,
+            queue,
+            waiters,
+            holds,
+            calls,
+            _shutdown: shutdown,
+        }))
+    }
+
+    pub(crate) fn id(&self) -> &Arc<str> {
+        &self.id
+    }
+
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The keys of the lock called `name`, after checking the name.
+    pub(crate) fn keys(&self, name: &str) -> Result<Arc<LockKeys>> {
+        if name.is_empty() {
+            return Err(Error::invalid("name", "must not be empty"));
+        }
+        let max = self.settings.max_name_len;
+        if name.len() > max {
+            return Err(Error::invalid(
+                "name",
+                format!("{} bytes exceeds the limit of {max}", name.len()),
+            ));
+        }
+        Ok(Arc::new(LockKeys::new(&self.settings.prefix, name)))
+    }
+
+    fn lease_ms(&self, lease: Lease) -> u64 {
+        match lease {
+            Lease::Fixed(ms) => ms,
+            Lease::Watchdog => self.watchdog_lease_ms,
+        }
+    }
+
+    /// Takes (or re-enters) the lock for `owner`. Without `wait`, one try;
+    /// with it, until acquired or `deadline`. `Ok(None)`: held by another
+    /// owner when the time ran out.
+    pub(crate) async fn acquire(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        lease: Lease,
+        deadline: Option<Instant>,
+        wait: bool,
+    ) -> Result<Option<Arc<HoldState>>> {
+        if let Some(hold) = self.reenter(keys, owner, lease).await? {
+            return Ok(Some(hold));
+        }
+        // Queue behind local waiters rather than barge past them.
+        let behind_local_waiters = wait && self.waiters.has_waiters(&keys.channel);
+        let mut ttl = None;
+        if !behind_local_waiters {
+            match self.attempt(keys, owner, lease, wait).await? {
+                Attempt::Done(hold) => return Ok(Some(hold)),
+                Attempt::Busy(t) => ttl = t,
+            }
+            if !wait || remaining(deadline).is_zero() {
+                return Ok(None);
+            }
+        }
+        let lease_ms = self.lease_ms(lease);
+        let waiter = self.waiters.join(keys, owner, lease_ms, &self.queue);
+        // Wait for the subscription (a release before it would be missed),
+        // but no longer than the lock's TTL: past it the next try is due.
+        let confirm = remaining(deadline)
+            .min(self.settings.response_timeout)
+            .min(ttl.unwrap_or(RECHECK));
+        waiter.ready(confirm).await;
+        let attempt = || self.attempt(keys, owner, lease, true);
+        let granted = |grant: waiters::Grant| {
+            let confirmed = (grant.sent_at, lease_ms);
+            self.holds
+                .insert(keys, owner, grant.token, lease, confirmed)
+        };
+        waiter
+            .wait_for(deadline, ttl, behind_local_waiters, attempt, granted)
+            .await
+    }
+
+    /// Re-enters a hold this client already has for `owner`.
+    async fn reenter(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        lease: Lease,
+    ) -> Result<Option<Arc<HoldState>>> {
+        let state = match self.holds.find(keys, owner) {
+            Found::Live(state) => state,
+            Found::None => return Ok(None),
+            Found::Stale { redis_holds } => {
+                // Its belief ran out, but Redis may still count it: release
+                // it before this owner asks again (the queue keeps the order).
+                self.release_in_background(keys, owner, redis_holds);
+                return Ok(None);
+            }
+        };
+        // A re-entry keeps the hold's lease mode; a fixed lease is re-armed
+        // (with this handle's lease if it sets one).
+        if let Lease::Fixed(held_ms) = state.lease {
+            let ms = match lease {
+                Lease::Fixed(ms) => ms,
+                Lease::Watchdog => held_ms,
+            };
+            let sent_at = Instant::now();
+            let op = Op::Extend {
+                keys: keys.clone(),
+                owner: owner.clone(),
+                lease_ms: Some(ms),
+            };
+            match self.queue.call(op).await.map_err(|_| closed())?? {
+                Reply::Extended => state.confirm(sent_at, ms),
+                _ => {
+                    state.mark_gone();
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(self.holds.reenter(&state).then_some(state))
+    }
+
+    /// One acquire attempt (batched with whatever else is pending).
+    async fn attempt(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        lease: Lease,
+        flag_waiting: bool,
+    ) -> Result<Attempt<Arc<HoldState>>> {
+        let sent_at = Instant::now();
+        let lease_ms = self.lease_ms(lease);
+        let op = Op::Acquire {
+            keys: keys.clone(),
+            owner: owner.clone(),
+            lease_ms,
+            flag_waiting,
+            nonce: self.queue.nonce(),
+        };
+        let undo = Undo {
+            keys: keys.clone(),
+            owner: owner.clone(),
+            queue: self.queue.clone(),
+        };
+        let reply = HoldReply::new(self.queue.call(op), undo, |reply| {
+            matches!(reply, Ok(Reply::Acquired { .. }))
+        });
+        match reply.await.ok_or_else(closed)?? {
+            Reply::Acquired { token } => {
+                let confirmed = (sent_at, lease_ms);
+                let hold = self.holds.insert(keys, owner, token, lease, confirmed);
+                Ok(Attempt::Done(hold))
+            }
+            Reply::Busy { ttl } => Ok(Attempt::Busy(ttl)),
+            other => Err(unexpected(keys, other)),
+        }
+    }
+
+    /// Gives back one hold (one guard). The last local hold releases the
+    /// lock in Redis, handing it to this client's first waiter if any.
+    pub(crate) async fn release(&self, hold: &Arc<HoldState>) -> Result<()> {
+        let redis_holds = match self.holds.release(hold) {
+            ReleaseStep::Local if !hold.is_lost() => return Ok(()),
+            ReleaseStep::Local | ReleaseStep::NotHeld => return Err(not_held(hold)),
+            ReleaseStep::Final { redis_holds } => redis_holds,
+        };
+        if hold.is_lost() {
+            // Its belief ended: report it, and give back what Redis may
+            // still count (owner-checked: nobody else's hold is touched).
+            if !hold.is_gone() {
+                self.release_in_background(&hold.keys, &hold.owner, redis_holds);
+            }
+            return Err(not_held(hold));
+        }
+        let (tx, rx) = oneshot::channel();
+        let then = Box::new(move |reply| {
+            let _ = tx.send(reply);
+        });
+        let (op, done) =
+            self.waiters
+                .release(&self.queue, &hold.keys, &hold.owner, redis_holds, then);
+        self.queue.send(op, done);
+        match rx.await.map_err(|_| closed())?? {
+            Reply::Released | Reply::StillHeld => Ok(()),
+            Reply::NotHeld => Err(not_held(hold)),
+            other => Err(unexpected(&hold.keys, other)),
+        }
+    }
+
+    /// Gives back one hold without waiting for Redis (a dropped guard).
+    pub(crate) fn release_detached(&self, hold: &Arc<HoldState>) {
+        if let ReleaseStep::Final { redis_holds } = self.holds.release(hold) {
+            if !hold.is_gone() {
+                self.release_in_background(&hold.keys, &hold.owner, redis_holds);
+            }
+        }
+    }
+
+    fn release_in_background(&self, keys: &Arc<LockKeys>, owner: &Owner, holds: u32) {
+        let name = keys.name.clone();
+        let log = Box::new(move |reply: Result<Reply>| {
+            if let Err(e) = reply {
+                tracing::warn!(error = %e, lock = %name, "background release failed");
+            }
+        });
+        let (op, done) = self.waiters.release(&self.queue, keys, owner, holds, log);
+        self.queue.send(op, done);
+    }
+
+    /// Frees the lock whoever holds it and wakes every client's waiters.
+    pub(crate) async fn force_release(&self, keys: &Arc<LockKeys>) -> Result<bool> {
+        let op = Op::Force { keys: keys.clone() };
+        match self.queue.call(op).await.map_err(|_| closed())?? {
+            Reply::Forced(freed) => Ok(freed),
+            other => Err(unexpected(keys, other)),
+        }
+    }
+
+    /// A read-only command on the command connection. Sent again once if
+    /// the connection turns out broken (the server restarted, say: redis-rs
+    /// fails the first command and reconnects), which a read allows.
+    pub(crate) async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        let mut conn = self.commands.clone();
+        match cmd.query_async(&mut conn).await {
+            Err(e) if (e.is_connection_dropped() || e.is_io_error()) && !e.is_timeout() => {
+                Ok(cmd.query_async(&mut conn).await?)
+            }
+            result => Ok(result?),
+        }
+    }
+
+    /// Local holds of `owner` on the lock (0 if none or lost).
+    pub(crate) fn hold_count(&self, keys: &LockKeys, owner: &Owner) -> u32 {
+        self.holds.count(keys, owner)
+    }
+
+    pub(crate) fn counts(&self) -> Counts {
+        Counts {
+            renew_calls: self
+                .calls
+                .renew_calls
+                .load(std::sync::atomic::Ordering::Relaxed),
+            held_locks: self.holds.len(),
+            subscribed_channels: self.waiters.channel_count(),
+        }
+    }
+}
+
+/// Passes what the pub/sub transport reports to the waiters, and asks the
+/// watchdog to check every hold after a reconnect.
+struct Events {
+    waiters: Weak<Waiters>,
+    recheck: Arc<Notify>,
+}
+
+impl Listener for Events {
+    fn subscribed(&self, channel: &str) {
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.subscribed(channel);
+        }
+    }
+
+    fn message(&self, channel: &str, payload: &[u8]) {
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.message(channel, payload);
+        }
+    }
+
+    fn disconnected(&self) {
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.disconnected();
+        }
+    }
+
+    fn connected(&self, again: bool) {
+        if let Some(waiters) = self.waiters.upgrade() {
+            waiters.connected();
+        }
+        if again {
+            self.recheck.notify_one();
+        }
+    }
+}
+
+fn closed() -> Error {
+    Error::Redis(redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "hasp client is shut down",
+    )))
+}
+
+fn not_held(hold: &HoldState) -> Error {
+    Error::NotHeld {
+        name: hold.keys.name.to_string(),
+    }
+}
+
+fn unexpected(keys: &LockKeys, reply: Reply) -> Error {
+    Error::Protocol(format!("lock {:?}: unexpected reply {reply:?}", keys.name))
+}

@@ -1,0 +1,94 @@
+//! Lease renewal and hold checks: one task per client.
+//!
+//! Every third of the watchdog timeout the task extends the lease of every
+//! hold in watchdog mode, as `extend` operations through the batcher (so they
+//! share its calls: at most `renew_batch` per call). When a connection to
+//! Redis is made again after it broke, it checks every hold at once, fixed
+//! leases included (faults spec 5).
+//!
+//! A renewal that Redis confirms moves the hold's belief end to the instant
+//! the round started plus the lease; one that finds the lock gone or held by
+//! another owner marks the hold gone at once and re-creates nothing (faults
+//! spec 6); one that fails (Redis unreachable) changes nothing, and the hold
+//! is lost when its belief ends.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use tokio::sync::{oneshot, watch, Notify};
+
+use super::batcher::Queue;
+use super::holds::{HoldState, Holds, Lease};
+use super::wire::{Op, Reply};
+
+/// What the watchdog task works with.
+pub(crate) struct Watchdog {
+    pub(crate) holds: Arc<Holds>,
+    pub(crate) queue: Queue,
+    /// The lease of a hold in watchdog mode.
+    pub(crate) lease_ms: u64,
+    pub(crate) period: Duration,
+    /// Notified when a connection to Redis was made again.
+    pub(crate) recheck: Arc<Notify>,
+    /// Changes (closes) when the client is gone.
+    pub(crate) shutdown: watch::Receiver<()>,
+}
+
+impl Watchdog {
+    pub(crate) async fn run(mut self) {
+        let mut ticker = tokio::time::interval(self.period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await; // the first tick is immediate
+        loop {
+            let all = tokio::select! {
+                _ = ticker.tick() => false,
+                () = self.recheck.notified() => true,
+                _ = self.shutdown.changed() => return,
+            };
+            self.round(all).await;
+        }
+    }
+
+    /// Renews the holds in watchdog mode; with `all`, checks the others too.
+    async fn round(&self, all: bool) {
+        let holds = self.holds.to_renew(all);
+        if holds.is_empty() {
+            return;
+        }
+        let sent_at = Instant::now();
+        let replies = holds.into_iter().map(|hold| self.extend(hold, sent_at));
+        join_all(replies).await;
+    }
+
+    fn extend(&self, hold: Arc<HoldState>, sent_at: Instant) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        let lease_ms = match hold.lease {
+            Lease::Watchdog => Some(self.lease_ms),
+            Lease::Fixed(_) => None, // checked, never extended
+        };
+        let op = Op::Extend {
+            keys: hold.keys.clone(),
+            owner: hold.owner.clone(),
+            lease_ms,
+        };
+        self.queue.send(
+            op,
+            Box::new(move |reply| {
+                match reply {
+                    Ok(Reply::Extended) => {
+                        if let Some(ms) = lease_ms {
+                            hold.confirm(sent_at, ms);
+                        }
+                    }
+                    Ok(_) => hold.mark_gone(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, lock = %hold.keys.name, "lease renewal failed");
+                    }
+                }
+                let _ = tx.send(());
+            }),
+        );
+        rx
+    }
+}

@@ -1,0 +1,512 @@
+//! The batch call's wire format: the one place that knows how `batch.lua`
+//! lays out its operations and what it answers.
+//!
+//! An [`Op`] is one operation on one lock; [`encode`] turns a batch of them
+//! into one `EVALSHA`, and [`Op::decode`] reads that operation's slot of the
+//! reply as a typed [`Reply`]. Every opcode, argument order and reply code of
+//! the script is written here and in the script's header, nowhere else.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{Cmd, Value};
+
+use super::keys::LockKeys;
+use super::scripts::{self, BATCH};
+use crate::error::Error;
+use crate::owner::Owner;
+
+/// Identifies one operation, so that the client can tell afterwards whether
+/// a call whose reply was lost applied it (see `batch.lua`, "nonce").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Nonce(u64);
+
+/// Nonces unique across clients: a random start per client, then counted.
+#[derive(Debug)]
+pub(crate) struct Nonces(AtomicU64);
+
+impl Nonces {
+    pub(crate) fn new() -> Self {
+        let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
+        Self(AtomicU64::new(high ^ low))
+    }
+
+    pub(crate) fn next(&self) -> Nonce {
+        Nonce(self.0.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// One operation of a batch call.
+#[derive(Debug, Clone)]
+pub(crate) enum Op {
+    /// Take the lock for `owner`, or learn how long it stays held. With
+    /// `flag_waiting`, a lock held by another owner is flagged as waited on
+    /// by this client (whose task then listens for the release).
+    Acquire {
+        keys: Arc<LockKeys>,
+        owner: Owner,
+        lease_ms: u64,
+        flag_waiting: bool,
+        nonce: Nonce,
+    },
+    /// Give back `holds` holds of `owner`.
+    Release {
+        keys: Arc<LockKeys>,
+        owner: Owner,
+        holds: u32,
+        nonce: Nonce,
+    },
+    /// Release, and if that frees the lock, take it for `heir` at once.
+    HandOff {
+        keys: Arc<LockKeys>,
+        owner: Owner,
+        holds: u32,
+        nonce: Nonce,
+        heir: Owner,
+        lease_ms: u64,
+    },
+    /// Re-arm the lease of `owner`'s hold (`None`: only check it is held).
+    Extend {
+        keys: Arc<LockKeys>,
+        owner: Owner,
+        lease_ms: Option<u64>,
+    },
+    /// Undo the acquisition or hand-off `nonce` if it was applied.
+    Undo {
+        keys: Arc<LockKeys>,
+        owner: Owner,
+        nonce: Nonce,
+    },
+    /// Apply the release `nonce` unless it was applied.
+    Settle {
+        keys: Arc<LockKeys>,
+        owner: Owner,
+        holds: u32,
+        nonce: Nonce,
+    },
+    /// Free the lock whoever holds it.
+    Force { keys: Arc<LockKeys> },
+}
+
+/// What Redis answered for one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// Acquire: taken with this token. Hand-off: now held by the heir.
+    Acquired { token: u64 },
+    /// Acquire: held by another owner, for `ttl` more (`None`: no expiry).
+    Busy { ttl: Option<Duration> },
+    /// Release: the lock is free.
+    Released,
+    /// Release or hand-off: the owner still holds it (holds left).
+    StillHeld,
+    /// Release, hand-off, extend: the owner did not hold it; nothing changed.
+    NotHeld,
+    /// Hand-off: freed and published for another client's waiter instead.
+    Yielded,
+    /// Extend: the owner holds it (and the lease was re-armed).
+    Extended,
+    /// Force: whether there was a lock to free.
+    Forced(bool),
+}
+
+impl Op {
+    pub(crate) fn keys(&self) -> &Arc<LockKeys> {
+        match self {
+            Op::Acquire { keys, .. }
+            | Op::Release { keys, .. }
+            | Op::HandOff { keys, .. }
+            | Op::Extend { keys, .. }
+            | Op::Undo { keys, .. }
+            | Op::Settle { keys, .. }
+            | Op::Force { keys } => keys,
+        }
+    }
+
+    /// How much of a call this operation fills: one lock each, except that
+    /// a renewal round sends many extends.
+    pub(crate) fn is_extend(&self) -> bool {
+        matches!(self, Op::Extend { .. })
+    }
+
+    /// What to send, before anything else, when this operation went out but
+    /// its reply was lost: whatever makes the outcome as if it had failed
+    /// (acquisitions) or succeeded (releases). `None` when sending it again
+    /// cannot matter.
+    pub(crate) fn settlement(&self) -> Vec<Op> {
+        match self {
+            Op::Acquire {
+                keys, owner, nonce, ..
+            } => vec![Op::Undo {
+                keys: keys.clone(),
+                owner: owner.clone(),
+                nonce: *nonce,
+            }],
+            Op::Release {
+                keys,
+                owner,
+                holds,
+                nonce,
+            } => vec![Op::Settle {
+                keys: keys.clone(),
+                owner: owner.clone(),
+                holds: *holds,
+                nonce: *nonce,
+            }],
+            // Handed over: undo the heir's hold (the heir never learnt of
+            // it). Not handed over: complete the release.
+            Op::HandOff {
+                keys,
+                owner,
+                holds,
+                nonce,
+                heir,
+                ..
+            } => vec![
+                Op::Undo {
+                    keys: keys.clone(),
+                    owner: heir.clone(),
+                    nonce: *nonce,
+                },
+                Op::Settle {
+                    keys: keys.clone(),
+                    owner: owner.clone(),
+                    holds: *holds,
+                    nonce: *nonce,
+                },
+            ],
+            Op::Undo { .. } | Op::Settle { .. } => vec![self.clone()],
+            Op::Extend { .. } | Op::Force { .. } => Vec::new(),
+        }
+    }
+
+    /// Keys, arguments and bytes this operation adds to a call.
+    fn size(&self) -> (usize, usize, usize) {
+        let lock = self.keys().lock.len() + 4;
+        match self {
+            Op::Acquire { owner, .. } => (2, 4, 2 * lock + owner.id().len() + 40),
+            Op::Release { owner, .. } | Op::Settle { owner, .. } => {
+                (1, 4, lock + owner.id().len() + 32)
+            }
+            Op::HandOff { owner, heir, .. } => {
+                (2, 6, 2 * lock + owner.id().len() + heir.id().len() + 60)
+            }
+            Op::Extend { owner, .. } | Op::Undo { owner, .. } => {
+                (1, 3, lock + owner.id().len() + 24)
+            }
+            Op::Force { .. } => (1, 1, lock + 4),
+        }
+    }
+
+    fn write_keys(&self, cmd: &mut Cmd) {
+        let keys = self.keys();
+        cmd.arg(&*keys.lock);
+        if matches!(self, Op::Acquire { .. } | Op::HandOff { .. }) {
+            cmd.arg(&keys.fence);
+        }
+    }
+
+    fn write_args(&self, cmd: &mut Cmd) {
+        match self {
+            Op::Acquire {
+                owner,
+                lease_ms,
+                flag_waiting,
+                nonce,
+                ..
+            } => {
+                let op = if *flag_waiting { "w" } else { "a" };
+                cmd.arg(op).arg(owner.id()).arg(*lease_ms).arg(nonce);
+            }
+            Op::Release {
+                owner,
+                holds,
+                nonce,
+                ..
+            } => {
+                cmd.arg("r").arg(owner.id()).arg(*holds).arg(nonce);
+            }
+            Op::HandOff {
+                owner,
+                holds,
+                nonce,
+                heir,
+                lease_ms,
+                ..
+            } => {
+                cmd.arg("h")
+                    .arg(owner.id())
+                    .arg(*holds)
+                    .arg(nonce)
+                    .arg(heir.id())
+                    .arg(*lease_ms);
+            }
+            Op::Extend {
+                owner, lease_ms, ..
+            } => {
+                cmd.arg("e").arg(owner.id()).arg(lease_ms.unwrap_or(0));
+            }
+            Op::Undo { owner, nonce, .. } => {
+                cmd.arg("u").arg(owner.id()).arg(nonce);
+            }
+            Op::Settle {
+                owner,
+                holds,
+                nonce,
+                ..
+            } => {
+                cmd.arg("s").arg(owner.id()).arg(*holds).arg(nonce);
+            }
+            Op::Force { .. } => {
+                cmd.arg("f");
+            }
+        }
+    }
+
+    /// This operation's slot of the reply.
+    pub(crate) fn decode(&self, value: &Value) -> Result<Reply, Error> {
+        let code = match value {
+            Value::Int(code) => *code,
+            Value::ServerError(e) => {
+                return Err(Error::Protocol(format!("lock {:?}: {e}", self.keys().name)))
+            }
+            other => return Err(self.unexpected(other)),
+        };
+        let reply = match self {
+            Op::Acquire { .. } => match code {
+                token if token > 0 => Reply::Acquired {
+                    token: token.unsigned_abs(),
+                },
+                0 => Reply::Busy { ttl: None },
+                ttl => Reply::Busy {
+                    ttl: Some(Duration::from_millis(ttl.unsigned_abs())),
+                },
+            },
+            Op::Release { .. } | Op::Settle { .. } | Op::Undo { .. } => match code {
+                -1 => Reply::NotHeld,
+                0 => Reply::Released,
+                _ => Reply::StillHeld,
+            },
+            Op::HandOff { .. } => match code {
+                -1 => Reply::NotHeld,
+                -2 => Reply::Yielded,
+                0 => Reply::StillHeld,
+                token if token > 0 => Reply::Acquired {
+                    token: token.unsigned_abs(),
+                },
+                _ => return Err(self.unexpected(value)),
+            },
+            Op::Extend { .. } => match code {
+                1 => Reply::Extended,
+                _ => Reply::NotHeld,
+            },
+            Op::Force { .. } => Reply::Forced(code == 1),
+        };
+        Ok(reply)
+    }
+
+    fn unexpected(&self, value: &Value) -> Error {
+        Error::Protocol(format!(
+            "lock {:?}: unexpected batch reply {value:?}",
+            self.keys().name
+        ))
+    }
+}
+
+impl redis::ToRedisArgs for Nonce {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        let mut buf = [0u8; 16];
+        let digits = b"0123456789abcdef";
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = digits[((self.0 >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        out.write_arg(&buf);
+    }
+}
+
+/// One `EVALSHA` of `batch.lua` carrying `ops`, in order.
+pub(crate) fn encode<'a>(client_id: &str, ops: impl Iterator<Item = &'a Op> + Clone) -> Cmd {
+    let (mut keys, mut args, mut bytes) = (0, 1, client_id.len());
+    for op in ops.clone() {
+        let (k, a, b) = op.size();
+        (keys, args, bytes) = (keys + k, args + a, bytes + b);
+    }
+    let mut cmd = scripts::evalsha(&BATCH, keys, keys + args, bytes);
+    for op in ops.clone() {
+        op.write_keys(&mut cmd);
+    }
+    cmd.arg(client_id);
+    for op in ops {
+        op.write_args(&mut cmd);
+    }
+    cmd
+}
+
+/// Every argument of one `EVALSHA` of `batch.lua`, for the benchmark (which
+/// drives Redis with it directly, redis-benchmark included): for each
+/// `(name, owner, lease)`, an acquisition when `lease` is `Some(ms)`, else
+/// the release of one hold. Names may carry redis-benchmark's placeholders.
+pub(crate) fn bench_args(
+    client_id: &str,
+    prefix: &str,
+    ops: &[(&str, &str, Option<u64>)],
+) -> Result<Vec<Vec<u8>>, Error> {
+    let nonces = Nonces::new();
+    let ops: Vec<Op> = ops
+        .iter()
+        .map(|&(name, owner, lease)| {
+            let keys = Arc::new(LockKeys::new(prefix, name));
+            let owner = Owner::from_id(owner)?;
+            let nonce = nonces.next();
+            Ok(match lease {
+                Some(lease_ms) => Op::Acquire {
+                    keys,
+                    owner,
+                    lease_ms,
+                    flag_waiting: false,
+                    nonce,
+                },
+                None => Op::Release {
+                    keys,
+                    owner,
+                    holds: 1,
+                    nonce,
+                },
+            })
+        })
+        .collect::<Result<_, Error>>()?;
+    let cmd = encode(client_id, ops.iter());
+    Ok(cmd
+        .args_iter()
+        .filter_map(|a| match a {
+            redis::Arg::Simple(bytes) => Some(bytes.to_vec()),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The reply of a whole call: one value per operation.
+pub(crate) fn split(reply: Value, ops: usize) -> Result<Vec<Value>, Error> {
+    match reply {
+        Value::Array(values) if values.len() == ops => Ok(values),
+        other => Err(Error::Protocol(format!(
+            "batch reply of the wrong shape for {ops} operations: {other:?}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(name: &str) -> Arc<LockKeys> {
+        Arc::new(LockKeys::new("hasp", name))
+    }
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<cursor>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_call_lists_every_key_then_the_client_then_every_operation() {
+        let owner = Owner::from_id("o1").unwrap();
+        let nonces = Nonces::new();
+        let ops = [
+            Op::Acquire {
+                keys: keys("a"),
+                owner: owner.clone(),
+                lease_ms: 30_000,
+                flag_waiting: true,
+                nonce: nonces.next(),
+            },
+            Op::Release {
+                keys: keys("b"),
+                owner: owner.clone(),
+                holds: 1,
+                nonce: nonces.next(),
+            },
+            Op::Extend {
+                keys: keys("c"),
+                owner,
+                lease_ms: None,
+            },
+        ];
+        let args = args(&encode("c:1", ops.iter()));
+        assert_eq!(&args[..2], ["EVALSHA", BATCH.get_hash()]);
+        assert_eq!(
+            &args[2..7],
+            ["4", "hasp:{a}", "hasp:{a}:fence", "hasp:{b}", "hasp:{c}"]
+        );
+        assert_eq!(args[7], "c:1");
+        assert_eq!(&args[8..10], ["w", "o1"]);
+        assert_eq!(args[10], "30000");
+        assert_eq!(args[11].len(), 16, "a nonce is 16 hex digits");
+        assert_eq!(&args[12..15], ["r", "o1", "1"]);
+        assert_eq!(&args[16..], ["e", "o1", "0"]);
+    }
+
+    #[test]
+    fn replies_are_read_by_the_kind_of_operation() {
+        let owner = Owner::from_id("o").unwrap();
+        let acquire = Op::Acquire {
+            keys: keys("a"),
+            owner: owner.clone(),
+            lease_ms: 1,
+            flag_waiting: false,
+            nonce: Nonces::new().next(),
+        };
+        assert_eq!(
+            acquire.decode(&Value::Int(7)).unwrap(),
+            Reply::Acquired { token: 7 }
+        );
+        assert_eq!(
+            acquire.decode(&Value::Int(-250)).unwrap(),
+            Reply::Busy {
+                ttl: Some(Duration::from_millis(250))
+            }
+        );
+        assert_eq!(
+            acquire.decode(&Value::Int(0)).unwrap(),
+            Reply::Busy { ttl: None }
+        );
+        let force = Op::Force { keys: keys("a") };
+        assert_eq!(force.decode(&Value::Int(1)).unwrap(), Reply::Forced(true));
+        assert!(matches!(
+            acquire.decode(&Value::Nil),
+            Err(Error::Protocol(_))
+        ));
+    }
+
+    #[test]
+    fn a_lost_hand_off_is_settled_by_undoing_the_heir_and_completing_the_release() {
+        let nonce = Nonces::new().next();
+        let hand_off = Op::HandOff {
+            keys: keys("a"),
+            owner: Owner::from_id("releaser").unwrap(),
+            holds: 1,
+            nonce,
+            heir: Owner::from_id("heir").unwrap(),
+            lease_ms: 100,
+        };
+        let settle = hand_off.settlement();
+        assert!(
+            matches!(&settle[0], Op::Undo { owner, nonce: n, .. } if owner.id() == "heir" && *n == nonce)
+        );
+        assert!(
+            matches!(&settle[1], Op::Settle { owner, nonce: n, .. } if owner.id() == "releaser" && *n == nonce)
+        );
+        assert_eq!(
+            settle[0].settlement().len(),
+            1,
+            "a settlement settles itself"
+        );
+    }
+}
