@@ -12,7 +12,11 @@
 //! # let _ = url;
 //! ```
 
+mod checker;
+mod proxy;
 mod sql;
+pub use checker::{now_us, write_at, Event, FencedRegister, History, Report};
+pub use proxy::{Direction, FaultProxy, Mode};
 pub use sql::{MariaDbServer, PostgresServer};
 
 use std::io::{Read, Write};
@@ -42,6 +46,21 @@ pub struct ServerOptions {
     pub extra_args: Vec<String>,
     /// TCP port of a primary on 127.0.0.1 to replicate (`--replicaof`).
     pub replica_of: Option<u16>,
+}
+
+impl ServerOptions {
+    /// These options with the append-only file on, synced as `fsync` says
+    /// (`always`, `everysec` or `no`): a [`RedisServer::restart`] then
+    /// keeps the data.
+    pub fn with_aof(mut self, fsync: &str) -> Self {
+        self.extra_args.extend([
+            "--appendonly".into(),
+            "yes".into(),
+            "--appendfsync".into(),
+            fsync.into(),
+        ]);
+        self
+    }
 }
 
 impl Default for ServerOptions {
@@ -129,7 +148,7 @@ impl RedisServer {
         server
     }
 
-    fn socket_path(&self) -> PathBuf {
+    pub(crate) fn socket_path(&self) -> PathBuf {
         self.dir.join("redis.sock")
     }
 
@@ -145,7 +164,10 @@ impl RedisServer {
             .arg("--daemonize")
             .arg("no")
             .arg("--loglevel")
-            .arg("warning");
+            .arg("warning")
+            // DEBUG SLEEP is one of the fault tests' nemeses.
+            .arg("--enable-debug-command")
+            .arg("local");
         match self.port {
             Some(port) => {
                 cmd.arg("--port")
@@ -342,6 +364,13 @@ impl RedisServer {
             }
         }
         self.spawn();
+    }
+
+    /// Blocks the server for `seconds` with `DEBUG SLEEP` (returns when it
+    /// is over). Unlike [`pause`](Self::pause), time runs on inside Redis:
+    /// keys expire meanwhile as they would.
+    pub fn debug_sleep(&self, seconds: f64) {
+        self.cli(&["DEBUG", "SLEEP", &seconds.to_string()]);
     }
 
     /// Runs a `redis-cli` command against this server and returns its output.

@@ -70,3 +70,104 @@ fn a_three_node_cluster_assigns_every_slot() {
         cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", "hasp:{order-1}:fence"])
     );
 }
+
+mod faults {
+    //! Faults spec 1: the nemeses do what they say.
+
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+
+    use testkit::{Direction, FaultProxy, FencedRegister, Mode, RedisServer, ServerOptions};
+
+    fn ping(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+        stream.write_all(b"PING\r\n")?;
+        let mut reply = [0u8; 16];
+        let n = stream.read(&mut reply)?;
+        Ok(reply[..n].to_vec())
+    }
+
+    fn connect(proxy: &FaultProxy) -> TcpStream {
+        let port: u16 = proxy
+            .url()
+            .trim_start_matches("redis://127.0.0.1:")
+            .trim_end_matches('/')
+            .parse()
+            .unwrap();
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        stream
+    }
+
+    /// Faults spec 1: the proxy passes, delays, holds and closes, per
+    /// direction and per connection.
+    #[test]
+    fn the_proxy_passes_delays_holds_and_closes() {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(&server);
+        let mut stream = connect(&proxy);
+        assert_eq!(ping(&mut stream).unwrap(), b"+PONG\r\n");
+        assert_eq!(proxy.connections().len(), 1);
+
+        proxy.set(Direction::ToClient, Mode::Delay(Duration::from_millis(150)));
+        let started = Instant::now();
+        assert_eq!(ping(&mut stream).unwrap(), b"+PONG\r\n");
+        assert!(started.elapsed() >= Duration::from_millis(150));
+
+        proxy.set(Direction::ToClient, Mode::BlackHole);
+        assert!(ping(&mut stream).is_err(), "the reply is held");
+        proxy.set(Direction::Both, Mode::Pass);
+        let mut held = [0u8; 16];
+        let n = stream.read(&mut held).unwrap();
+        assert_eq!(&held[..n], b"+PONG\r\n", "held bytes go on when passing");
+
+        // Per connection: a second one is held while the first passes.
+        let mut second = connect(&proxy);
+        assert_eq!(ping(&mut second).unwrap(), b"+PONG\r\n");
+        let ids = proxy.connections();
+        proxy.set_connection(ids[1], Direction::ToServer, Mode::BlackHole);
+        assert!(ping(&mut second).is_err());
+        assert_eq!(ping(&mut stream).unwrap(), b"+PONG\r\n");
+
+        proxy.close_all();
+        let mut buf = [0u8; 16];
+        assert!(matches!(stream.read(&mut buf), Ok(0) | Err(_)), "closed");
+        assert!(proxy.connections().is_empty());
+        let mut third = connect(&proxy);
+        assert_eq!(ping(&mut third).unwrap(), b"+PONG\r\n", "new ones pass");
+    }
+
+    /// Faults spec 1: restarts keep data with AOF `always` and lose it
+    /// without; DEBUG SLEEP blocks the server.
+    #[test]
+    fn restarts_keep_data_with_aof_and_lose_it_without_and_debug_sleep_blocks() {
+        let mut durable = RedisServer::start_with(ServerOptions::default().with_aof("always"));
+        let mut volatile = RedisServer::start();
+        for server in [&durable, &volatile] {
+            server.cli(&["SET", "k", "v"]);
+        }
+        durable.restart();
+        volatile.restart();
+        assert_eq!(durable.cli(&["GET", "k"]), "v");
+        assert_eq!(volatile.cli(&["GET", "k"]), "");
+
+        let started = Instant::now();
+        volatile.debug_sleep(0.3);
+        assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    /// Faults spec 2/9: the fenced register takes only tokens that do not
+    /// go back, equal ones only from the same holder.
+    #[tokio::test]
+    async fn the_fenced_register_rejects_stale_tokens() {
+        let register = FencedRegister::start();
+        assert!(register.write("a", 5).await);
+        assert!(register.write("a", 5).await, "same holder, same token");
+        assert!(!register.write("b", 5).await, "another holder, same token");
+        assert!(!register.write("b", 4).await);
+        assert!(register.write("b", 1_763_900_000_000_001).await);
+        assert!(!register.write("a", 5).await);
+    }
+}

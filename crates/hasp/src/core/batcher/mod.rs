@@ -44,7 +44,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::MultiplexedConnection;
@@ -72,6 +72,10 @@ const MAX_IN_FLIGHT: usize = 8;
 /// Settlements kept while Redis cannot be reached; past this the oldest
 /// are dropped (their holds expire with their leases).
 const MAX_SETTLEMENTS: usize = 10_000;
+/// When nothing else goes out, settlements are sent on their own after
+/// this pause, doubled after each failure up to [`SETTLE_LAST`].
+const SETTLE_FIRST: Duration = Duration::from_millis(20);
+const SETTLE_LAST: Duration = Duration::from_secs(1);
 
 /// What the batcher calls with an operation's reply.
 pub(crate) type Completion = Box<dyn FnOnce(Result<Reply, Error>) + Send>;
@@ -186,6 +190,8 @@ impl Batcher {
             max_extends,
             connection: Connection::new(client, connect_timeout, response_timeout),
             settlements: Vec::new(),
+            settle_at: None,
+            settle_backoff: SETTLE_FIRST,
             retries: Vec::new(),
             nonces: nonces.clone(),
             reconnected,
@@ -289,6 +295,10 @@ struct Task {
     connection: Connection,
     /// Operations to send first, to settle calls whose replies were lost.
     settlements: Vec<Op>,
+    /// When to send the settlements on their own if nothing else goes out
+    /// first, and the pause before the next such try.
+    settle_at: Option<Instant>,
+    settle_backoff: Duration,
     /// Requests to send again (once) after their call's connection broke.
     retries: Vec<Request>,
     nonces: Arc<Nonces>,
@@ -316,6 +326,11 @@ impl Task {
                 () = std::future::ready(()), if room && !self.retries.is_empty() => {
                     std::mem::take(&mut self.retries)
                 }
+                // Settlements go out on their own if nothing else does.
+                () = sleep_until(self.settle_at), if room && self.settle_at.is_some() => {
+                    self.settle_at = None;
+                    Vec::new()
+                }
                 first = queue.recv(), if room => {
                     let Some(first) = first else { break };
                     let mut batch = std::mem::take(&mut self.retries);
@@ -333,6 +348,7 @@ impl Task {
                 Ok(conn) => conn,
                 Err(e) => {
                     fail(batch, &Error::Redis(e));
+                    self.schedule_settlements(false);
                     continue;
                 }
             };
@@ -438,6 +454,7 @@ impl Task {
             self.connection.failed(e);
         }
         self.retries.extend(sent.retries);
+        self.schedule_settlements(sent.error.is_none());
         if !sent.unsettled.is_empty() {
             tracing::debug!(
                 operations = sent.unsettled.len(),
@@ -449,7 +466,30 @@ impl Task {
                 tracing::warn!(dropped = excess, "too many lost replies to settle");
                 self.settlements.drain(..excess);
             }
+            self.schedule_settlements(false);
         }
+    }
+
+    /// Arms the timer that sends pending settlements on their own; after a
+    /// success the pause starts short again.
+    fn schedule_settlements(&mut self, succeeded: bool) {
+        if succeeded {
+            self.settle_backoff = SETTLE_FIRST;
+        }
+        if self.settlements.is_empty() {
+            self.settle_at = None;
+        } else if self.settle_at.is_none() {
+            self.settle_at = Some(Instant::now() + self.settle_backoff);
+            self.settle_backoff = (self.settle_backoff * 2).min(SETTLE_LAST);
+        }
+    }
+}
+
+/// Resolves at `at` (never without one).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 
