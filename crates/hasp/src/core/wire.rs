@@ -267,8 +267,13 @@ impl Op {
     pub(crate) fn decode(&self, value: &Value) -> Result<Reply, Error> {
         let code = match value {
             Value::Int(code) => *code,
-            Value::ServerError(e) => {
-                return Err(Error::Protocol(format!("lock {:?}: {e}", self.keys().name)))
+            // An operation that failed alone (see `batch.lua`).
+            Value::BulkString(failure) => {
+                return Err(Error::Protocol(format!(
+                    "lock {:?}: {}",
+                    self.keys().name,
+                    String::from_utf8_lossy(failure)
+                )))
             }
             other => return Err(self.unexpected(other)),
         };

@@ -1,8 +1,8 @@
 -- Every change hasp makes to its locks, many per call. The client batches
 -- the operations its tasks have pending at the same moment; each operation
 -- is applied in order and on its own, exactly as if it had been sent alone:
--- one that fails (a key of the wrong type) answers an error in its own slot
--- and changes nothing, and its neighbours carry on.
+-- one that fails (a key of the wrong type) answers its error in its own
+-- slot and changes nothing, and its neighbours carry on.
 --
 -- ARGV[1] is the client's id: the payload of the release messages it
 -- publishes (it ignores its own: it wakes its local waiters directly) and
@@ -57,8 +57,8 @@
 -- replica that missed the last increments), provided the server's clock is
 -- not stepped back and a name is not taken more than once a microsecond.
 --
--- Returns an array with one element per operation, or an error reply in the
--- slot of an operation that failed. Integers:
+-- Returns an array with one element per operation: a string 'failed: <the
+-- error>' for an operation that failed, else an integer:
 --   a, w  token >= 1   acquired: a free lock gets a fresh token; a hold of
 --                      the owner (through another client) is re-entered and
 --                      keeps its token, the counter's value
@@ -235,10 +235,12 @@ while arg <= #ARGV do
     return redis.error_reply('hasp batch: unknown opcode ' .. tostring(op))
   end
   if not ok then
+    -- A string, not an error reply: clients turn an error anywhere in the
+    -- reply into a failure of the whole call.
     if type(result) == 'table' then
       result = result.err or tostring(result)
     end
-    result = { err = tostring(result) }
+    result = 'failed: ' .. tostring(result)
   end
   results[#results + 1] = result
 end

@@ -1,0 +1,206 @@
+//! Faults spec 4–7: a holder knows when its belief ends, and learns of a
+//! loss at once when Redis can tell it.
+
+use std::time::{Duration, Instant};
+
+use hasp::{Client, Settings};
+use testkit::{Direction, FaultProxy, Mode};
+
+use crate::bounded;
+use crate::helpers::*;
+
+fn settings(watchdog: Duration) -> Settings {
+    Settings::default()
+        .set_watchdog_timeout(watchdog)
+        .set_response_timeout(Duration::from_millis(300))
+        .set_connection_timeout(Duration::from_millis(300))
+}
+
+/// Instant the lock key of `name` disappears from `server`, polled.
+async fn key_gone(raw: &mut redis::aio::MultiplexedConnection, name: &str) -> Instant {
+    loop {
+        let exists: i64 = query(raw, &["EXISTS", &lock_key(name)]).await;
+        if exists == 0 {
+            return Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Faults spec 4: cut off from Redis, a holder with a fixed lease is told
+/// it lost the lock at its belief end (send time of the acquire + lease),
+/// which comes no later than the key's expiry on the server.
+#[tokio::test]
+async fn a_partitioned_holder_with_a_lease_learns_the_loss_at_its_belief_end() {
+    bounded(Duration::from_secs(10), async {
+        let ctx = Ctx::new();
+        let proxy = FaultProxy::start(&ctx.server);
+        let client = Client::open_with(&proxy.url(), settings(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        let lease = Duration::from_millis(800);
+        let sent = Instant::now();
+        let guard = client
+            .lock("cut-off")
+            .unwrap()
+            .with_lease(lease)
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        let until = guard.valid_until();
+        assert!(until >= sent + lease && until <= Instant::now() + lease);
+        proxy.set(Direction::Both, Mode::BlackHole);
+        let mut raw = ctx.raw().await;
+        let (_, gone) = tokio::join!(guard.lost(), key_gone(&mut raw, "cut-off"));
+        let lost_at = Instant::now();
+        assert!(guard.is_lost());
+        assert!(lost_at >= until, "not before the belief end");
+        assert!(
+            lost_at <= gone + Duration::from_millis(50),
+            "told {:?} after the key expired",
+            lost_at.saturating_duration_since(gone)
+        );
+    })
+    .await;
+}
+
+/// Faults spec 4: in watchdog mode, renewals that cannot reach Redis do not
+/// move the belief end: the holder is told at the end of the last confirmed
+/// renewal's lease, while Redis is still unreachable.
+#[tokio::test]
+async fn a_partitioned_holder_in_watchdog_mode_learns_the_loss_while_still_cut_off() {
+    bounded(Duration::from_secs(10), async {
+        let ctx = Ctx::new();
+        let proxy = FaultProxy::start(&ctx.server);
+        let watchdog = Duration::from_millis(900);
+        let client = Client::open_with(&proxy.url(), settings(watchdog))
+            .await
+            .unwrap();
+        let guard = client.lock("cut-off").unwrap().lock().await.unwrap();
+        tokio::time::sleep(watchdog).await; // renewed meanwhile
+        assert!(!guard.is_lost());
+        let cut = Instant::now();
+        proxy.set(Direction::Both, Mode::BlackHole);
+        guard.lost().await;
+        let after = cut.elapsed();
+        assert!(after <= watchdog + Duration::from_millis(200), "{after:?}");
+        assert_not_held(guard.unlock().await.unwrap_err());
+    })
+    .await;
+}
+
+/// Faults spec 5: after Redis restarts without its data, a holder learns of
+/// the loss within about a round trip of the reconnect, not at the next
+/// renewal (watchdog 30 s: renewals every 10 s).
+#[tokio::test]
+async fn after_a_restart_every_hold_is_checked_at_once() {
+    bounded(Duration::from_secs(10), async {
+        let mut ctx = Ctx::new();
+        let client = ctx.client().await; // default watchdog: 30 s
+        let guards = futures_util::future::join_all(
+            ["r1", "r2", "r3"].map(|n| async { client.lock(n).unwrap().lock().await.unwrap() }),
+        )
+        .await;
+        ctx.server.restart();
+        let restarted = Instant::now();
+        for guard in &guards {
+            guard.lost().await;
+        }
+        let told = restarted.elapsed();
+        assert!(told < Duration::from_secs(1), "told after {told:?}");
+        for guard in guards {
+            assert_not_held(guard.unlock().await.unwrap_err());
+        }
+    })
+    .await;
+}
+
+/// Faults spec 5: a killed connection is made again and the holds are
+/// re-checked; those still in Redis are kept.
+#[tokio::test]
+async fn a_killed_connection_is_remade_and_live_holds_survive_the_check() {
+    bounded(Duration::from_secs(10), async {
+        let ctx = Ctx::new();
+        let client = ctx.fast_watchdog_client(Duration::from_millis(900)).await;
+        let lock = client.lock("kept").unwrap();
+        let guard = lock.lock().await.unwrap();
+        ctx.server.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+        ctx.server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(!guard.is_lost());
+        assert!(lock.is_held_by_me().await.unwrap());
+        guard.unlock().await.unwrap();
+    })
+    .await;
+}
+
+/// Faults spec 6 and 7: a renewal that finds the lock owned by another
+/// owner marks it lost at once and extends nothing; the old holder's
+/// release is "not held" and leaves the new owner's lock as it is.
+#[tokio::test]
+async fn a_renewal_finding_another_owner_marks_the_loss_and_touches_nothing() {
+    bounded(Duration::from_secs(10), async {
+        let ctx = Ctx::new();
+        let watchdog = Duration::from_millis(900);
+        let old = ctx.fast_watchdog_client(watchdog).await;
+        let new = ctx.client().await;
+        let mut raw = ctx.raw().await;
+        let guard = old.lock("taken").unwrap().lock().await.unwrap();
+        // Lease truncation behind the holder's back, then another owner.
+        let _: i64 = query(&mut raw, &["PEXPIRE", &lock_key("taken"), "1"]).await;
+        let new_lock = new
+            .lock("taken")
+            .unwrap()
+            .with_lease(Duration::from_secs(20))
+            .unwrap();
+        let new_guard = new_lock.lock_within(Duration::from_secs(2)).await.unwrap();
+        let taken = Instant::now();
+        guard.lost().await;
+        assert!(taken.elapsed() <= watchdog / 3 + Duration::from_millis(200));
+        let ttl: i64 = query(&mut raw, &["PTTL", &lock_key("taken")]).await;
+        assert!(ttl > 15_000, "the new owner's lease was not touched: {ttl}");
+        assert_not_held(guard.unlock().await.unwrap_err());
+        assert!(new_lock.is_held_by_me().await.unwrap());
+        let ttl: i64 = query(&mut raw, &["PTTL", &lock_key("taken")]).await;
+        assert!(ttl > 15_000, "{ttl}");
+        new_guard.unlock().await.unwrap();
+    })
+    .await;
+}
+
+/// Faults spec 7: a holder that learnt of the loss at its belief end (Redis
+/// unreachable) gets "not held" on release, and the release removes nothing
+/// of the owner that took the lock since.
+#[tokio::test]
+async fn a_release_after_the_belief_ended_is_not_held_and_spares_the_next_owner() {
+    bounded(Duration::from_secs(10), async {
+        let ctx = Ctx::new();
+        let proxy = FaultProxy::start(&ctx.server);
+        let client = Client::open_with(&proxy.url(), settings(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        let guard = client
+            .lock("handed")
+            .unwrap()
+            .with_lease(Duration::from_millis(300))
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        proxy.set(Direction::Both, Mode::BlackHole);
+        guard.lost().await;
+        let next = ctx.client().await.lock("handed").unwrap();
+        let next_guard = next.lock_within(Duration::from_secs(2)).await.unwrap();
+        proxy.set(Direction::Both, Mode::Pass);
+        assert_not_held(guard.unlock().await.unwrap_err());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(next.is_held_by_me().await.unwrap());
+        next_guard.unlock().await.unwrap();
+        // Nothing of the old holder is left either.
+        let mut raw = ctx.raw().await;
+        let exists: i64 = query(&mut raw, &["EXISTS", &lock_key("handed")]).await;
+        assert_eq!(exists, 0);
+    })
+    .await;
+}

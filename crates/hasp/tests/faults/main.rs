@@ -1,0 +1,31 @@
+//! hasp under faults: every line of `shared/spec/faults.md`, and the
+//! regressions of the four defects the faults exposed (issue 17), against
+//! real redis-server processes with real faults: a TCP proxy that delays,
+//! holds or closes connections, SIGSTOP/SIGKILL of servers and of client
+//! processes, restarts with and without persistence, `DEBUG SLEEP`,
+//! `CLIENT KILL`, lease truncation and replica promotion.
+//!
+//! Every scenario is bounded: it runs inside [`bounded`] (a few seconds, 60
+//! at most) and its servers and child processes stop when it ends (spec
+//! line 3). Section numbers refer to the fault specification.
+
+#[path = "../spec/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+mod child;
+mod defects;
+mod detection;
+mod fencing;
+mod mix;
+mod outcomes;
+
+use std::future::Future;
+use std::time::Duration;
+
+/// Runs a scenario with a hard time limit (faults spec 3).
+pub async fn bounded<T>(limit: Duration, scenario: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, scenario)
+        .await
+        .unwrap_or_else(|_| panic!("the scenario ran past its bound of {limit:?}"))
+}

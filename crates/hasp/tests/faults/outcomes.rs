@@ -1,0 +1,238 @@
+//! Faults spec 10–17: each fault of the harness and its expected outcome.
+
+use std::time::{Duration, Instant};
+
+use hasp::{Client, Settings};
+use testkit::{now_us, Direction, Event, FaultProxy, History, Mode, RedisServer, ServerOptions};
+
+use crate::bounded;
+use crate::child::{belief_end_us, ChildProcess};
+use crate::helpers::*;
+
+/// Faults spec 10: a holder process killed with SIGKILL frees its lock
+/// within one lease (fixed lease; the watchdog case is in the spec suite).
+#[tokio::test]
+async fn a_killed_holder_with_a_lease_frees_the_lock_within_the_lease() {
+    bounded(Duration::from_secs(15), async {
+        let ctx = Ctx::new();
+        let history = History::default();
+        let mut child = ChildProcess::spawn(
+            "hold",
+            &[
+                ("HASP_CHILD_URL", ctx.server.url()),
+                ("HASP_CHILD_LOCK", "killed".into()),
+                ("HASP_CHILD_LEASE_MS", "1000".into()),
+            ],
+            &history,
+        );
+        child.line("HELD", Duration::from_secs(5)).await;
+        child.kill();
+        let killed = Instant::now();
+        let lock = ctx.client().await.lock("killed").unwrap();
+        let guard = lock.lock_within(Duration::from_secs(5)).await.unwrap();
+        let after = killed.elapsed();
+        assert!(after <= Duration::from_millis(1000 + 300), "{after:?}");
+        guard.unlock().await.unwrap();
+    })
+    .await;
+}
+
+/// Faults spec 13: Redis restarted with AOF `always` while a lock is held
+/// and another client waits: the hold survives with its lease (no loss
+/// reported), and the waiter gets the lock after the release.
+#[tokio::test]
+async fn with_aof_always_a_restart_loses_nothing() {
+    bounded(Duration::from_secs(15), async {
+        let mut server = RedisServer::start_with(ServerOptions::default().with_aof("always"));
+        let settings = Settings::default()
+            .set_watchdog_timeout(Duration::from_millis(1500))
+            .set_response_timeout(Duration::from_millis(500));
+        let holder = Client::open_with(&server.url(), settings.clone())
+            .await
+            .unwrap();
+        let waiter = Client::open_with(&server.url(), settings).await.unwrap();
+        let lock = holder.lock("durable").unwrap();
+        let guard = lock.lock().await.unwrap();
+        let token = guard.fencing_token();
+        let waiting = tokio::spawn(async move {
+            let lock = waiter.lock("durable").unwrap();
+            let guard = lock.lock_within(Duration::from_secs(10)).await.unwrap();
+            let got = (guard.fencing_token(), Instant::now());
+            guard.unlock().await.unwrap();
+            got
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.restart();
+        tokio::time::sleep(Duration::from_millis(1500)).await; // renewals go on
+        assert!(!guard.is_lost());
+        assert!(lock.is_held_by_me().await.unwrap());
+        let released = Instant::now();
+        guard.unlock().await.unwrap();
+        let (next, acquired) = waiting.await.unwrap();
+        assert!(next > token);
+        let waited = acquired.saturating_duration_since(released);
+        assert!(waited < Duration::from_millis(1000), "{waited:?}");
+    })
+    .await;
+}
+
+/// Faults spec 14: a holder cut off (proxy black-hole) for longer than its
+/// lease learns of the loss no later than its belief end, which comes
+/// before another client can take the lock: the two beliefs do not overlap.
+#[tokio::test]
+async fn a_partitioned_holder_stops_believing_before_another_takes_over() {
+    bounded(Duration::from_secs(15), async {
+        let ctx = Ctx::new();
+        let proxy = FaultProxy::start(&ctx.server);
+        let settings = Settings::default()
+            .set_watchdog_timeout(Duration::from_millis(900))
+            .set_response_timeout(Duration::from_millis(300));
+        let cut = Client::open_with(&proxy.url(), settings).await.unwrap();
+        let history = History::default();
+        let guard = cut.lock("split").unwrap().lock().await.unwrap();
+        history.push(Event::Acquired {
+            holder: "cut".into(),
+            token: guard.fencing_token(),
+            at: now_us(),
+        });
+        proxy.set(Direction::Both, Mode::BlackHole);
+        let other = ctx.client().await.lock("split").unwrap();
+        let (taken, ()) = tokio::join!(other.lock_within(Duration::from_secs(5)), guard.lost());
+        let taken = taken.unwrap();
+        history.push(Event::Acquired {
+            holder: "other".into(),
+            token: taken.fencing_token(),
+            at: now_us(),
+        });
+        history.push(Event::Lost {
+            holder: "cut".into(),
+            at: belief_end_us(&guard),
+        });
+        taken.unlock().await.unwrap();
+        history.push(Event::Released {
+            holder: "other".into(),
+            at: now_us(),
+        });
+        let report = history.check();
+        assert_eq!(report.overlaps, 0, "{:?}", history.events());
+        assert_eq!(report.duplicate_tokens, 0);
+    })
+    .await;
+}
+
+/// Faults spec 15: Redis blocked (`DEBUG SLEEP`) for less than the lease:
+/// nothing is lost and operations resume.
+#[tokio::test]
+async fn a_redis_pause_shorter_than_the_lease_loses_nothing() {
+    bounded(Duration::from_secs(15), async {
+        let ctx = Ctx::new();
+        let client = ctx
+            .client_with(
+                Settings::default()
+                    .set_watchdog_timeout(Duration::from_millis(2400))
+                    .set_response_timeout(Duration::from_secs(2)),
+            )
+            .await;
+        let lock = client.lock("nap").unwrap();
+        let guard = lock.lock().await.unwrap();
+        let napping = {
+            let args = ctx.server.cli_args();
+            tokio::task::spawn_blocking(move || {
+                std::process::Command::new("redis-cli")
+                    .args(args)
+                    .args(["DEBUG", "SLEEP", "0.5"])
+                    .output()
+                    .unwrap()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let other = ctx.client().await.lock("nap").unwrap();
+        assert!(other.try_lock().await.unwrap().is_none());
+        napping.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert!(!guard.is_lost());
+        assert!(lock.is_held_by_me().await.unwrap());
+        guard.unlock().await.unwrap();
+    })
+    .await;
+}
+
+/// Faults spec 15 (and 12): Redis blocked for longer than the lease: the
+/// key expires meanwhile (Redis's clock runs on), the holder learns of the
+/// loss, and another owner can take the lock.
+#[tokio::test]
+async fn a_redis_pause_longer_than_the_lease_is_a_loss() {
+    bounded(Duration::from_secs(15), async {
+        let ctx = Ctx::new();
+        let client = ctx.fast_watchdog_client(Duration::from_millis(600)).await;
+        let guard = client.lock("long-nap").unwrap().lock().await.unwrap();
+        let args = ctx.server.cli_args();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new("redis-cli")
+                .args(args)
+                .args(["DEBUG", "SLEEP", "1.2"])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        tokio::time::timeout(Duration::from_secs(2), guard.lost())
+            .await
+            .expect("the loss is noticed");
+        let other = ctx.client().await.lock("long-nap").unwrap();
+        assert!(lockable_within(&other, Duration::from_secs(2)).await);
+        assert_not_held(guard.unlock().await.unwrap_err());
+    })
+    .await;
+}
+
+/// Faults spec 17: with the pub/sub connection killed while tasks wait, the
+/// waiters still get the lock soon after the release (they re-subscribe and
+/// are woken), not when the holder's 30 s lease would have run out.
+#[tokio::test]
+async fn waiters_whose_pubsub_connection_was_killed_still_get_the_release() {
+    bounded(Duration::from_secs(15), async {
+        let ctx = Ctx::new();
+        let holder = ctx.client().await; // watchdog 30 s
+        let waiting = ctx.client().await;
+        let guard = holder.lock("subscribed").unwrap().lock().await.unwrap();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let lock = waiting.lock("subscribed").unwrap();
+                tokio::spawn(async move {
+                    let guard = lock.lock_within(Duration::from_secs(10)).await.unwrap();
+                    let at = Instant::now();
+                    guard.unlock().await.unwrap();
+                    at
+                })
+            })
+            .collect();
+        let raw = ctx.raw().await;
+        let subscribed = testkit::eventually(Duration::from_secs(3), || {
+            let mut raw = raw.clone();
+            async move { subscribers(&mut raw, &channel("subscribed")).await == 1 }
+        })
+        .await;
+        assert!(subscribed);
+        ctx.server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        let resubscribed = testkit::eventually(Duration::from_secs(3), || {
+            let mut raw = raw.clone();
+            async move { subscribers(&mut raw, &channel("subscribed")).await == 1 }
+        })
+        .await;
+        assert!(resubscribed);
+        let released = Instant::now();
+        guard.unlock().await.unwrap();
+        for waiter in waiters {
+            let got = waiter.await.unwrap();
+            assert!(got.duration_since(released) < Duration::from_secs(2));
+        }
+        let left = testkit::eventually(Duration::from_secs(3), || {
+            let mut raw = raw.clone();
+            async move { subscribers(&mut raw, &channel("subscribed")).await == 0 }
+        })
+        .await;
+        assert!(left, "no subscription left behind");
+    })
+    .await;
+}
