@@ -25,6 +25,17 @@ pub struct Settings {
     pub(crate) max_lease: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) connection_timeout: Duration,
+    pub(crate) replica_ack: Option<ReplicaAck>,
+}
+
+/// Replicas that must confirm each acquisition and renewal (see
+/// [`Settings::set_replica_ack`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaAck {
+    /// How many replicas must acknowledge.
+    pub replicas: u32,
+    /// How long to wait for them (`WAIT`'s timeout).
+    pub timeout: Duration,
 }
 
 impl Default for Settings {
@@ -37,6 +48,7 @@ impl Default for Settings {
             max_lease: Duration::from_secs(7 * 24 * 3600),
             response_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(5),
+            replica_ack: None,
         }
     }
 }
@@ -87,6 +99,30 @@ impl Settings {
     /// How long establishing a connection may take (default 5 s).
     pub fn set_connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
+        self
+    }
+
+    /// Makes every acquisition, hand-off and renewal wait until `replicas`
+    /// replicas have acknowledged it (`WAIT replicas timeout`, sent in the
+    /// same pipeline as the script call: one `WAIT` per batch, not per lock).
+    /// Off by default.
+    ///
+    /// An acquisition that fewer replicas confirm within `timeout` is
+    /// released again and fails with
+    /// [`Error::NotReplicated`](crate::Error::NotReplicated); a renewal that
+    /// fewer confirm does not move the hold's belief end, so a holder whose
+    /// renewals stop replicating learns of the loss when its last confirmed
+    /// lease ends. Releases never wait.
+    ///
+    /// What it buys: after the master dies and a replica that acknowledged
+    /// is promoted, the lock is still there. What it does not: `WAIT` does
+    /// not make Redis strongly consistent — the replica promoted need not be
+    /// one that acknowledged, and an acknowledged write is in the replica's
+    /// memory, not on its disk. Pair it with `min-replicas-to-write` on the
+    /// server and fencing tokens at the resource. Redis 7.2's `WAITAOF` is
+    /// not used (this release targets 7.0).
+    pub fn set_replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_ack = Some(ReplicaAck { replicas, timeout });
         self
     }
 
@@ -144,6 +180,22 @@ impl Settings {
             ));
         }
         check_positive_ms("response_timeout", self.response_timeout)?;
+        if let Some(ack) = self.replica_ack {
+            if ack.replicas == 0 {
+                return Err(Error::invalid("replica_ack", "needs at least 1 replica"));
+            }
+            // WAIT 0 would block forever; past half the lease the hold
+            // would be half gone before it is confirmed.
+            if ack.timeout.is_zero() || ack.timeout > self.watchdog_timeout / 2 {
+                return Err(Error::invalid(
+                    "replica_ack",
+                    format!(
+                        "timeout {:?} must be in 1 ms ..= watchdog_timeout / 2",
+                        ack.timeout
+                    ),
+                ));
+            }
+        }
         check_positive_ms("connection_timeout", self.connection_timeout)?;
         Ok(())
     }

@@ -43,6 +43,17 @@ pub enum Error {
     #[error("redis error: {0}")]
     Redis(#[from] redis::RedisError),
 
+    /// Fewer replicas than
+    /// [`Settings::set_replica_ack`](crate::Settings::set_replica_ack) asks
+    /// for confirmed an acquisition in time; it was released again.
+    #[error("acquisition confirmed by {acked} of the {wanted} replicas required; released")]
+    NotReplicated {
+        /// Replicas that acknowledged.
+        acked: u32,
+        /// Replicas required.
+        wanted: u32,
+    },
+
     /// Redis answered something this library does not expect (for instance a
     /// key of the wrong type sits where a lock should be).
     #[error("unexpected reply from redis: {0}")]
@@ -51,7 +62,7 @@ pub enum Error {
 
 impl Error {
     /// True when the same call may succeed if repeated later: connection
-    /// drops, time-outs and refused connections. Outcomes such as
+    /// drops, time-outs, refused connections, and too few replicas. Outcomes such as
     /// [`NotHeld`](Error::NotHeld) and bad arguments are not retryable.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -66,6 +77,7 @@ impl Error {
                             | redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
                     )
             }
+            Error::NotReplicated { .. } => true,
             _ => false,
         }
     }

@@ -87,7 +87,7 @@ pub mod __bench {
 }
 
 pub use client::{Client, Stats};
-pub use config::{Settings, MAX_LEASE};
+pub use config::{ReplicaAck, Settings, MAX_LEASE};
 pub use error::{Error, Result};
 pub use guard::Guard;
 pub use lock::Lock;

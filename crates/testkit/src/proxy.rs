@@ -144,6 +144,12 @@ impl FaultProxy {
         }
     }
 
+    /// The proxy's TCP port on 127.0.0.1 (for a replica to replicate
+    /// through it, say).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The URL a client connects to through the proxy.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)

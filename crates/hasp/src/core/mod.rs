@@ -113,6 +113,7 @@ impl Core {
             id.clone(),
             (settings.connection_timeout, settings.response_timeout),
             settings.renew_batch,
+            settings.replica_ack,
             recheck.clone(),
             calls.clone(),
             &runtime,
@@ -123,7 +124,7 @@ impl Core {
                 recheck: recheck.clone(),
             });
             let pubsub = PubSub::start(redis, settings.connection_timeout, events, &runtime);
-            Waiters::new(id.clone(), pubsub)
+            Waiters::new(id.clone(), pubsub, settings.replica_ack.is_none())
         });
         let holds = Arc::new(Holds::default());
         let (shutdown, shutdown_rx) = watch::channel(());

@@ -11,6 +11,8 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
+use crate::config::ReplicaAck;
+
 /// `batch.lua`: every change hasp makes to its locks (see `wire`).
 pub(crate) const BATCH_SOURCE: &str = include_str!("scripts/batch.lua");
 
@@ -31,6 +33,33 @@ pub(crate) fn evalsha(script: &Script, keys: usize, args: usize, bytes: usize) -
     cmd.arg("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys);
     cmd
+}
+
+/// Runs an [`evalsha`] command of `script` followed by `WAIT` for `ack`'s
+/// replicas, in one pipeline (so the `WAIT` covers exactly this call's
+/// writes); returns the script's reply and how many replicas acknowledged.
+/// Loads the script and retries once if the server does not have it.
+pub(crate) async fn run_then_wait<T: FromRedisValue>(
+    script: &Script,
+    cmd: &Cmd,
+    ack: ReplicaAck,
+    conn: &mut impl ConnectionLike,
+) -> RedisResult<(T, u32)> {
+    let timeout_ms = u64::try_from(ack.timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let mut pipe = redis::pipe();
+    pipe.add_command(cmd.clone())
+        .cmd("WAIT")
+        .arg(ack.replicas)
+        .arg(timeout_ms);
+    match pipe.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            pipe.query_async(conn).await
+        }
+        result => result,
+    }
 }
 
 /// Runs an [`evalsha`] command of `script`, loading the script and retrying

@@ -160,15 +160,19 @@ pub(crate) struct Waiters {
     /// for waiters, and mostly there are none.
     in_use: AtomicUsize,
     pubsub: PubSub,
+    /// False when acquisitions must be confirmed by replicas: a release
+    /// then wakes the first waiter instead of handing it the lock.
+    hand_off: bool,
 }
 
 impl Waiters {
-    pub(crate) fn new(client_id: Arc<str>, pubsub: PubSub) -> Self {
+    pub(crate) fn new(client_id: Arc<str>, pubsub: PubSub, hand_off: bool) -> Self {
         Self {
             client_id,
             queues: Mutex::default(),
             in_use: AtomicUsize::new(0),
             pubsub,
+            hand_off,
         }
     }
 
@@ -263,7 +267,10 @@ impl Waiters {
         let nonce = batch.nonce();
         let sent_at = Instant::now();
         let queue = self.queue(&keys.channel);
-        let heir = queue.as_ref().and_then(|q| q.take_offer());
+        let heir = queue
+            .as_ref()
+            .filter(|_| self.hand_off)
+            .and_then(|q| q.take_offer());
         let op = match &heir {
             Some(heir) => Op::HandOff {
                 keys: keys.clone(),

@@ -129,6 +129,20 @@ impl Op {
         matches!(self, Op::Extend { .. })
     }
 
+    /// Whether, with replica acknowledgement on, this operation counts only
+    /// once replicas confirmed it: what gives or extends a hold.
+    pub(crate) fn needs_replicas(&self) -> bool {
+        matches!(
+            self,
+            Op::Acquire { .. }
+                | Op::HandOff { .. }
+                | Op::Extend {
+                    lease_ms: Some(_),
+                    ..
+                }
+        )
+    }
+
     /// What to send, before anything else, when this operation went out but
     /// its reply was lost: whatever makes the outcome as if it had failed
     /// (acquisitions) or succeeded (releases). `None` when sending it again

@@ -53,6 +53,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::scripts::{self, BATCH};
 use super::wire::{self, Nonces, Op, Reply};
+use crate::config::ReplicaAck;
 use crate::error::Error;
 use crate::owner::Owner;
 
@@ -171,13 +172,15 @@ pub(crate) struct Batcher;
 impl Batcher {
     /// Starts the batching task with a connection of its own to the server
     /// `client` points at (made on first use; `timeouts` = connect, response).
-    /// A call carries at most `max_extends` renewals. `reconnected` is
+    /// A call carries at most `max_extends` renewals; with `replica_ack`,
+    /// calls that acquire or renew wait for replicas. `reconnected` is
     /// notified when the connection is made again after it broke.
     pub(crate) fn start(
         client: redis::Client,
         client_id: Arc<str>,
         timeouts: (Duration, Duration),
         max_extends: usize,
+        replica_ack: Option<ReplicaAck>,
         reconnected: Arc<Notify>,
         stats: Arc<CallStats>,
         runtime: &tokio::runtime::Handle,
@@ -187,6 +190,7 @@ impl Batcher {
         let nonces = Arc::new(Nonces::new());
         let task = Task {
             client_id,
+            replica_ack,
             max_extends,
             connection: Connection::new(client, connect_timeout, response_timeout),
             settlements: Vec::new(),
@@ -291,6 +295,7 @@ fn outcome_unknown(e: &RedisError) -> bool {
 
 struct Task {
     client_id: Arc<str>,
+    replica_ack: Option<ReplicaAck>,
     max_extends: usize,
     connection: Connection,
     /// Operations to send first, to settle calls whose replies were lost.
@@ -394,27 +399,48 @@ impl Task {
         if ops().any(Op::is_extend) {
             self.stats.renew_calls.fetch_add(1, Ordering::Relaxed);
         }
+        let ack = self.replica_ack.filter(|_| ops().any(Op::needs_replicas));
         let nonces = self.nonces.clone();
         async move {
             let count = settle.len() + batch.len();
-            let reply = scripts::run::<Value>(&BATCH, &cmd, &mut conn)
-                .await
+            let reply = match ack {
+                None => scripts::run::<Value>(&BATCH, &cmd, &mut conn)
+                    .await
+                    .map(|value| (value, None)),
+                Some(ack) => scripts::run_then_wait(&BATCH, &cmd, ack, &mut conn)
+                    .await
+                    .map(|(value, acked)| (value, Some((acked, ack.replicas)))),
+            };
+            let reply = reply
                 .map_err(Error::Redis)
-                .and_then(|value| wire::split(value, count));
+                .and_then(|(value, acks)| Ok((wire::split(value, count)?, acks)));
             match reply {
-                Ok(values) => {
+                Ok((values, acks)) => {
                     let mut values = values.into_iter();
                     for (op, value) in settle.iter().zip(values.by_ref()) {
                         if let Err(e) = op.decode(&value) {
                             tracing::warn!(error = %e, "settling a lost reply failed");
                         }
                     }
+                    let mut unsettled = Vec::new();
                     for (request, value) in batch.into_iter().zip(values) {
-                        (request.done)(request.op.decode(&value));
+                        let mut reply = request.op.decode(&value);
+                        if let Some((acked, wanted)) = acks.filter(|(acked, wanted)| acked < wanted)
+                        {
+                            if request.op.needs_replicas() && reply.is_ok() {
+                                // Not confirmed: undo an acquisition (by its
+                                // nonce); a renewal just does not count.
+                                if matches!(reply, Ok(Reply::Acquired { .. })) {
+                                    unsettled.extend(request.op.settlement().into_iter().take(1));
+                                }
+                                reply = Err(Error::NotReplicated { acked, wanted });
+                            }
+                        }
+                        (request.done)(reply);
                     }
                     Sent {
                         error: None,
-                        unsettled: Vec::new(),
+                        unsettled,
                         retries: Vec::new(),
                     }
                 }
