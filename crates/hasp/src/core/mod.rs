@@ -111,9 +111,7 @@ impl Core {
         let queue = Batcher::start(
             redis.clone(),
             id.clone(),
-            (settings.connection_timeout, settings.response_timeout),
-            settings.renew_batch,
-            settings.replica_ack,
+            &settings,
             recheck.clone(),
             calls.clone(),
             &runtime,

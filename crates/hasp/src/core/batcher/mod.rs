@@ -53,7 +53,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::scripts::{self, BATCH};
 use super::wire::{self, Nonces, Op, Reply};
-use crate::config::ReplicaAck;
+use crate::config::{ReplicaAck, Settings};
 use crate::error::Error;
 use crate::owner::Owner;
 
@@ -171,28 +171,28 @@ pub(crate) struct Batcher;
 
 impl Batcher {
     /// Starts the batching task with a connection of its own to the server
-    /// `client` points at (made on first use; `timeouts` = connect, response).
-    /// A call carries at most `max_extends` renewals; with `replica_ack`,
-    /// calls that acquire or renew wait for replicas. `reconnected` is
+    /// `client` points at (made on first use), with `settings`' timeouts,
+    /// renewals per call and replica acknowledgement. `reconnected` is
     /// notified when the connection is made again after it broke.
     pub(crate) fn start(
         client: redis::Client,
         client_id: Arc<str>,
-        timeouts: (Duration, Duration),
-        max_extends: usize,
-        replica_ack: Option<ReplicaAck>,
+        settings: &Settings,
         reconnected: Arc<Notify>,
         stats: Arc<CallStats>,
         runtime: &tokio::runtime::Handle,
     ) -> Queue {
         let (requests, rx) = mpsc::unbounded_channel();
-        let (connect_timeout, response_timeout) = timeouts;
         let nonces = Arc::new(Nonces::new());
         let task = Task {
             client_id,
-            replica_ack,
-            max_extends,
-            connection: Connection::new(client, connect_timeout, response_timeout),
+            replica_ack: settings.replica_ack,
+            max_extends: settings.renew_batch,
+            connection: Connection::new(
+                client,
+                settings.connection_timeout,
+                settings.response_timeout,
+            ),
             settlements: Vec::new(),
             settle_at: None,
             settle_backoff: SETTLE_FIRST,
