@@ -15,6 +15,8 @@
 //!   among 32 tasks; more = overtaken).
 //! * **Redis instructions per pair** (`ri`, needs valgrind): counted by
 //!   callgrind for hasp's batch script and for rslock's commands.
+//! * **wait**: what replica acknowledgement (`Settings::set_replica_ack`)
+//!   costs at C = 1 against a master with one replica.
 //! * **(c) renewal cost**: script calls per renewal period while holding
 //!   10,000 locks.
 //!
@@ -35,7 +37,7 @@ const W2_HOLD: Duration = Duration::from_millis(1);
 
 struct Args {
     duration: Duration,
-    /// Sections to run (w1, rb, ri, w2, c); empty = all.
+    /// Sections to run (w1, rb, ri, w2, wait, c); empty = all.
     only: Vec<String>,
     /// W1 concurrency levels to run; empty = all of [`W1_CONCURRENCY`].
     levels: Vec<usize>,
@@ -63,7 +65,7 @@ fn parse_args() -> Args {
         if a == "--only" {
             only.extend(
                 args.next()
-                    .expect("--only w1,rb,ri,w2,c")
+                    .expect("--only w1,rb,ri,w2,wait,c")
                     .split(',')
                     .map(str::to_owned),
             );
@@ -195,6 +197,9 @@ async fn run(args: Args) {
         report.print("rslock", hasp_c1);
         drop(server);
     }
+    if args.runs("wait") {
+        replica_ack_cost(args.duration).await;
+    }
     if !args.runs("c") {
         return;
     }
@@ -207,6 +212,43 @@ async fn run(args: Args) {
          (Redisson: 10,000 / 100 = 100; rslock has no watchdog: extending each lock is one call, 10,000 per period)",
         calls as f64 / periods as f64
     );
+}
+
+/// What `Settings::set_replica_ack(1, ...)` costs: lock() latency and
+/// pairs/s at C = 1 against a master with one healthy replica, with and
+/// without waiting for it (faults spec 16).
+async fn replica_ack_cost(duration: Duration) {
+    println!("\n## wait: replica acknowledgement, master + 1 replica, C = 1\n");
+    println!("| mode | pairs/s | lock() p50 | lock() p99 |");
+    println!("|---|---:|---:|---:|");
+    let master = RedisServer::start_tcp();
+    let _replica = RedisServer::start_replica_of(&master);
+    for (mode, settings) in [
+        ("no WAIT", Settings::default()),
+        (
+            "WAIT 1 (replica_ack)",
+            Settings::default().set_replica_ack(1, Duration::from_millis(100)),
+        ),
+    ] {
+        let client = Client::open_with(&master.url(), settings).await.unwrap();
+        let lock = client.lock("wait").unwrap();
+        let mut latency = Histogram::<u64>::new(3).unwrap();
+        let (start, mut pairs) = (Instant::now(), 0u64);
+        while start.elapsed() < duration {
+            let t = Instant::now();
+            let guard = lock.lock().await.unwrap();
+            latency.record(t.elapsed().as_micros() as u64).unwrap();
+            guard.unlock().await.unwrap();
+            pairs += 1;
+        }
+        let ms = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
+        println!(
+            "| {mode} | {:.0} | {:.3} ms | {:.3} ms |",
+            pairs as f64 / start.elapsed().as_secs_f64(),
+            ms(0.5),
+            ms(0.99)
+        );
+    }
 }
 
 async fn w1_hasp(url: &str, concurrency: usize, duration: Duration) -> f64 {

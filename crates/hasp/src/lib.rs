@@ -39,6 +39,48 @@
 //! * [`Error`] — separates outcomes ([`Error::NotHeld`]) from failures
 //!   ([`Error::Redis`]).
 //!
+//! ## Safety under faults
+//!
+//! One Redis server (with or without replicas) cannot make a lock perfectly
+//! safe: if it loses a held lock's key, or a holder's process stops for
+//! longer than its lease, two owners can believe they hold the lock at
+//! once. What hasp does is keep each such window short, tell the holder,
+//! and keep fencing tokens usable, so that the resource can refuse a stale
+//! holder. `tests/faults` injects each fault for real and measures it
+//! (the README's "Safety" table has the figures):
+//!
+//! * **A holder knows when its belief ends**: at the send time of the last
+//!   acquire or renewal Redis confirmed, plus the lease, on the monotonic
+//!   clock ([`Guard::valid_until`]). [`Guard::lost`] fires then even while
+//!   Redis is unreachable, and that instant comes before Redis can expire
+//!   the key, so a partitioned holder stops believing before anyone else
+//!   can take the lock (while the two machines' clocks run at one rate).
+//! * **A loss Redis can tell is told at once**: a renewal that finds the
+//!   lock gone or held by another owner marks it lost and re-creates
+//!   nothing; after any reconnect every hold is checked in one batch. The
+//!   release of a lost hold is [`Error::NotHeld`] and touches nobody else's
+//!   hold.
+//! * **Errors mean "not held"**: an acquire whose reply was lost is undone
+//!   before anything else the client sends; a release whose reply was lost
+//!   is completed. No hold is left that nobody tracks.
+//! * **Tokens never go back** for a name: a fresh token is max(last + 1, the
+//!   server's `TIME` in µs), so after a restart without persistence, or a
+//!   failover to a replica that missed the last increments, new tokens are
+//!   still greater — as long as the server's clock is not stepped back and
+//!   a name is not taken more than once a microsecond.
+//! * **Replication is asynchronous**: a master that dies right after an
+//!   acquisition its replicas did not get leaves the promoted replica
+//!   without the lock. [`Settings::set_replica_ack`] makes acquisitions
+//!   and renewals wait for replicas (`WAIT`), at the cost of a replica
+//!   round trip; `WAIT` still does not make Redis consistent (the replica
+//!   promoted need not be one that acknowledged).
+//! * **What no Redis lock can do**: protect a resource from a holder whose
+//!   process froze past its lease and resumes without checking
+//!   [`Guard::is_lost`]; only the resource can, by refusing writes whose
+//!   fencing token is lower than one it has seen. Restart Redis with
+//!   `appendfsync always` (or keep it down for longer than the longest
+//!   lease) if a restart must not hand a held lock to someone else.
+//!
 //! ## Key layout
 //!
 //! For a lock named `N` under prefix `P` (default `hasp`), with `E` = `N`
@@ -46,8 +88,8 @@
 //!
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
-//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:w` → the id of the client waiting, `*` if several |
-//! | `P:{E}:fence`              | string  | last fencing token issued: the holder's while held (no TTL) |
+//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:w` → the id of the client waiting, `*` if several; `:o` → nonce of the last operation that changed a hold count |
+//! | `P:{E}:fence`              | string  | last fencing token issued: the holder's while held (no TTL); max(last + 1, server `TIME` in µs) |
 //! | `P:{E}:released`           | channel | release notifications                     |
 //!
 //! `{E}` is the hash tag of all three, so one lock lives in one Redis

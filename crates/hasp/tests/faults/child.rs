@@ -74,6 +74,11 @@ impl ChildProcess {
         assert!(status.success(), "kill {signal}");
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Freezes the process (SIGSTOP).
     pub fn pause(&self) {
         self.signal("-STOP");

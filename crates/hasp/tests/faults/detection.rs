@@ -50,10 +50,15 @@ async fn a_partitioned_holder_with_a_lease_learns_the_loss_at_its_belief_end() {
             .unwrap();
         let until = guard.valid_until();
         assert!(until >= sent + lease && until <= Instant::now() + lease);
-        proxy.set(Direction::Both, Mode::BlackHole);
         let mut raw = ctx.raw().await;
+        proxy.set(Direction::Both, Mode::BlackHole);
         let (_, gone) = tokio::join!(guard.lost(), key_gone(&mut raw, "cut-off"));
         let lost_at = Instant::now();
+        println!(
+            "figure: partition, fixed lease 800 ms: told {:?} after the acquire was sent, {:?} before the key was seen gone",
+            lost_at.saturating_duration_since(sent),
+            gone.saturating_duration_since(lost_at)
+        );
         assert!(guard.is_lost());
         assert!(lost_at >= until, "not before the belief end");
         assert!(
@@ -84,6 +89,7 @@ async fn a_partitioned_holder_in_watchdog_mode_learns_the_loss_while_still_cut_o
         proxy.set(Direction::Both, Mode::BlackHole);
         guard.lost().await;
         let after = cut.elapsed();
+        println!("figure: partition, watchdog 900 ms: told {after:?} after the cut-off");
         assert!(after <= watchdog + Duration::from_millis(200), "{after:?}");
         assert_not_held(guard.unlock().await.unwrap_err());
     })
@@ -108,6 +114,9 @@ async fn after_a_restart_every_hold_is_checked_at_once() {
             guard.lost().await;
         }
         let told = restarted.elapsed();
+        println!(
+            "figure: restart without persistence: 3 holders told {told:?} after Redis was back"
+        );
         assert!(told < Duration::from_secs(1), "told after {told:?}");
         for guard in guards {
             assert_not_held(guard.unlock().await.unwrap_err());
@@ -157,6 +166,10 @@ async fn a_renewal_finding_another_owner_marks_the_loss_and_touches_nothing() {
         let new_guard = new_lock.lock_within(Duration::from_secs(2)).await.unwrap();
         let taken = Instant::now();
         guard.lost().await;
+        println!(
+            "figure: lease truncated, another owner took over: old holder told {:?} later",
+            taken.elapsed()
+        );
         assert!(taken.elapsed() <= watchdog / 3 + Duration::from_millis(200));
         let ttl: i64 = query(&mut raw, &["PTTL", &lock_key("taken")]).await;
         assert!(ttl > 15_000, "the new owner's lease was not touched: {ttl}");

@@ -17,6 +17,7 @@ mod child;
 mod defects;
 mod detection;
 mod fencing;
+mod harness;
 mod mix;
 mod outcomes;
 

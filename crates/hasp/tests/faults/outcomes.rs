@@ -31,6 +31,7 @@ async fn a_killed_holder_with_a_lease_frees_the_lock_within_the_lease() {
         let lock = ctx.client().await.lock("killed").unwrap();
         let guard = lock.lock_within(Duration::from_secs(5)).await.unwrap();
         let after = killed.elapsed();
+        println!("figure: holder SIGKILLed, lease 1 s: taken over after {after:?}");
         assert!(after <= Duration::from_millis(1000 + 300), "{after:?}");
         guard.unlock().await.unwrap();
     })
@@ -71,6 +72,9 @@ async fn with_aof_always_a_restart_loses_nothing() {
         let (next, acquired) = waiting.await.unwrap();
         assert!(next > token);
         let waited = acquired.saturating_duration_since(released);
+        println!(
+            "figure: AOF always restart: hold kept, waiter got it {waited:?} after the release"
+        );
         assert!(waited < Duration::from_millis(1000), "{waited:?}");
     })
     .await;
@@ -114,6 +118,16 @@ async fn a_partitioned_holder_stops_believing_before_another_takes_over() {
             at: now_us(),
         });
         let report = history.check();
+        let events = history.events();
+        if let (Some(Event::Acquired { at: other_at, .. }), Some(Event::Lost { at: lost_at, .. })) =
+            (events.iter().find(|e| matches!(e, Event::Acquired { holder, .. } if holder == "other")),
+             events.iter().find(|e| matches!(e, Event::Lost { .. })))
+        {
+            println!(
+                "figure: partition 900 ms watchdog: belief ended {} µs before the other client acquired",
+                *other_at as i64 - *lost_at as i64
+            );
+        }
         assert_eq!(report.overlaps, 0, "{:?}", history.events());
         assert_eq!(report.duplicate_tokens, 0);
     })
@@ -225,6 +239,10 @@ async fn waiters_whose_pubsub_connection_was_killed_still_get_the_release() {
         guard.unlock().await.unwrap();
         for waiter in waiters {
             let got = waiter.await.unwrap();
+            println!(
+                "figure: pub/sub killed while waiting: acquired {:?} after the release",
+                got.duration_since(released)
+            );
             assert!(got.duration_since(released) < Duration::from_secs(2));
         }
         let left = testkit::eventually(Duration::from_secs(3), || {

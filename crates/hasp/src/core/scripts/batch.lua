@@ -51,11 +51,15 @@
 --
 -- The release channel is not a key: it is <lock>:released (see keys.rs).
 --
--- Tokens. A fresh token is max(last + 1, the server's TIME in
--- microseconds), so tokens for a name never repeat or go back, even when
--- Redis loses the counter (restart without persistence, failover to a
--- replica that missed the last increments), provided the server's clock is
--- not stepped back and a name is not taken more than once a microsecond.
+-- Tokens. A fresh token is last + 1, raised to the server's TIME in
+-- microseconds when the counter is missing and to that time's 100 ms floor
+-- when the counter is behind it. So a token never exceeds its issue time in
+-- microseconds (while a name is taken at most once a microsecond), and
+-- tokens for a name never repeat or go back: not after Redis lost the
+-- counter (restart without persistence: the next token is the time now),
+-- nor after a failover to a replica that missed the last increments, if
+-- the failover took 100 ms or more (Sentinel and Cluster take seconds) —
+-- provided the server's clock is not stepped back.
 --
 -- Returns an array with one element per operation: a string 'failed: <the
 -- error>' for an operation that failed, else an integer:
@@ -78,13 +82,24 @@
 local call = redis.call
 local client = ARGV[1]
 
+-- Fresh tokens (see "Tokens" above). The server's clock is read once per
+-- call (Redis freezes time while a script runs). The common case is one
+-- INCR: the counter is written again only when it is missing (its data was
+-- lost: seeded with the exact microseconds) or behind the clock's 100 ms
+-- floor (a replica that missed the last increments: at most once per 100
+-- ms per name).
+local now_us, floor_us
 local function next_token(fence)
-  local now = call('time')
-  local token = now[1] * 1000000 + now[2]
-  local last = tonumber(call('set', fence, token, 'GET'))
-  if last and last >= token then
-    token = last + 1
-    call('set', fence, token)
+  if not now_us then
+    local now = call('time')
+    now_us = now[1] * 1000000 + now[2]
+    floor_us = now_us - now_us % 100000
+  end
+  local token = call('incr', fence)
+  local least = token == 1 and now_us or floor_us
+  if token < least then
+    token = least
+    call('set', fence, string.format('%d', token))
   end
   return token
 end
