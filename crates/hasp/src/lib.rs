@@ -63,11 +63,14 @@
 //! * **Errors mean "not held"**: an acquire whose reply was lost is undone
 //!   before anything else the client sends; a release whose reply was lost
 //!   is completed. No hold is left that nobody tracks.
-//! * **Tokens never go back** for a name: a fresh token is max(last + 1, the
-//!   server's `TIME` in µs), so after a restart without persistence, or a
-//!   failover to a replica that missed the last increments, new tokens are
-//!   still greater — as long as the server's clock is not stepped back and
-//!   a name is not taken more than once a microsecond.
+//! * **Tokens never go back** for a name: a fresh token is the counter's
+//!   next value, re-seeded from the server's `TIME` in µs when the counter
+//!   is missing and raised to `TIME`'s 100 ms floor when it is behind. So a
+//!   token never exceeds its issue time in µs, and after a restart without
+//!   persistence, or a failover (taking ≥ 100 ms) to a replica that missed
+//!   the last increments, new tokens are still greater — as long as the
+//!   server's clock is not stepped back and a name is not taken more than
+//!   once a microsecond.
 //! * **Replication is asynchronous**: a master that dies right after an
 //!   acquisition its replicas did not get leaves the promoted replica
 //!   without the lock. [`Settings::set_replica_ack`] makes acquisitions
@@ -89,7 +92,7 @@
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
 //! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:w` → the id of the client waiting, `*` if several; `:o` → nonce of the last operation that changed a hold count |
-//! | `P:{E}:fence`              | string  | last fencing token issued: the holder's while held (no TTL); max(last + 1, server `TIME` in µs) |
+//! | `P:{E}:fence`              | string  | last fencing token issued: the holder's while held (no TTL; see "Tokens never go back") |
 //! | `P:{E}:released`           | channel | release notifications                     |
 //!
 //! `{E}` is the hash tag of all three, so one lock lives in one Redis

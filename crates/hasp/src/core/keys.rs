@@ -4,7 +4,7 @@
 //!
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
-//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:w` → id of the client that waits, `*` if several (since the lock was last free) |
+//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:w` → id of the client that waits, `*` if several (since the lock was last free); `:o` → nonce of the last operation that changed a hold count |
 //! | `P:{E}:fence`              | string  | last fencing token issued for `N`, which is the holder's while the lock is held (no TTL) |
 //! | `P:{E}:released` (channel) | pub/sub | a release message, payload = releasing client id or `*` |
 //!
