@@ -241,22 +241,23 @@ impl FencedRegister {
         self.server.url()
     }
 
-    /// Writes with `token` as `holder`; true if accepted.
-    pub async fn write(&self, holder: &str, token: u64) -> bool {
-        write_at(&self.url(), holder, token).await
+    /// Writes to `resource` with `token` as `holder`; true if accepted.
+    pub async fn write(&self, resource: &str, holder: &str, token: u64) -> bool {
+        write_at(&self.url(), resource, holder, token).await
     }
 }
 
-/// Writes to the register whose server is at `url` (see
-/// [`FencedRegister::url`]); true if accepted.
-pub async fn write_at(url: &str, holder: &str, token: u64) -> bool {
+/// Writes to `resource` of the register whose server is at `url` (see
+/// [`FencedRegister::url`]); true if accepted. Each resource keeps its own
+/// highest token (one per lock name).
+pub async fn write_at(url: &str, resource: &str, holder: &str, token: u64) -> bool {
     let client = redis::Client::open(url).expect("register url");
     let mut conn = client
         .get_multiplexed_async_connection()
         .await
         .expect("the register's server answers");
     let accepted: i64 = redis::Script::new(REGISTER)
-        .key("register")
+        .key(format!("register:{resource}"))
         .arg(token)
         .arg(holder)
         .invoke_async(&mut conn)

@@ -163,11 +163,15 @@ mod faults {
     #[tokio::test]
     async fn the_fenced_register_rejects_stale_tokens() {
         let register = FencedRegister::start();
-        assert!(register.write("a", 5).await);
-        assert!(register.write("a", 5).await, "same holder, same token");
-        assert!(!register.write("b", 5).await, "another holder, same token");
-        assert!(!register.write("b", 4).await);
-        assert!(register.write("b", 1_763_900_000_000_001).await);
-        assert!(!register.write("a", 5).await);
+        assert!(register.write("r", "a", 5).await);
+        assert!(register.write("r", "a", 5).await, "same holder, same token");
+        assert!(
+            !register.write("r", "b", 5).await,
+            "another holder, same token"
+        );
+        assert!(!register.write("r", "b", 4).await);
+        assert!(register.write("other", "b", 4).await, "another resource");
+        assert!(register.write("r", "b", 1_763_900_000_000_001).await);
+        assert!(!register.write("r", "a", 5).await);
     }
 }

@@ -198,7 +198,8 @@ async fn careless(client: &Client) {
     });
     println!("HELD {token}");
     tokio::time::sleep(Duration::from_millis(300)).await; // frozen in here
-    let accepted = testkit::write_at(&env("HASP_CHILD_REGISTER"), &holder, token).await;
+    let resource = env("HASP_CHILD_LOCK");
+    let accepted = testkit::write_at(&env("HASP_CHILD_REGISTER"), &resource, &holder, token).await;
     print(Event::Wrote {
         holder: holder.clone(),
         token,

@@ -136,7 +136,9 @@ async fn a_fenced_register_rejects_the_write_of_a_holder_that_was_frozen() {
             token: guard.fencing_token(),
             at: now_us(),
         });
-        let accepted = register.write("parent", guard.fencing_token()).await;
+        let accepted = register
+            .write("frozen", "parent", guard.fencing_token())
+            .await;
         history.push(Event::Wrote {
             holder: "parent".into(),
             token: guard.fencing_token(),

@@ -117,7 +117,11 @@ impl Request {
                 nonce: nonces.next(),
             },
             Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } => {
-                let carrier = settle.pop().expect("a release settles with a release");
+                // A release's settlement ends with the release it redoes.
+                let Some(carrier) = settle.pop() else {
+                    (self.done)(Err(broken()));
+                    return (settle, None);
+                };
                 let done = self.done;
                 let retry = Request {
                     op: carrier,
