@@ -373,6 +373,12 @@ impl RedisServer {
         self.cli(&["DEBUG", "SLEEP", &seconds.to_string()]);
     }
 
+    /// Holds every client's commands for `millis` (`CLIENT PAUSE … ALL`);
+    /// returns at once. Keys do not expire meanwhile.
+    pub fn client_pause(&self, millis: u64) {
+        self.cli(&["CLIENT", "PAUSE", &millis.to_string(), "ALL"]);
+    }
+
     /// Runs a `redis-cli` command against this server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")

@@ -171,6 +171,34 @@ async fn a_redis_pause_shorter_than_the_lease_loses_nothing() {
     .await;
 }
 
+/// Faults spec 15: every client's commands held (`CLIENT PAUSE`) for less
+/// than the lease: renewals wait and go through, nothing is lost, and a
+/// release made meanwhile takes effect when the pause ends.
+#[tokio::test]
+async fn a_client_pause_shorter_than_the_lease_loses_nothing() {
+    bounded(Duration::from_secs(15), async {
+        let ctx = Ctx::new();
+        let client = ctx
+            .client_with(
+                Settings::default()
+                    .set_watchdog_timeout(Duration::from_millis(1500))
+                    .set_response_timeout(Duration::from_secs(2)),
+            )
+            .await;
+        let lock = client.lock("held-up").unwrap();
+        let guard = lock.lock().await.unwrap();
+        ctx.server.client_pause(700); // past a renewal period (500 ms)
+        let paused = Instant::now();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        guard.unlock().await.unwrap(); // waits out the pause
+        assert!(paused.elapsed() >= Duration::from_millis(600));
+        let other = ctx.client().await.lock("held-up").unwrap();
+        assert!(other.try_lock().await.unwrap().is_some());
+        assert!(!lock.is_held_by_me().await.unwrap());
+    })
+    .await;
+}
+
 /// Faults spec 15 (and 12): Redis blocked for longer than the lease: the
 /// key expires meanwhile (Redis's clock runs on), the holder learns of the
 /// loss, and another owner can take the lock.
