@@ -247,23 +247,54 @@ impl FencedRegister {
     }
 }
 
-/// Writes to `resource` of the register whose server is at `url` (see
-/// [`FencedRegister::url`]); true if accepted. Each resource keeps its own
-/// highest token (one per lock name).
+/// A connection to a [`FencedRegister`], kept for many writes (a
+/// connection per write would make holders slow under load).
+#[derive(Clone)]
+pub struct RegisterClient {
+    conn: redis::aio::MultiplexedConnection,
+    script: redis::Script,
+}
+
+impl RegisterClient {
+    /// Connects to the register whose server is at `url` (see
+    /// [`FencedRegister::url`]).
+    pub async fn connect(url: &str) -> Self {
+        let client = redis::Client::open(url).expect("register url");
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(std::time::Duration::from_secs(10)))
+            .set_response_timeout(Some(std::time::Duration::from_secs(10)));
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .expect("the register's server answers");
+        Self {
+            conn,
+            script: redis::Script::new(REGISTER),
+        }
+    }
+
+    /// Writes to `resource` with `token` as `holder`; true if accepted.
+    /// Each resource keeps its own highest token (one per lock name).
+    pub async fn write(&mut self, resource: &str, holder: &str, token: u64) -> bool {
+        let accepted: i64 = self
+            .script
+            .key(format!("register:{resource}"))
+            .arg(token)
+            .arg(holder)
+            .invoke_async(&mut self.conn)
+            .await
+            .expect("register script");
+        accepted == 1
+    }
+}
+
+/// Writes once to `resource` of the register whose server is at `url`; true
+/// if accepted.
 pub async fn write_at(url: &str, resource: &str, holder: &str, token: u64) -> bool {
-    let client = redis::Client::open(url).expect("register url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
+    RegisterClient::connect(url)
         .await
-        .expect("the register's server answers");
-    let accepted: i64 = redis::Script::new(REGISTER)
-        .key(format!("register:{resource}"))
-        .arg(token)
-        .arg(holder)
-        .invoke_async(&mut conn)
+        .write(resource, holder, token)
         .await
-        .expect("register script");
-    accepted == 1
 }
 
 #[cfg(test)]

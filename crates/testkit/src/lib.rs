@@ -15,7 +15,7 @@
 mod checker;
 mod proxy;
 mod sql;
-pub use checker::{now_us, write_at, Event, FencedRegister, History, Report};
+pub use checker::{now_us, write_at, Event, FencedRegister, History, RegisterClient, Report};
 pub use proxy::{Direction, FaultProxy, Mode};
 pub use sql::{MariaDbServer, PostgresServer};
 

@@ -309,11 +309,15 @@ impl Waiters {
                     queue.wake_one();
                     then(Ok(Reply::Released));
                 }
-                // Not handed over (still held, not held, or the reply was
-                // lost: then the batcher settles it): the heir keeps its
-                // place at the front.
+                // Not handed over (still held, not held, freed by a
+                // settlement, or the reply was lost: then the batcher
+                // settles it): the heir keeps its place at the front, and is
+                // woken if the lock is free.
                 (Some(heir), reply) => {
                     guard(&queue.offers).push_front(heir);
+                    if matches!(reply, Ok(Reply::Released)) {
+                        queue.wake_one();
+                    }
                     then(reply);
                 }
                 (None, reply) => {

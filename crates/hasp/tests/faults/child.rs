@@ -5,6 +5,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hasp::{Client, Settings};
@@ -20,6 +21,17 @@ pub struct ChildProcess {
 impl ChildProcess {
     /// Starts a child in `role` with `env`; its event lines go to `history`.
     pub fn spawn(role: &str, env: &[(&str, String)], history: &History) -> Self {
+        Self::spawn_logged(role, env, history, None)
+    }
+
+    /// As [`spawn`](Self::spawn), and every line that is not an event is
+    /// also appended to `log`.
+    pub fn spawn_logged(
+        role: &str,
+        env: &[(&str, String)],
+        history: &History,
+        log: Option<Arc<Mutex<Vec<String>>>>,
+    ) -> Self {
         let mut command = Command::new(std::env::current_exe().unwrap());
         command
             .args([
@@ -42,6 +54,9 @@ impl ChildProcess {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 history.extend_from_lines([line.as_str()]);
+                if let (Some(log), false) = (&log, line.starts_with("EV ")) {
+                    log.lock().unwrap().push(line.clone());
+                }
                 if tx.send(line).is_err() {
                     // Nobody reads the lines any more: keep the history.
                 }

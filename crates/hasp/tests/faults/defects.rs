@@ -247,3 +247,29 @@ async fn leases_redis_would_refuse_cannot_be_configured() {
     })
     .await;
 }
+
+/// Issue 17.1: a release that could not even be sent (the connection broke
+/// and making a new one failed) is sent once Redis can be reached again: the
+/// lock does not stay held for the rest of its 30 s lease.
+#[tokio::test]
+async fn a_release_that_could_not_be_sent_is_sent_when_redis_is_back() {
+    bounded(Duration::from_secs(10), async {
+        let ctx = Ctx::new();
+        let (proxy, client) = through_proxy(&ctx).await;
+        let guard = client.lock("unsent").unwrap().lock().await.unwrap();
+        proxy.close_all();
+        proxy.set(Direction::Both, Mode::BlackHole); // reconnects time out
+        assert!(guard.unlock().await.is_err());
+        proxy.set(Direction::Both, Mode::Pass);
+        let other = ctx.client().await.lock("unsent").unwrap();
+        let started = Instant::now();
+        let taken = other.lock_within(Duration::from_secs(5)).await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        taken.unlock().await.unwrap();
+    })
+    .await;
+}

@@ -71,6 +71,7 @@ pub async fn child(client: Client) {
 
 /// One task's loop; returns how many acquires ran out their bound.
 async fn task(client: Client, stop: Arc<AtomicBool>, me: String, register: String) -> u32 {
+    let mut register = testkit::RegisterClient::connect(&register).await;
     let mut timeouts = 0;
     while !stop.load(Ordering::Acquire) {
         let name = format!("mix-{}", rand::rng().random_range(0..NAMES));
@@ -79,6 +80,7 @@ async fn task(client: Client, stop: Arc<AtomicBool>, me: String, register: Strin
         let cancel_after = rand::rng()
             .random_bool(0.2)
             .then(|| Duration::from_millis(rand::rng().random_range(0..20)));
+        let waiting_since = now_us();
         let acquired = match cancel_after {
             Some(after) => match tokio::time::timeout(after, lock.lock()).await {
                 Ok(result) => result,
@@ -90,6 +92,7 @@ async fn task(client: Client, stop: Arc<AtomicBool>, me: String, register: Strin
             Ok(guard) => guard,
             Err(Error::TimedOut { .. }) => {
                 timeouts += 1;
+                println!("TIMEOUT {holder} {waiting_since} {}", now_us());
                 continue;
             }
             Err(_) => continue, // Redis unreachable: an error, never a hold
@@ -109,7 +112,7 @@ async fn task(client: Client, stop: Arc<AtomicBool>, me: String, register: Strin
             if guard.is_lost() {
                 break;
             }
-            let accepted = testkit::write_at(&register, &name, &holder, token).await;
+            let accepted = register.write(&name, &holder, token).await;
             let at = now_us();
             let wrote = Event::Wrote {
                 holder: holder.clone(),
@@ -132,6 +135,8 @@ struct Children {
     server_url: String,
     register: String,
     history: History,
+    /// Every line of every child that is not an event.
+    lines: Arc<std::sync::Mutex<Vec<String>>>,
     running: Vec<(String, ChildProcess)>,
     spawned: usize,
     tasks: u64,
@@ -141,7 +146,7 @@ impl Children {
     fn spawn(&mut self) {
         let id = format!("p{}", self.spawned);
         self.spawned += 1;
-        let child = ChildProcess::spawn(
+        let child = ChildProcess::spawn_logged(
             "mix",
             &[
                 ("HASP_CHILD_URL", self.server_url.clone()),
@@ -151,6 +156,7 @@ impl Children {
                 ("HASP_MIX_TASKS", self.tasks.to_string()),
             ],
             &self.history,
+            Some(self.lines.clone()),
         );
         self.running.push((id, child));
     }
@@ -181,6 +187,7 @@ async fn a_random_mix_of_faults_breaks_no_exclusion_and_leaves_nothing_behind() 
             server_url: server.url(),
             register: register.url(),
             history: History::default(),
+            lines: Arc::default(),
             running: Vec::new(),
             spawned: 0,
             tasks: env_or("HASP_MIX_TASKS", 8),
@@ -195,6 +202,7 @@ async fn a_random_mix_of_faults_breaks_no_exclusion_and_leaves_nothing_behind() 
             tokio::time::sleep(Duration::from_millis(pause)).await;
             let fault = match rand::rng().random_range(0..10) {
                 0..=2 => {
+                    println!("mix: client kill at {}", now_us());
                     server.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
                     "client kill (commands)"
                 }
@@ -203,16 +211,19 @@ async fn a_random_mix_of_faults_breaks_no_exclusion_and_leaves_nothing_behind() 
                     "client kill (pub/sub)"
                 }
                 4..=5 => {
+                    println!("mix: pause at {}", now_us());
                     server.pause();
                     tokio::time::sleep(Duration::from_millis(150)).await;
                     server.resume();
                     "redis paused 150 ms"
                 }
                 6 => {
+                    println!("mix: restart at {}", now_us());
                     server.restart();
                     "redis restarted (AOF always)"
                 }
                 7..=8 => {
+                    println!("mix: kill at {}", now_us());
                     children.kill_one();
                     children.spawn();
                     "client process killed"
@@ -247,6 +258,44 @@ async fn a_random_mix_of_faults_breaks_no_exclusion_and_leaves_nothing_behind() 
             let name = holder.split('@').nth(1).unwrap_or("?").to_owned();
             per_name.entry(name).or_default().push(event);
         }
+        // An acquire that ran out its bound: how many times others got the
+        // lock meanwhile (many: starved; few: everything stalled).
+        let mut timeouts = Vec::new();
+        let lines = children.lines.lock().unwrap().clone();
+        for line in lines.iter().filter(|l| l.starts_with("TIMEOUT ")) {
+            let mut words = line.split(' ').skip(1);
+            let (Some(holder), Some(from), Some(to)) = (words.next(), words.next(), words.next()) else {
+                continue;
+            };
+            let (from, to): (u64, u64) = (from.parse().unwrap(), to.parse().unwrap());
+            let name = holder.split('@').nth(1).unwrap_or("?").to_owned();
+            let others = per_name.get(&name).map_or(0, |h| {
+                h.events()
+                    .iter()
+                    .filter(|e| matches!(e, Event::Acquired { at, .. } if *at > from && *at < to))
+                    .count()
+            });
+            if timeouts.is_empty() {
+                if let Some(h) = per_name.get(&name) {
+                    for e in h.events().iter().filter(|e| {
+                        let at = match e {
+                            Event::Acquired { at, .. }
+                            | Event::Lost { at, .. }
+                            | Event::Released { at, .. }
+                            | Event::Wrote { at, .. } => *at,
+                        };
+                        at + 2_000_000 > from && at < to
+                    }) {
+                        println!("mix: during the first wait that ran out: {} {e:?}", from);
+                    }
+                }
+                for line in lines.iter().filter(|l| !l.starts_with("TIMEOUT ") && !l.starts_with("STATS")) {
+                    println!("mix: child said: {line}");
+                }
+            }
+            timeouts.push((holder.to_owned(), (to - from) / 1000, others));
+        }
+        println!("mix: acquires that ran out their bound (holder, ms waited, acquisitions by others meanwhile): {timeouts:?}");
         let mut total = testkit::Report::default();
         for history in per_name.values() {
             let r = history.check();

@@ -356,7 +356,8 @@ impl Task {
             let conn = match self.connection.get().await {
                 Ok(conn) => conn,
                 Err(e) => {
-                    fail(batch, &Error::Redis(e));
+                    let pending = fail(batch, &Error::Redis(e));
+                    self.settlements.extend(pending);
                     self.schedule_settlements(false);
                     continue;
                 }
@@ -557,11 +558,21 @@ async fn gather(
     batch
 }
 
-/// Answers every request of a batch that could not be sent.
-fn fail(batch: Vec<Request>, error: &Error) {
+/// Answers every request of a batch that could not be sent; returns what
+/// must still reach Redis: releases (and settlements) were not applied, and
+/// a hold would stay behind that nobody tracks.
+fn fail(batch: Vec<Request>, error: &Error) -> Vec<Op> {
+    let mut pending = Vec::new();
     for request in batch {
+        if matches!(
+            request.op,
+            Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } | Op::Undo { .. }
+        ) {
+            pending.extend(request.op.settlement());
+        }
         (request.done)(Err(error.clone()));
     }
+    pending
 }
 
 #[cfg(test)]
