@@ -194,6 +194,19 @@ impl Op {
         }
     }
 
+    /// What must still reach Redis when this operation was not applied (the
+    /// call was refused, or could not be sent): a release, or a
+    /// settlement, must happen, or a hold would stay that nobody tracks.
+    /// Nothing for an acquisition or a renewal (its caller got the error).
+    pub(crate) fn unfinished(&self) -> Vec<Op> {
+        match self {
+            Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } | Op::Undo { .. } => {
+                self.settlement()
+            }
+            Op::Acquire { .. } | Op::Extend { .. } | Op::Force { .. } => Vec::new(),
+        }
+    }
+
     /// Keys, arguments and bytes this operation adds to a call.
     fn size(&self) -> (usize, usize, usize) {
         let lock = self.keys().lock.len() + 4;

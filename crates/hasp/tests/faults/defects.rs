@@ -273,3 +273,54 @@ async fn a_release_that_could_not_be_sent_is_sent_when_redis_is_back() {
     })
     .await;
 }
+
+/// Issue 17.1, found by the random mix: a release sent as Redis restarts
+/// (AOF) is retried on a new connection while Redis is still loading its
+/// data and refused (`-LOADING`). It must stay pending and be applied once
+/// Redis has loaded; dropped, it left a hold that its owner later re-entered
+/// (same token, lease re-armed) while every other client starved.
+#[tokio::test]
+async fn a_release_refused_while_redis_loads_is_applied_once_it_has_loaded() {
+    use testkit::{RedisServer, ServerOptions};
+    bounded(Duration::from_secs(60), async {
+        let server = RedisServer::start_with(ServerOptions::default().with_aof("always"));
+        // Enough data that loading it takes a while.
+        server.cli(&["DEBUG", "POPULATE", "3000000"]);
+        server.cli(&["BGREWRITEAOF"]);
+        let rewritten = testkit::eventually(Duration::from_secs(30), || {
+            let info = server.cli(&["INFO", "persistence"]);
+            async move {
+                info.contains("aof_rewrite_in_progress:0") && info.contains("aof_rewrite_scheduled:0")
+            }
+        })
+        .await;
+        assert!(rewritten);
+        let url = server.url();
+        let client = Client::open(&url).await.unwrap(); // watchdog 30 s
+        let lock = client.lock("loading").unwrap();
+        let guard = lock.lock().await.unwrap();
+        let token = guard.fencing_token();
+        let restarting = tokio::task::spawn_blocking(move || {
+            let mut server = server;
+            server.restart(); // returns once loaded
+            server
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await; // now loading
+        let released = guard.unlock().await;
+        let server = restarting.await.unwrap();
+        let loading = server.cli(&["INFO", "persistence"]);
+        assert!(loading.contains("loading:0"));
+        // Whatever unlock() answered, the release reaches Redis.
+        let other = Client::open(&url).await.unwrap().lock("loading").unwrap();
+        let started = Instant::now();
+        let taken = other.lock_within(Duration::from_secs(10)).await;
+        println!("figure: release across an AOF restart ({released:?}): another client took the lock {:?} after loading", started.elapsed());
+        let taken = taken.unwrap();
+        assert!(taken.fencing_token() > token);
+        taken.unlock().await.unwrap();
+        let mine = lock.lock().await.unwrap();
+        assert!(mine.fencing_token() > token, "a fresh hold, not a ghost re-entered");
+        mine.unlock().await.unwrap();
+    })
+    .await;
+}

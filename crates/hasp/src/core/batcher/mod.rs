@@ -460,19 +460,24 @@ impl Task {
                     let retry = redis
                         .as_ref()
                         .is_some_and(|r| outcome_unknown(r) && !r.is_timeout());
+                    // Settlements in a failed call were not confirmed,
+                    // whatever the error: they go again.
                     let mut sent = Sent {
                         error: redis,
-                        unsettled: if unknown { settle } else { Vec::new() },
+                        unsettled: settle,
                         retries: Vec::new(),
                     };
                     for request in batch {
-                        if !unknown {
+                        if unknown {
+                            let (settle, again) = request.after_broken_call(retry, &nonces);
+                            sent.unsettled.extend(settle);
+                            sent.retries.extend(again);
+                        } else {
+                            // Refused, so not applied (Redis loading its data,
+                            // out of memory, ...): a release must still happen.
+                            sent.unsettled.extend(request.op.unfinished());
                             (request.done)(Err(e.clone()));
-                            continue;
                         }
-                        let (settle, again) = request.after_broken_call(retry, &nonces);
-                        sent.unsettled.extend(settle);
-                        sent.retries.extend(again);
                     }
                     sent
                 }
@@ -559,17 +564,11 @@ async fn gather(
 }
 
 /// Answers every request of a batch that could not be sent; returns what
-/// must still reach Redis: releases (and settlements) were not applied, and
-/// a hold would stay behind that nobody tracks.
+/// must still reach Redis (see `Op::unfinished`).
 fn fail(batch: Vec<Request>, error: &Error) -> Vec<Op> {
     let mut pending = Vec::new();
     for request in batch {
-        if matches!(
-            request.op,
-            Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } | Op::Undo { .. }
-        ) {
-            pending.extend(request.op.settlement());
-        }
+        pending.extend(request.op.unfinished());
         (request.done)(Err(error.clone()));
     }
     pending
