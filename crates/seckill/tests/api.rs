@@ -663,3 +663,106 @@ async fn every_route_and_refusal_works_on_sqlite_postgres_and_mariadb() {
     )
     .await;
 }
+
+/// Issue 11: a Redis that is down is a 503 with `Retry-After` in the JSON
+/// error shape, not a 500; `/readyz` names the failing dependency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_is_down_answers_503_with_retry_after() {
+    let mut app = spawn_app().await;
+    let (status, v) = app.create_voucher(open_voucher(5)).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_i64().unwrap();
+    app.redis.kill();
+    for _ in 0..3 {
+        let r = app
+            .http
+            .post(format!("{}/api/vouchers/{id}/seckill", app.base))
+            .bearer_auth(app.token(Principal::User(1)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()["retry-after"], "1");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["code"], "unavailable", "{body}");
+        assert_eq!(body["message"], "redis is unavailable; retry later");
+    }
+    let r = app
+        .http
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (body["redis"].as_str(), body["database"].as_str()),
+        (Some("unreachable"), Some("ok"))
+    );
+}
+
+/// Issue 11: path, route and method errors come in the documented JSON
+/// shape, naming the field where there is one.
+#[tokio::test]
+async fn path_route_and_method_errors_are_json() {
+    let app = spawn_app().await;
+    let r = app
+        .http
+        .get(format!("{}/api/vouchers/abc", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (body["code"].as_str(), body["field"].as_str()),
+        (Some("invalid_request"), Some("id"))
+    );
+    let r = app
+        .http
+        .delete(format!("{}/api/vouchers", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "method_not_allowed");
+    let r = app
+        .http
+        .get(format!("{}/api/nothing-here", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "not_found");
+}
+
+/// Issue 18: the authentication scheme is case-insensitive, and a 429
+/// says when to come back.
+#[tokio::test]
+async fn a_lowercase_bearer_scheme_is_accepted_and_429_has_retry_after() {
+    let app = spawn_app_with(RateLimits::new(Limit::per_second(1), None)).await;
+    let (_, v) = app.create_voucher(open_voucher(100)).await;
+    let id = v["id"].as_i64().unwrap();
+    let buy = || {
+        app.http
+            .post(format!("{}/api/vouchers/{id}/seckill", app.base))
+            .header(
+                "Authorization",
+                format!("bearer {}", app.token(Principal::User(9))),
+            )
+            .send()
+    };
+    assert_eq!(buy().await.unwrap().status(), StatusCode::OK);
+    let mut limited = None;
+    for _ in 0..4 {
+        let r = buy().await.unwrap();
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            limited = Some(r);
+            break;
+        }
+    }
+    let limited = limited.expect("the per-user limit answered 429");
+    assert_eq!(limited.headers()["retry-after"], "1");
+}

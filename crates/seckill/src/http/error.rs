@@ -29,8 +29,61 @@ pub enum ApiError {
     RateLimited(&'static str),
     /// 409 (404 for an unknown voucher): the sale refused the purchase.
     Refused(Refusal),
+    /// 405: the route exists, the method does not.
+    MethodNotAllowed,
+    /// 503 with `Retry-After`: a dependency is down, loading or too slow;
+    /// names which. The request may be retried.
+    Unavailable(Dependency),
     /// 500: infrastructure failure; logged, never shown to the client.
     Internal(crate::Error),
+}
+
+/// What the service depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dependency {
+    /// The Redis deployment (stock, buyers, order stream, locks).
+    Redis,
+    /// The SQL database.
+    Database,
+}
+
+impl Dependency {
+    fn name(self) -> &'static str {
+        match self {
+            Dependency::Redis => "redis",
+            Dependency::Database => "database",
+        }
+    }
+}
+
+/// Seconds a client should wait before retrying after a 429 or a 503.
+const RETRY_AFTER_SECS: &str = "1";
+
+/// Whether a Redis error means "Redis is not available now" (down,
+/// unreachable, loading its data, failing over) rather than a bug.
+fn redis_unavailable(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ClusterDown
+            )
+        )
+}
+
+/// Whether a database error means "the database is not available now".
+fn database_unavailable(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)
+    )
 }
 
 impl From<crate::Error> for ApiError {
@@ -40,8 +93,50 @@ impl From<crate::Error> for ApiError {
                 field: field.to_owned(),
                 message: reason,
             },
+            crate::Error::Redis(ref r) if redis_unavailable(r) => {
+                ApiError::Unavailable(Dependency::Redis)
+            }
+            crate::Error::Lock(hasp::Error::Redis(ref r)) if redis_unavailable(r) => {
+                ApiError::Unavailable(Dependency::Redis)
+            }
+            crate::Error::Lock(hasp::Error::NotReplicated { .. }) => {
+                ApiError::Unavailable(Dependency::Redis)
+            }
+            crate::Error::Database(ref d) if database_unavailable(d) => {
+                ApiError::Unavailable(Dependency::Database)
+            }
             other => ApiError::Internal(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redis_that_is_down_or_loading_is_unavailable_not_internal() {
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(matches!(
+            ApiError::from(crate::Error::Redis(refused)),
+            ApiError::Unavailable(Dependency::Redis)
+        ));
+        let loading = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading),
+            "loading",
+        ));
+        assert!(matches!(
+            ApiError::from(crate::Error::Redis(loading)),
+            ApiError::Unavailable(Dependency::Redis)
+        ));
+        let pool = crate::Error::Database(sqlx::Error::PoolTimedOut);
+        assert!(matches!(
+            ApiError::from(pool),
+            ApiError::Unavailable(Dependency::Database)
+        ));
+        let bug = crate::Error::Protocol("?".into());
+        assert!(matches!(ApiError::from(bug), ApiError::Internal(_)));
     }
 }
 
@@ -84,6 +179,21 @@ impl IntoResponse for ApiError {
                 format!("too many requests for this {which}; slow down"),
                 None,
             ),
+            ApiError::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method".into(),
+                None,
+            ),
+            ApiError::Unavailable(dependency) => {
+                tracing::warn!(dependency = dependency.name(), "dependency unavailable");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!("{} is unavailable; retry later", dependency.name()),
+                    None,
+                )
+            }
             ApiError::Refused(refusal) => {
                 let (status, code, message) = match refusal {
                     Refusal::NotStarted => (
@@ -120,6 +230,16 @@ impl IntoResponse for ApiError {
         if let Some(field) = field {
             body["field"] = json!(field);
         }
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
+        response
     }
 }

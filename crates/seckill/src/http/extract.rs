@@ -2,7 +2,7 @@
 //! name the field.
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
@@ -19,7 +19,13 @@ fn principal(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {
     let token = header
         .to_str()
         .ok()
-        .and_then(|h| h.strip_prefix("Bearer "))
+        .and_then(|h| {
+            // The scheme is case-insensitive (RFC 9110 §11.1).
+            let (scheme, token) = h.split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| token.trim_start())
+        })
         .ok_or(ApiError::Unauthorized(
             "expected `Authorization: Bearer <token>`",
         ))?;
@@ -30,6 +36,28 @@ fn principal(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {
             TokenError::Expired => "token expired",
         })
     })
+}
+
+/// The `{id}` segment of a route as an integer; anything else is a 400
+/// naming the field `id` (axum's own rejection is plain text).
+#[derive(Debug, Clone, Copy)]
+pub struct PathId(pub i64);
+
+impl FromRequestParts<AppState> for PathId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let bad = |message: &str| ApiError::BadRequest {
+            field: "id".to_owned(),
+            message: message.to_owned(),
+        };
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| bad("missing path segment"))?;
+        raw.parse()
+            .map(PathId)
+            .map_err(|_| bad("must be a 64-bit integer"))
+    }
 }
 
 /// A signed-in buyer.

@@ -1,11 +1,11 @@
 //! Order routes: a user sees only their own orders.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
 use crate::http::error::ApiError;
-use crate::http::extract::User;
+use crate::http::extract::{PathId, User};
 use crate::http::AppState;
 use crate::status::{order_status, OrderState};
 use crate::store::dead_letter_stream;
@@ -24,7 +24,7 @@ pub struct OrderView {
 pub(crate) async fn for_voucher(
     State(state): State<AppState>,
     User(user): User,
-    Path(voucher): Path<i64>,
+    PathId(voucher): PathId,
 ) -> Result<Json<OrderView>, ApiError> {
     let fast = &state.fast;
     let found = order_status(

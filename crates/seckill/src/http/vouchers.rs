@@ -2,14 +2,14 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::voucher::SaleTerms;
 use crate::http::error::ApiError;
-use crate::http::extract::{Admin, ApiJson, User};
+use crate::http::extract::{Admin, ApiJson, PathId, User};
 use crate::http::{AppState, PurchasePath};
 use crate::store::Purchase;
 
@@ -93,7 +93,7 @@ async fn live_stock(state: &AppState, id: i64, db_stock: i64) -> Result<i64, Api
 
 pub(crate) async fn show(
     State(state): State<AppState>,
-    Path(id): Path<i64>,
+    PathId(id): PathId,
 ) -> Result<Json<VoucherView>, ApiError> {
     let row = state
         .db
@@ -122,7 +122,7 @@ pub struct Accepted {
 pub(crate) async fn purchase(
     State(state): State<AppState>,
     User(user): User,
-    Path(voucher): Path<i64>,
+    PathId(voucher): PathId,
 ) -> Result<Json<Accepted>, ApiError> {
     state.limits.check_user(user)?;
     let (outcome, stored) = match &state.purchases {
