@@ -110,36 +110,6 @@ impl From<crate::Error> for ApiError {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_redis_that_is_down_or_loading_is_unavailable_not_internal() {
-        let refused =
-            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert!(matches!(
-            ApiError::from(crate::Error::Redis(refused)),
-            ApiError::Unavailable(Dependency::Redis)
-        ));
-        let loading = redis::RedisError::from((
-            redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading),
-            "loading",
-        ));
-        assert!(matches!(
-            ApiError::from(crate::Error::Redis(loading)),
-            ApiError::Unavailable(Dependency::Redis)
-        ));
-        let pool = crate::Error::Database(sqlx::Error::PoolTimedOut);
-        assert!(matches!(
-            ApiError::from(pool),
-            ApiError::Unavailable(Dependency::Database)
-        ));
-        let bug = crate::Error::Protocol("?".into());
-        assert!(matches!(ApiError::from(bug), ApiError::Internal(_)));
-    }
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code, message, field) = match self {
@@ -241,5 +211,35 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redis_that_is_down_or_loading_is_unavailable_not_internal() {
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(matches!(
+            ApiError::from(crate::Error::Redis(refused)),
+            ApiError::Unavailable(Dependency::Redis)
+        ));
+        let loading = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading),
+            "loading",
+        ));
+        assert!(matches!(
+            ApiError::from(crate::Error::Redis(loading)),
+            ApiError::Unavailable(Dependency::Redis)
+        ));
+        let pool = crate::Error::Database(sqlx::Error::PoolTimedOut);
+        assert!(matches!(
+            ApiError::from(pool),
+            ApiError::Unavailable(Dependency::Database)
+        ));
+        let bug = crate::Error::Protocol("?".into());
+        assert!(matches!(ApiError::from(bug), ApiError::Internal(_)));
     }
 }
