@@ -252,31 +252,16 @@ async fn accept(
         };
         let state = state.clone();
         tokio::spawn(async move {
-            let (client_read, client_write) = client.into_split();
             match &upstream {
                 Upstream::Tcp(port) => {
                     if let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", *port)).await {
                         let _ = server.set_nodelay(true);
-                        let (server_read, server_write) = server.into_split();
-                        relay(
-                            (client_read, client_write),
-                            (server_read, server_write),
-                            modes,
-                            close,
-                        )
-                        .await;
+                        relay(client, server, modes, close).await;
                     }
                 }
                 Upstream::Unix(path) => {
                     if let Ok(server) = tokio::net::UnixStream::connect(path).await {
-                        let (server_read, server_write) = server.into_split();
-                        relay(
-                            (client_read, client_write),
-                            (server_read, server_write),
-                            modes,
-                            close,
-                        )
-                        .await;
+                        relay(client, server, modes, close).await;
                     }
                 }
             }
@@ -287,19 +272,18 @@ async fn accept(
 
 /// Pumps both directions until either side closes or the test closes the
 /// connection; dropping the halves closes both sockets.
-async fn relay<CR, CW, SR, SW>(
-    client: (CR, CW),
-    server: (SR, SW),
+async fn relay<S>(
+    client: tokio::net::TcpStream,
+    server: S,
     modes: watch::Receiver<Modes>,
     mut close: watch::Receiver<bool>,
 ) where
-    CR: AsyncRead + Unpin,
-    CW: AsyncWrite + Unpin,
-    SR: AsyncRead + Unpin,
-    SW: AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite,
 {
-    let up = pump(client.0, server.1, modes.clone(), |m| m.to_server);
-    let down = pump(server.0, client.1, modes, |m| m.to_client);
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = tokio::io::split(server);
+    let up = pump(client_read, server_write, modes.clone(), |m| m.to_server);
+    let down = pump(server_read, client_write, modes, |m| m.to_client);
     tokio::select! {
         _ = up => {}
         _ = down => {}
