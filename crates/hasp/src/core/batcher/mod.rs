@@ -420,67 +420,8 @@ impl Task {
                 .map_err(Error::Redis)
                 .and_then(|(value, acks)| Ok((wire::split(value, count)?, acks)));
             match reply {
-                Ok((values, acks)) => {
-                    let mut values = values.into_iter();
-                    for (op, value) in settle.iter().zip(values.by_ref()) {
-                        if let Err(e) = op.decode(&value) {
-                            tracing::warn!(error = %e, "settling a lost reply failed");
-                        }
-                    }
-                    let mut unsettled = Vec::new();
-                    for (request, value) in batch.into_iter().zip(values) {
-                        let mut reply = request.op.decode(&value);
-                        if let Some((acked, wanted)) = acks.filter(|(acked, wanted)| acked < wanted)
-                        {
-                            if request.op.needs_replicas() && reply.is_ok() {
-                                // Not confirmed: undo an acquisition (by its
-                                // nonce); a renewal just does not count.
-                                if matches!(reply, Ok(Reply::Acquired { .. })) {
-                                    unsettled.extend(request.op.settlement().into_iter().take(1));
-                                }
-                                reply = Err(Error::NotReplicated { acked, wanted });
-                            }
-                        }
-                        (request.done)(reply);
-                    }
-                    Sent {
-                        error: None,
-                        unsettled,
-                        retries: Vec::new(),
-                    }
-                }
-                Err(e) => {
-                    let redis = match &e {
-                        Error::Redis(r) => Some(r.clone()),
-                        _ => None,
-                    };
-                    let unknown = redis.as_ref().is_some_and(outcome_unknown);
-                    // A broken connection (not a slow one) is worth one more
-                    // try on a new connection, after the settlements.
-                    let retry = redis
-                        .as_ref()
-                        .is_some_and(|r| outcome_unknown(r) && !r.is_timeout());
-                    // Settlements in a failed call were not confirmed,
-                    // whatever the error: they go again.
-                    let mut sent = Sent {
-                        error: redis,
-                        unsettled: settle,
-                        retries: Vec::new(),
-                    };
-                    for request in batch {
-                        if unknown {
-                            let (settle, again) = request.after_broken_call(retry, &nonces);
-                            sent.unsettled.extend(settle);
-                            sent.retries.extend(again);
-                        } else {
-                            // Refused, so not applied (Redis loading its data,
-                            // out of memory, ...): a release must still happen.
-                            sent.unsettled.extend(request.op.unfinished());
-                            (request.done)(Err(e.clone()));
-                        }
-                    }
-                    sent
-                }
+                Ok((values, acks)) => answered(settle, batch, values, acks),
+                Err(e) => failed(&e, settle, batch, &nonces),
             }
         }
     }
@@ -519,6 +460,75 @@ impl Task {
             self.settle_backoff = (self.settle_backoff * 2).min(SETTLE_LAST);
         }
     }
+}
+
+/// Completes a call Redis answered. With replica acknowledgement, `acks`
+/// is (acknowledged, wanted): an acquisition fewer confirmed is undone (by
+/// its nonce) and answered `NotReplicated`; a renewal just does not count.
+fn answered(
+    settle: Vec<Op>,
+    batch: Vec<Request>,
+    values: Vec<Value>,
+    acks: Option<(u32, u32)>,
+) -> Sent {
+    let mut values = values.into_iter();
+    for (op, value) in settle.iter().zip(values.by_ref()) {
+        if let Err(e) = op.decode(&value) {
+            tracing::warn!(error = %e, "settling a lost reply failed");
+        }
+    }
+    let short = acks.filter(|(acked, wanted)| acked < wanted);
+    let mut unsettled = Vec::new();
+    for (request, value) in batch.into_iter().zip(values) {
+        let mut reply = request.op.decode(&value);
+        if let Some((acked, wanted)) = short {
+            if request.op.needs_replicas() && reply.is_ok() {
+                if matches!(reply, Ok(Reply::Acquired { .. })) {
+                    unsettled.extend(request.op.settlement().into_iter().take(1));
+                }
+                reply = Err(Error::NotReplicated { acked, wanted });
+            }
+        }
+        (request.done)(reply);
+    }
+    Sent {
+        error: None,
+        unsettled,
+        retries: Vec::new(),
+    }
+}
+
+/// Completes a call that failed with `error`. Its settlements were not
+/// confirmed, whatever the error: they go again. A lost reply leaves each
+/// request's settlement, and a broken connection (not a slow one) one more
+/// try on a new connection after them; a refused call (Redis loading its
+/// data, out of memory, ...) applied nothing, but a release must still
+/// happen.
+fn failed(error: &Error, settle: Vec<Op>, batch: Vec<Request>, nonces: &Nonces) -> Sent {
+    let redis = match error {
+        Error::Redis(r) => Some(r.clone()),
+        _ => None,
+    };
+    let unknown = redis.as_ref().is_some_and(outcome_unknown);
+    let retry = redis
+        .as_ref()
+        .is_some_and(|r| outcome_unknown(r) && !r.is_timeout());
+    let mut sent = Sent {
+        error: redis,
+        unsettled: settle,
+        retries: Vec::new(),
+    };
+    for request in batch {
+        if unknown {
+            let (settle, again) = request.after_broken_call(retry, nonces);
+            sent.unsettled.extend(settle);
+            sent.retries.extend(again);
+        } else {
+            sent.unsettled.extend(request.op.unfinished());
+            (request.done)(Err(error.clone()));
+        }
+    }
+    sent
 }
 
 /// Resolves at `at` (never without one).
