@@ -10,12 +10,14 @@ use crate::lock::Lock;
 /// A handle on one Redis server, shared by every lock made from it.
 ///
 /// A client owns three connections, each reconnected when it breaks: one
-/// multiplexed for commands (pipelined by all tasks), one for lock and
-/// unlock calls, driven by the task that batches the operations pending at
-/// the same moment into one script call, and one pub/sub connection for
-/// release notifications; and one watchdog task that renews the leases of
-/// every lock it holds in watchdog mode. Clone it freely: clones share all
-/// of that.
+/// multiplexed for read-only commands (pipelined by all tasks), one for
+/// every change to its locks (acquire, release, renewal), driven by the task
+/// that batches the operations pending at the same moment into one script
+/// call, and one pub/sub connection for release notifications, kept open so
+/// that a Redis that went away and came back is noticed (every hold is then
+/// checked at once); and one watchdog task that renews the leases of every
+/// lock it holds in watchdog mode. Clone it freely: clones share all of
+/// that.
 /// When the last clone and the last guard are dropped, the background tasks
 /// stop and locks still held expire after their lease.
 ///
@@ -49,7 +51,8 @@ pub struct Client {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Renewal script calls made by the watchdog since the client started.
+    /// Script calls that carried lease renewals since the client started
+    /// (renewals share the calls of the client's other lock operations).
     pub renew_calls: u64,
     /// Holds currently registered by this client (all names and owners).
     pub held_locks: usize,
