@@ -226,7 +226,11 @@ async fn malformed_voucher_requests_are_400s_naming_the_field_and_write_nothing(
         ),
         (
             json!({ "title": "x", "stock": 1, "begin_ms": now, "end_ms": now - 1 }),
-            "end",
+            "end_ms",
+        ),
+        (
+            json!({ "title": "x", "stock": 1, "begin_ms": 1u64 << 63, "end_ms": now }),
+            "begin_ms",
         ),
         (
             json!({ "title": "x", "stock": 1, "begin_ms": -5, "end_ms": now }),
@@ -765,4 +769,27 @@ async fn a_lowercase_bearer_scheme_is_accepted_and_429_has_retry_after() {
     }
     let limited = limited.expect("the per-user limit answered 429");
     assert_eq!(limited.headers()["retry-after"], "1");
+}
+
+/// Issue 18: a key given twice names that field, not the whole body.
+#[tokio::test]
+async fn a_duplicated_key_names_its_field() {
+    let app = spawn_app().await;
+    let now = now_ms();
+    let body = format!(
+        r#"{{"title":"x","stock":1,"stock":2,"begin_ms":{now},"end_ms":{}}}"#,
+        now + 60_000
+    );
+    let r = app
+        .http
+        .post(format!("{}/api/vouchers", app.base))
+        .bearer_auth(app.token(Principal::Admin))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["field"], "stock", "{body}");
 }

@@ -27,10 +27,11 @@ impl SaleTerms {
                 format!("{stock} is not in 1..={MAX_STOCK}"),
             ));
         }
-        let begin_ms = epoch_ms("begin", begin)?;
-        let end_ms = epoch_ms("end", end)?;
+        // Named as the API spells them.
+        let begin_ms = epoch_ms("begin_ms", begin)?;
+        let end_ms = epoch_ms("end_ms", end)?;
         if end_ms <= begin_ms {
-            return Err(Error::invalid("end", "must be after begin"));
+            return Err(Error::invalid("end_ms", "must be after begin_ms"));
         }
         Ok(Self {
             stock,
@@ -80,8 +81,8 @@ mod tests {
         assert_eq!(field(SaleTerms::new(0, now, later)), "stock");
         assert_eq!(field(SaleTerms::new(-5, now, later)), "stock");
         assert_eq!(field(SaleTerms::new(MAX_STOCK + 1, now, later)), "stock");
-        assert_eq!(field(SaleTerms::new(10, later, now)), "end");
-        assert_eq!(field(SaleTerms::new(10, now, now)), "end");
+        assert_eq!(field(SaleTerms::new(10, later, now)), "end_ms");
+        assert_eq!(field(SaleTerms::new(10, now, now)), "end_ms");
         assert!(SaleTerms::new(10, now, later).is_ok());
     }
 }

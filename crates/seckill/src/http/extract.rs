@@ -122,12 +122,16 @@ fn bad_json(rejection: JsonRejection) -> ApiError {
 }
 
 /// The field a serde data error is about: axum reports `<path>: <error>`,
-/// serde itself ``missing field `x` `` or ``unknown field `x` ``.
+/// serde itself ``missing field `x` ``, ``unknown field `x` `` or
+/// ``duplicate field `x` ``.
 fn field_of(message: &str) -> Option<&str> {
     let detail = message
         .split_once("target type: ")
         .map_or(message, |(_, d)| d);
-    if detail.starts_with("missing field") || detail.starts_with("unknown field") {
+    if ["missing field", "unknown field", "duplicate field"]
+        .iter()
+        .any(|kind| detail.starts_with(kind))
+    {
         return detail.split('`').nth(1);
     }
     detail
