@@ -7,23 +7,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use hasp::{Client, Error, Settings, MAX_LEASE};
-use testkit::{Direction, FaultProxy, Mode};
+use testkit::{Direction, Mode};
 
-use crate::bounded;
 use crate::helpers::*;
-
-/// A client through a fault proxy, its connections made (the batch
-/// connection is made on first use).
-async fn through_proxy(ctx: &Ctx) -> (FaultProxy, Client) {
-    let proxy = FaultProxy::start(&ctx.server);
-    let settings = Settings::default()
-        .set_response_timeout(Duration::from_millis(300))
-        .set_connection_timeout(Duration::from_millis(300));
-    let client = Client::open_with(&proxy.url(), settings).await.unwrap();
-    let warm = client.lock("warm-up").unwrap();
-    warm.lock().await.unwrap().unlock().await.unwrap();
-    (proxy, client)
-}
+use crate::{bounded, through_proxy};
 
 /// The owner's hold count in Redis (0 if none).
 async fn redis_count(raw: &mut redis::aio::MultiplexedConnection, name: &str, owner: &str) -> i64 {
@@ -39,7 +26,7 @@ async fn redis_count(raw: &mut redis::aio::MultiplexedConnection, name: &str, ow
 async fn an_acquire_whose_connection_died_with_the_reply_leaves_no_ghost() {
     bounded(Duration::from_secs(10), async {
         let ctx = Ctx::new();
-        let (proxy, client) = through_proxy(&ctx).await;
+        let (proxy, client) = through_proxy(&ctx, Duration::from_secs(30)).await;
         let mut raw = ctx.raw().await;
         let lock = client.lock("ghost").unwrap();
         proxy.set(Direction::ToClient, Mode::BlackHole);
@@ -76,7 +63,7 @@ async fn an_acquire_whose_connection_died_with_the_reply_leaves_no_ghost() {
 async fn a_failed_acquire_then_a_retry_by_the_same_task_counts_one_hold() {
     bounded(Duration::from_secs(10), async {
         let ctx = Ctx::new();
-        let (proxy, client) = through_proxy(&ctx).await;
+        let (proxy, client) = through_proxy(&ctx, Duration::from_secs(30)).await;
         let mut raw = ctx.raw().await;
         let lock = client.lock("retried").unwrap();
         let owner = lock.owner();
@@ -101,7 +88,7 @@ async fn a_failed_acquire_then_a_retry_by_the_same_task_counts_one_hold() {
 async fn a_release_whose_reply_was_lost_is_completed_by_the_client() {
     bounded(Duration::from_secs(10), async {
         let ctx = Ctx::new();
-        let (proxy, client) = through_proxy(&ctx).await;
+        let (proxy, client) = through_proxy(&ctx, Duration::from_secs(30)).await;
         let lock = client.lock("released").unwrap();
         let guard = lock.lock().await.unwrap();
         proxy.set(Direction::ToServer, Mode::BlackHole);
@@ -122,7 +109,7 @@ async fn a_release_whose_reply_was_lost_is_completed_by_the_client() {
 async fn a_failed_unlock_then_a_new_lock_by_the_same_task_leaves_no_ghost() {
     bounded(Duration::from_secs(10), async {
         let ctx = Ctx::new();
-        let (proxy, client) = through_proxy(&ctx).await;
+        let (proxy, client) = through_proxy(&ctx, Duration::from_secs(30)).await;
         let mut raw = ctx.raw().await;
         let lock = client.lock("relocked").unwrap();
         let owner = lock.owner();
@@ -255,7 +242,7 @@ async fn leases_redis_would_refuse_cannot_be_configured() {
 async fn a_release_that_could_not_be_sent_is_sent_when_redis_is_back() {
     bounded(Duration::from_secs(10), async {
         let ctx = Ctx::new();
-        let (proxy, client) = through_proxy(&ctx).await;
+        let (proxy, client) = through_proxy(&ctx, Duration::from_secs(30)).await;
         let guard = client.lock("unsent").unwrap().lock().await.unwrap();
         proxy.close_all();
         proxy.set(Direction::Both, Mode::BlackHole); // reconnects time out

@@ -3,18 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use hasp::{Client, Settings};
-use testkit::{Direction, FaultProxy, Mode};
+use testkit::{Direction, Mode};
 
-use crate::bounded;
 use crate::helpers::*;
-
-fn settings(watchdog: Duration) -> Settings {
-    Settings::default()
-        .set_watchdog_timeout(watchdog)
-        .set_response_timeout(Duration::from_millis(300))
-        .set_connection_timeout(Duration::from_millis(300))
-}
+use crate::{bounded, through_proxy};
 
 /// Instant the lock key of `name` disappears from `server`, polled.
 async fn key_gone(raw: &mut redis::aio::MultiplexedConnection, name: &str) -> Instant {
@@ -34,10 +26,7 @@ async fn key_gone(raw: &mut redis::aio::MultiplexedConnection, name: &str) -> In
 async fn a_partitioned_holder_with_a_lease_learns_the_loss_at_its_belief_end() {
     bounded(Duration::from_secs(10), async {
         let ctx = Ctx::new();
-        let proxy = FaultProxy::start(&ctx.server);
-        let client = Client::open_with(&proxy.url(), settings(Duration::from_secs(30)))
-            .await
-            .unwrap();
+        let (proxy, client) = through_proxy(&ctx, Duration::from_secs(30)).await;
         let lease = Duration::from_millis(800);
         let sent = Instant::now();
         let guard = client
@@ -77,11 +66,8 @@ async fn a_partitioned_holder_with_a_lease_learns_the_loss_at_its_belief_end() {
 async fn a_partitioned_holder_in_watchdog_mode_learns_the_loss_while_still_cut_off() {
     bounded(Duration::from_secs(10), async {
         let ctx = Ctx::new();
-        let proxy = FaultProxy::start(&ctx.server);
         let watchdog = Duration::from_millis(900);
-        let client = Client::open_with(&proxy.url(), settings(watchdog))
-            .await
-            .unwrap();
+        let (proxy, client) = through_proxy(&ctx, watchdog).await;
         let guard = client.lock("cut-off").unwrap().lock().await.unwrap();
         tokio::time::sleep(watchdog).await; // renewed meanwhile
         assert!(!guard.is_lost());
@@ -189,10 +175,7 @@ async fn a_renewal_finding_another_owner_marks_the_loss_and_touches_nothing() {
 async fn a_release_after_the_belief_ended_is_not_held_and_spares_the_next_owner() {
     bounded(Duration::from_secs(10), async {
         let ctx = Ctx::new();
-        let proxy = FaultProxy::start(&ctx.server);
-        let client = Client::open_with(&proxy.url(), settings(Duration::from_secs(30)))
-            .await
-            .unwrap();
+        let (proxy, client) = through_proxy(&ctx, Duration::from_secs(30)).await;
         let guard = client
             .lock("handed")
             .unwrap()

@@ -87,11 +87,7 @@ async fn with_aof_always_a_restart_loses_nothing() {
 async fn a_partitioned_holder_stops_believing_before_another_takes_over() {
     bounded(Duration::from_secs(15), async {
         let ctx = Ctx::new();
-        let proxy = FaultProxy::start(&ctx.server);
-        let settings = Settings::default()
-            .set_watchdog_timeout(Duration::from_millis(900))
-            .set_response_timeout(Duration::from_millis(300));
-        let cut = Client::open_with(&proxy.url(), settings).await.unwrap();
+        let (proxy, cut) = crate::through_proxy(&ctx, Duration::from_millis(900)).await;
         let history = History::default();
         let guard = cut.lock("split").unwrap().lock().await.unwrap();
         history.push(Event::Acquired {
