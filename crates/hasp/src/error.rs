@@ -62,7 +62,8 @@ pub enum Error {
 
 impl Error {
     /// True when the same call may succeed if repeated later: connection
-    /// drops, time-outs, refused connections, and too few replicas. Outcomes such as
+    /// drops, time-outs, refused connections, a Redis loading its data or
+    /// failing over, and too few replicas. Outcomes such as
     /// [`NotHeld`](Error::NotHeld) and bad arguments are not retryable.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -73,8 +74,12 @@ impl Error {
                     || e.is_connection_refusal()
                     || matches!(
                         e.kind(),
-                        redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
-                            | redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
+                        redis::ErrorKind::Server(
+                            redis::ServerErrorKind::BusyLoading
+                                | redis::ServerErrorKind::TryAgain
+                                | redis::ServerErrorKind::MasterDown
+                                | redis::ServerErrorKind::ClusterDown
+                        )
                     )
             }
             Error::NotReplicated { .. } => true,

@@ -60,22 +60,10 @@ impl Dependency {
 const RETRY_AFTER_SECS: &str = "1";
 
 /// Whether a Redis error means "Redis is not available now" (down,
-/// unreachable, loading its data, failing over) rather than a bug.
+/// unreachable, loading its data, failing over) rather than a bug: what
+/// hasp calls retryable.
 fn redis_unavailable(e: &redis::RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || matches!(
-            e.kind(),
-            ErrorKind::Server(
-                ServerErrorKind::BusyLoading
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ClusterDown
-            )
-        )
+    hasp::Error::Redis(e.clone()).is_retryable()
 }
 
 /// Whether a database error means "the database is not available now".
@@ -96,12 +84,9 @@ impl From<crate::Error> for ApiError {
             crate::Error::Redis(ref r) if redis_unavailable(r) => {
                 ApiError::Unavailable(Dependency::Redis)
             }
-            crate::Error::Lock(hasp::Error::Redis(ref r)) if redis_unavailable(r) => {
-                ApiError::Unavailable(Dependency::Redis)
-            }
-            crate::Error::Lock(hasp::Error::NotReplicated { .. }) => {
-                ApiError::Unavailable(Dependency::Redis)
-            }
+            crate::Error::Lock(
+                ref l @ (hasp::Error::Redis(_) | hasp::Error::NotReplicated { .. }),
+            ) if l.is_retryable() => ApiError::Unavailable(Dependency::Redis),
             crate::Error::Database(ref d) if database_unavailable(d) => {
                 ApiError::Unavailable(Dependency::Database)
             }
