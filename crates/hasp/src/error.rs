@@ -54,6 +54,18 @@ pub enum Error {
         wanted: u32,
     },
 
+    /// Servers of a [`MultiLock`](crate::MultiLock) or
+    /// [`RedLock`](crate::RedLock) failed to answer (down, unreachable, or
+    /// slower than the per-server timeout), so it is unknown whether the
+    /// lock could have been taken. Nothing the call took is left held.
+    #[error("servers {servers:?} failed: {first}")]
+    ServersFailed {
+        /// The servers that failed, as their clients name them.
+        servers: Vec<String>,
+        /// The first failure.
+        first: Box<Error>,
+    },
+
     /// Redis answered something this library does not expect (for instance a
     /// key of the wrong type sits where a lock should be).
     #[error("unexpected reply from redis: {0}")]
@@ -83,6 +95,7 @@ impl Error {
                     )
             }
             Error::NotReplicated { .. } => true,
+            Error::ServersFailed { first, .. } => first.is_retryable(),
             _ => false,
         }
     }

@@ -103,6 +103,23 @@ impl Guard {
         self.state.valid_until()
     }
 
+    /// The shared state of this hold (its loss signal and belief end), for
+    /// the kinds made of several locks.
+    pub(crate) fn hold(&self) -> &Arc<HoldState> {
+        &self.state
+    }
+
+    /// The server this hold lives on, as its client names it.
+    pub(crate) fn server(&self) -> &Arc<str> {
+        self.core.server()
+    }
+
+    /// Re-arms this hold's lease to `lease_ms` if its owner still holds the
+    /// lock (true); false if it is gone (then marked lost).
+    pub(crate) async fn extend(&self, lease_ms: u64) -> Result<bool> {
+        self.core.extend(&self.state, lease_ms).await
+    }
+
     /// Releases this hold. The lock is free for others once every hold of
     /// its owner is released.
     ///

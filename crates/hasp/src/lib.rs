@@ -107,6 +107,7 @@ mod core;
 mod error;
 mod guard;
 mod lock;
+mod multi;
 mod owner;
 
 /// Not part of the API: what the lock benchmark (`benches/lock.rs`) needs to
@@ -136,4 +137,7 @@ pub use config::{ReplicaAck, Settings, MAX_LEASE};
 pub use error::{Error, Result};
 pub use guard::Guard;
 pub use lock::Lock;
+pub use multi::fence::{Fence, FenceVector};
+pub use multi::multi_lock::{MultiGuard, MultiLock};
+pub use multi::red_lock::{RedGuard, RedLock};
 pub use owner::Owner;

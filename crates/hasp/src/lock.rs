@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use crate::config::validate_lease;
 use crate::core::holds::Lease;
 use crate::core::keys::LockKeys;
-use crate::core::Core;
+use crate::config::Settings;
+use crate::core::{Attempt, Core, Watch};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::owner::Owner;
@@ -215,6 +216,46 @@ impl Lock {
                 name: self.name().to_owned(),
                 waited: wait,
             })
+    }
+
+    /// One try for `owner`, never queuing: a re-entry, or one call to Redis
+    /// that reports how long the holder's lease has left if busy. For the
+    /// kinds made of several locks.
+    pub(crate) async fn try_once(&self, owner: &Owner, flag_waiting: bool) -> Result<Attempt<Guard>> {
+        let attempt = self
+            .core
+            .try_once(&self.keys, owner, self.lease, flag_waiting)
+            .await?;
+        Ok(match attempt {
+            Attempt::Done(hold) => Attempt::Done(Guard::new(self.core.clone(), hold)),
+            Attempt::Busy(ttl) => Attempt::Busy(ttl),
+        })
+    }
+
+    /// A subscription to this lock's releases that takes no place in its
+    /// queue of waiters.
+    pub(crate) fn watch(&self) -> Watch {
+        self.core.watch(&self.keys)
+    }
+
+    /// The server this lock lives on, as its client names it.
+    pub(crate) fn server(&self) -> &Arc<str> {
+        self.core.server()
+    }
+
+    /// The settings of this lock's client.
+    pub(crate) fn settings(&self) -> &Settings {
+        self.core.settings()
+    }
+
+    /// This handle's lease mode.
+    pub(crate) fn lease(&self) -> Lease {
+        self.lease
+    }
+
+    /// True if both handles name the same lock through the same client.
+    pub(crate) fn same_lock(&self, other: &Lock) -> bool {
+        Arc::ptr_eq(&self.core, &other.core) && self.keys.lock == other.keys.lock
     }
 
     async fn acquire(&self, deadline: Option<Instant>, wait: bool) -> Result<Option<Guard>> {

@@ -55,16 +55,20 @@ use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
 use keys::LockKeys;
 use pubsub::{Listener, PubSub};
 use reply::{HoldReply, Undo};
-use waiters::{remaining, Attempt, Waiters, RECHECK};
+use waiters::{remaining, Waiters, RECHECK};
 use watchdog::Watchdog;
 use wire::{Op, Reply};
 
 pub(crate) use scripts::BATCH_SOURCE;
+pub(crate) use waiters::{Attempt, Watch};
 
 /// One client's connections, tasks and registries (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Core {
     id: Arc<str>,
+    /// The address this client was opened with (no credentials): how the
+    /// kinds that span servers name this one.
+    server: Arc<str>,
     settings: Settings,
     watchdog_lease_ms: u64,
     /// Read-only queries (`EXISTS`, `PTTL`, ...), pipelined by all tasks.
@@ -93,6 +97,11 @@ impl Core {
         // Lock calls are small and latency-bound: Nagle's algorithm must not
         // hold one back while an earlier call is unacknowledged.
         let info = info.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let server: Arc<str> = match info.redis_settings().db() {
+            0 => info.addr().to_string(),
+            db => format!("{}/{db}", info.addr()),
+        }
+        .into();
         let redis = redis::Client::open(info).map_err(invalid_url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(settings.response_timeout))
@@ -137,6 +146,7 @@ impl Core {
         runtime.spawn(watchdog.run());
         Ok(Arc::new(Self {
             id,
+            server,
             settings,
             watchdog_lease_ms,
             commands,
@@ -150,6 +160,10 @@ impl Core {
 
     pub(crate) fn id(&self) -> &Arc<str> {
         &self.id
+    }
+
+    pub(crate) fn server(&self) -> &Arc<str> {
+        &self.server
     }
 
     pub(crate) fn settings(&self) -> &Settings {
@@ -221,6 +235,50 @@ impl Core {
         waiter
             .wait_for(deadline, ttl, behind_local_waiters, attempt, granted)
             .await
+    }
+
+    /// One try, never queuing: re-enters a hold this client has for `owner`,
+    /// or asks Redis once. `flag_waiting` tells the holder's client that
+    /// someone waits (it then frees the lock instead of handing it on).
+    pub(crate) async fn try_once(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        lease: Lease,
+        flag_waiting: bool,
+    ) -> Result<Attempt<Arc<HoldState>>> {
+        if let Some(hold) = self.reenter(keys, owner, lease).await? {
+            return Ok(Attempt::Done(hold));
+        }
+        self.attempt(keys, owner, lease, flag_waiting).await
+    }
+
+    /// Subscribes to the release messages of `keys`' lock without queuing
+    /// for it.
+    pub(crate) fn watch(&self, keys: &Arc<LockKeys>) -> Watch {
+        self.waiters.watch(keys)
+    }
+
+    /// Sets the lease of `hold` to `lease_ms` if its owner still holds the
+    /// lock (true); otherwise marks it gone (false). The belief end moves
+    /// to the send time plus the lease.
+    pub(crate) async fn extend(&self, hold: &HoldState, lease_ms: u64) -> Result<bool> {
+        let sent_at = Instant::now();
+        let op = Op::Extend {
+            keys: hold.keys.clone(),
+            owner: hold.owner.clone(),
+            lease_ms: Some(lease_ms),
+        };
+        match self.queue.call(op).await.map_err(|_| closed())?? {
+            Reply::Extended => {
+                hold.confirm(sent_at, lease_ms);
+                Ok(true)
+            }
+            _ => {
+                hold.mark_gone();
+                Ok(false)
+            }
+        }
     }
 
     /// Re-enters a hold this client already has for `owner`.

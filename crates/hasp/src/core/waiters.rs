@@ -95,6 +95,9 @@ pub(crate) struct WaitQueue {
     offers: Mutex<VecDeque<Offer>>,
     /// Set after a hand-off yielded to another client.
     held_back_until: Mutex<Option<Instant>>,
+    /// Counts the times the lock may have become free (release messages,
+    /// local releases, reconnects), for [`Watch`]es.
+    freed: watch::Sender<u64>,
 }
 
 fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -111,6 +114,14 @@ impl WaitQueue {
             waiting: AtomicUsize::new(0),
             offers: Mutex::default(),
             held_back_until: Mutex::default(),
+            freed: watch::Sender::new(0),
+        }
+    }
+
+    /// The lock may be free: tells the watches.
+    fn tell_watches(&self) {
+        if self.freed.receiver_count() > 0 {
+            self.freed.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 
@@ -134,6 +145,7 @@ impl WaitQueue {
     }
 
     fn wake_one(&self) {
+        self.tell_watches();
         if self.waiting.load(Ordering::Acquire) > 0 {
             self.notify.notify_one();
         }
@@ -204,21 +216,7 @@ impl Waiters {
         lease_ms: u64,
         batch: &Queue,
     ) -> Waiter {
-        let queue = {
-            let mut map = guard(&self.queues);
-            let entry = map.entry(keys.channel.clone()).or_insert_with(|| {
-                self.in_use.fetch_add(1, Ordering::SeqCst);
-                // Under the map lock, so that the transport sees subscribe
-                // and unsubscribe in the order the map changed.
-                self.pubsub.subscribe(&keys.channel);
-                Entry {
-                    queue: Arc::new(WaitQueue::new()),
-                    refs: 0,
-                }
-            });
-            entry.refs += 1;
-            entry.queue.clone()
-        };
+        let queue = self.enter(keys);
         queue.waiting.fetch_add(1, Ordering::AcqRel);
         let (tx, rx) = oneshot::channel();
         queue.queue_offer(Offer {
@@ -237,6 +235,37 @@ impl Waiters {
             queue,
             grant: HoldReply::new(rx, undo, |_| true),
         }
+    }
+
+    /// Watches `keys`' lock for releases without queuing for it (see
+    /// [`Watch`]); subscribes if first.
+    pub(crate) fn watch(self: &Arc<Self>, keys: &Arc<LockKeys>) -> Watch {
+        let queue = self.enter(keys);
+        let freed = queue.freed.subscribe();
+        Watch {
+            waiters: self.clone(),
+            channel: keys.channel.clone(),
+            queue,
+            freed,
+        }
+    }
+
+    /// Counts one more user of the name's queue, made (and subscribed) if
+    /// this is the first.
+    fn enter(&self, keys: &LockKeys) -> Arc<WaitQueue> {
+        let mut map = guard(&self.queues);
+        let entry = map.entry(keys.channel.clone()).or_insert_with(|| {
+            self.in_use.fetch_add(1, Ordering::SeqCst);
+            // Under the map lock, so that the transport sees subscribe
+            // and unsubscribe in the order the map changed.
+            self.pubsub.subscribe(&keys.channel);
+            Entry {
+                queue: Arc::new(WaitQueue::new()),
+                refs: 0,
+            }
+        });
+        entry.refs += 1;
+        entry.queue.clone()
     }
 
     fn leave(&self, channel: &Arc<str>) {
@@ -345,6 +374,7 @@ impl Waiters {
             return;
         }
         if let Some(queue) = self.queue(channel) {
+            queue.tell_watches();
             queue.notify.notify_one();
         }
     }
@@ -361,6 +391,7 @@ impl Waiters {
     pub(crate) fn connected(&self) {
         for entry in guard(&self.queues).values() {
             entry.queue.active.send_replace(true);
+            entry.queue.tell_watches();
             entry.queue.notify.notify_waiters();
         }
     }
@@ -464,6 +495,42 @@ impl Waiter {
 impl Drop for Waiter {
     fn drop(&mut self) {
         self.queue.waiting.fetch_sub(1, Ordering::AcqRel);
+        self.waiters.leave(&self.channel);
+    }
+}
+
+/// A subscription to one lock's releases for a caller that waits for the
+/// lock without queuing for a hand-off: a MultiLock or RedLock, which must
+/// not hold one part while it waits for another. It is told of every
+/// release this client sees (messages, its own releases, reconnects) and
+/// takes no place among the lock's waiters. Dropping it unsubscribes if it
+/// was the name's last user.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    waiters: Arc<Waiters>,
+    channel: Arc<str>,
+    queue: Arc<WaitQueue>,
+    freed: watch::Receiver<u64>,
+}
+
+impl Watch {
+    /// Waits until the server confirmed the subscription, at most `limit`.
+    pub(crate) async fn ready(&self, limit: Duration) {
+        let mut rx = self.queue.active.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|active| *active)).await;
+    }
+
+    /// Resolves when the lock may have become free since this watch was
+    /// made or last resolved.
+    pub(crate) async fn freed(&mut self) {
+        if self.freed.changed().await.is_err() {
+            std::future::pending::<()>().await; // the queue outlives us
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
         self.waiters.leave(&self.channel);
     }
 }
