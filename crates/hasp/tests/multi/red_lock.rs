@@ -1,0 +1,1 @@
+//! RedLock (multi 10-16).
