@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::validate_lease;
+use crate::config::Settings;
 use crate::core::holds::Lease;
 use crate::core::keys::LockKeys;
-use crate::config::Settings;
 use crate::core::{Attempt, Core, Watch};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
@@ -221,7 +221,11 @@ impl Lock {
     /// One try for `owner`, never queuing: a re-entry, or one call to Redis
     /// that reports how long the holder's lease has left if busy. For the
     /// kinds made of several locks.
-    pub(crate) async fn try_once(&self, owner: &Owner, flag_waiting: bool) -> Result<Attempt<Guard>> {
+    pub(crate) async fn try_once(
+        &self,
+        owner: &Owner,
+        flag_waiting: bool,
+    ) -> Result<Attempt<Guard>> {
         let attempt = self
             .core
             .try_once(&self.keys, owner, self.lease, flag_waiting)

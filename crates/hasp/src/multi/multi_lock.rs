@@ -130,7 +130,10 @@ impl MultiLock {
     /// [`Error::InvalidArgument`] for zero.
     pub fn with_server_timeout(mut self, timeout: Duration) -> Result<Self> {
         if timeout.is_zero() {
-            return Err(Error::invalid("server_timeout", "must be greater than zero"));
+            return Err(Error::invalid(
+                "server_timeout",
+                "must be greater than zero",
+            ));
         }
         self.server_timeout = timeout;
         Ok(self)

@@ -48,11 +48,7 @@ impl Parts {
             if locks[..i].iter().any(|earlier| earlier.same_lock(lock)) {
                 return Err(Error::invalid(
                     "parts",
-                    format!(
-                        "lock {:?} on {} is named twice",
-                        lock.name(),
-                        lock.server()
-                    ),
+                    format!("lock {:?} on {} is named twice", lock.name(), lock.server()),
                 ));
             }
         }

@@ -480,7 +480,12 @@ impl Tally {
     }
 
     fn decided(&self, n: usize, quorum: usize) -> bool {
-        granted_or_impossible(self.granted.len(), self.refused + self.failed.len(), n, quorum)
+        granted_or_impossible(
+            self.granted.len(),
+            self.refused + self.failed.len(),
+            n,
+            quorum,
+        )
     }
 }
 

@@ -96,3 +96,19 @@ impl Servers {
         .await
     }
 }
+
+impl Servers {
+    /// Whether, within `limit`, the only servers with a key for `name` are
+    /// among `held` (the blockers').
+    pub async fn gone_everywhere_but_held_by(
+        &self,
+        held: &[usize],
+        name: &str,
+        limit: Duration,
+    ) -> bool {
+        testkit::eventually(limit, || async {
+            (0..self.servers.len()).all(|i| held.contains(&i) || !self.exists(i, name))
+        })
+        .await
+    }
+}

@@ -30,12 +30,25 @@ async fn the_same_name_on_three_servers_is_held_on_all_three() {
     assert_eq!(servers.holding("stock"), 0);
 
     let none: Vec<hasp::Lock> = Vec::new();
-    assert!(matches!(MultiLock::new(none), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        MultiLock::new(none),
+        Err(Error::InvalidArgument { .. })
+    ));
     let twice = [clients[0].lock("a").unwrap(), clients[0].lock("a").unwrap()];
-    assert!(matches!(MultiLock::new(twice), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        MultiLock::new(twice),
+        Err(Error::InvalidArgument { .. })
+    ));
     // Two different locks of one client are fine.
     let two = MultiLock::new([clients[0].lock("a").unwrap(), clients[0].lock("b").unwrap()]);
-    two.unwrap().try_lock().await.unwrap().unwrap().unlock().await.unwrap();
+    two.unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap()
+        .unlock()
+        .await
+        .unwrap();
 }
 
 /// multi 2: with one of three parts held by another owner, a try reports
@@ -50,7 +63,11 @@ async fn every_part_or_none() {
     let lock = MultiLock::new(clients.iter().map(|c| c.lock("set").unwrap())).unwrap();
     assert!(lock.try_lock().await.unwrap().is_none());
     assert!(!servers.exists(0, "set") && !servers.exists(2, "set"));
-    assert!(lock.try_lock_for(Duration::from_millis(300)).await.unwrap().is_none());
+    assert!(lock
+        .try_lock_for(Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_none());
     assert!(!servers.exists(0, "set") && !servers.exists(2, "set"));
     blocker.unlock().await.unwrap();
 
@@ -94,9 +111,18 @@ async fn parts_are_requested_in_parallel() {
         guard.unlock().await.unwrap();
         best_release = best_release.min(started.elapsed());
     }
-    assert!(best_acquire >= Duration::from_millis(20), "{best_acquire:?}");
-    assert!(best_acquire < Duration::from_millis(30), "acquire took {best_acquire:?}");
-    assert!(best_release < Duration::from_millis(30), "release took {best_release:?}");
+    assert!(
+        best_acquire >= Duration::from_millis(20),
+        "{best_acquire:?}"
+    );
+    assert!(
+        best_acquire < Duration::from_millis(30),
+        "acquire took {best_acquire:?}"
+    );
+    assert!(
+        best_release < Duration::from_millis(30),
+        "release took {best_release:?}"
+    );
 }
 
 /// multi 4 (research lines 6–7): two tasks looping MultiLock(A, B) and
@@ -131,13 +157,18 @@ async fn opposite_orders_cannot_deadlock() {
         .await
         .expect("a deadlock or livelock: the loops did not finish");
     let (w0, w1) = (w0.unwrap(), w1.unwrap());
-    assert!(w0.max(w1) < Duration::from_millis(500), "waits {w0:?} {w1:?}");
+    eprintln!("worst waits {w0:?} {w1:?}");
+    assert!(
+        w0.max(w1) < Duration::from_millis(250),
+        "waits {w0:?} {w1:?}"
+    );
     // While both ran (the first 2 × ROUNDS / 2 acquisitions), each got a share.
     let order = finished.lock().unwrap().clone();
     let first_half = &order[..ROUNDS];
     let zeros = first_half.iter().filter(|w| **w == 0).count();
+    eprintln!("first {ROUNDS}: {zeros} to the forward lock");
     assert!(
-        zeros >= ROUNDS / 5 && zeros <= ROUNDS * 4 / 5,
+        (ROUNDS / 5..=ROUNDS * 4 / 5).contains(&zeros),
         "{zeros} of the first {ROUNDS} acquisitions went to one side"
     );
 }
@@ -154,7 +185,11 @@ async fn waiting_is_woken_by_the_release_of_the_part() {
     let lock = MultiLock::new(clients.iter().map(|c| c.lock("w").unwrap())).unwrap();
 
     let started = Instant::now();
-    assert!(lock.try_lock_for(Duration::from_millis(600)).await.unwrap().is_none());
+    assert!(lock
+        .try_lock_for(Duration::from_millis(600))
+        .await
+        .unwrap()
+        .is_none());
     let waited = started.elapsed();
     assert!(
         waited >= Duration::from_millis(600) && waited < Duration::from_millis(900),
@@ -176,7 +211,10 @@ async fn waiting_is_woken_by_the_release_of_the_part() {
     held.unlock().await.unwrap();
     let acquired = waiter.await.unwrap();
     let after = acquired.duration_since(released);
-    assert!(after < Duration::from_millis(500), "woken {after:?} after the release");
+    assert!(
+        after < Duration::from_millis(500),
+        "woken {after:?} after the release"
+    );
 }
 
 /// multi 6: re-entry by the same owner costs no Redis call and the parts
@@ -193,7 +231,11 @@ async fn reentry_is_counted_for_the_whole() {
     let outer = lock.lock().await.unwrap();
     let calls = evalsha_calls(&servers.servers[0]);
     let inner = lock.lock().await.unwrap();
-    assert_eq!(evalsha_calls(&servers.servers[0]), calls, "a re-entry called Redis");
+    assert_eq!(
+        evalsha_calls(&servers.servers[0]),
+        calls,
+        "a re-entry called Redis"
+    );
     assert_eq!(lock.hold_count(), 2);
     assert_eq!(inner.fencing(), outer.fencing());
     inner.unlock().await.unwrap();
@@ -223,7 +265,10 @@ async fn reentry_is_counted_for_the_whole() {
 async fn leases_renewal_and_loss_of_a_part() {
     let servers = Servers::start(3);
     let lease = Duration::from_secs(4);
-    let lock = multi(&servers, "l", quick()).await.with_lease(lease).unwrap();
+    let lock = multi(&servers, "l", quick())
+        .await
+        .with_lease(lease)
+        .unwrap();
     let before = Instant::now();
     let guard = lock.lock().await.unwrap();
     let after = Instant::now();
@@ -291,14 +336,19 @@ async fn a_server_down_is_an_error_not_a_refusal() {
     let took = started.elapsed();
     assert!(matches!(err, Error::ServersFailed { .. }), "{err:?}");
     assert!(err.is_retryable());
-    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(2), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
     assert!(!servers.exists(0, "d") && !servers.exists(2, "d"));
     servers.servers[1].resume();
 
     servers.servers[2].kill();
     let err = lock.lock().await.unwrap_err();
     match &err {
-        Error::ServersFailed { servers: failed, .. } => assert_eq!(failed.len(), 1),
+        Error::ServersFailed {
+            servers: failed, ..
+        } => assert_eq!(failed.len(), 1),
         other => panic!("expected ServersFailed, got {other:?}"),
     }
     assert!(!servers.exists(0, "d"));
@@ -317,12 +367,17 @@ async fn a_dropped_acquire_leaves_nothing() {
         let attempt = tokio::time::timeout(Duration::from_millis(delay_ms), lock.lock());
         assert!(attempt.await.is_err());
     }
-    assert!(servers.gone_everywhere_but(0, "c", Duration::from_secs(2)).await);
+    assert!(
+        servers
+            .gone_everywhere_but(0, "c", Duration::from_secs(2))
+            .await
+    );
     assert!(
         testkit::eventually(Duration::from_secs(2), || async {
             clients.iter().all(|c| {
                 let stats = c.stats();
-                stats.subscribed_channels == 0 && stats.held_locks == usize::from(c.id() == clients[0].id())
+                stats.subscribed_channels == 0
+                    && stats.held_locks == usize::from(c.id() == clients[0].id())
             })
         })
         .await
