@@ -17,6 +17,11 @@
 //!   callgrind for hasp's batch script and for rslock's commands.
 //! * **wait**: what replica acknowledgement (`Settings::set_replica_ack`)
 //!   costs at C = 1 against a master with one replica.
+//! * **m: over several servers**: at C = 1 over 3 servers, MultiLock
+//!   (parts asked at once) beside a one-after-another loop of 3 locks (as
+//!   Redisson's MultiLock takes them), on loopback and with 1 ms added to
+//!   every reply; RedLock over 3 and 5 servers beside rslock's at C = 1, 16,
+//!   64.
 //! * **(c) renewal cost**: script calls per renewal period while holding
 //!   10,000 locks.
 //!
@@ -29,7 +34,7 @@ use std::time::{Duration, Instant};
 use hasp::{Client, Settings};
 use hdrhistogram::Histogram;
 use rslock::LockManager;
-use testkit::RedisServer;
+use testkit::{Direction, FaultProxy, Mode, RedisServer};
 
 const W1_CONCURRENCY: [usize; 3] = [1, 16, 64];
 const W2_TASKS: usize = 32;
@@ -37,7 +42,7 @@ const W2_HOLD: Duration = Duration::from_millis(1);
 
 struct Args {
     duration: Duration,
-    /// Sections to run (w1, rb, ri, w2, wait, c); empty = all.
+    /// Sections to run (w1, rb, ri, w2, wait, m, c); empty = all.
     only: Vec<String>,
     /// W1 concurrency levels to run; empty = all of [`W1_CONCURRENCY`].
     levels: Vec<usize>,
@@ -65,7 +70,7 @@ fn parse_args() -> Args {
         if a == "--only" {
             only.extend(
                 args.next()
-                    .expect("--only w1,rb,ri,w2,wait,c")
+                    .expect("--only w1,rb,ri,w2,wait,m,c")
                     .split(',')
                     .map(str::to_owned),
             );
@@ -200,6 +205,9 @@ async fn run(args: Args) {
     if args.runs("wait") {
         replica_ack_cost(args.duration).await;
     }
+    if args.runs("m") {
+        several_servers(args.duration).await;
+    }
     if !args.runs("c") {
         return;
     }
@@ -249,6 +257,137 @@ async fn replica_ack_cost(duration: Duration) {
             ms(0.99)
         );
     }
+}
+
+/// Section m: MultiLock and RedLock (spec multi 34).
+async fn several_servers(duration: Duration) {
+    println!("\n## m: over several servers\n");
+    println!("| 3 servers, C = 1 | MultiLock pairs/s | lock() p50 | one-after-another pairs/s | lock() p50 |");
+    println!("|---|---:|---:|---:|---:|");
+    for delay in [None, Some(Duration::from_millis(1))] {
+        let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_tcp()).collect();
+        let proxies: Vec<FaultProxy> = servers.iter().map(FaultProxy::start).collect();
+        let mut clients = Vec::new();
+        for proxy in &proxies {
+            clients.push(Client::open(&proxy.url()).await.unwrap());
+        }
+        if let Some(d) = delay {
+            for proxy in &proxies {
+                proxy.set(Direction::ToClient, Mode::Delay(d));
+            }
+        }
+        let locks: Vec<hasp::Lock> = clients.iter().map(|c| c.lock("m").unwrap()).collect();
+        let multi = hasp::MultiLock::new(locks.clone()).unwrap();
+        let (m_rate, m_p50) = pairs_c1(duration, || async {
+            let t = Instant::now();
+            let guard = multi.lock().await.unwrap();
+            let took = t.elapsed();
+            guard.unlock().await.unwrap();
+            took
+        })
+        .await;
+        let (s_rate, s_p50) = pairs_c1(duration, || async {
+            let t = Instant::now();
+            let mut guards = Vec::new();
+            for lock in &locks {
+                guards.push(lock.lock().await.unwrap());
+            }
+            let took = t.elapsed();
+            for guard in guards {
+                guard.unlock().await.unwrap();
+            }
+            took
+        })
+        .await;
+        let label = delay.map_or("loopback".to_owned(), |d| format!("+{d:?} per reply"));
+        println!("| {label} | {m_rate:.0} | {m_p50:.3} ms | {s_rate:.0} | {s_p50:.3} ms |");
+    }
+
+    println!("\n| RedLock, pairs/s | C | hasp RedLock | rslock | hasp / rslock |");
+    println!("|---|---:|---:|---:|---:|");
+    for n in [3, 5] {
+        for c in W1_CONCURRENCY {
+            let servers: Vec<RedisServer> = (0..n).map(|_| RedisServer::start_tcp()).collect();
+            let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+            let mut clients = Vec::new();
+            for url in &urls {
+                clients.push(Client::open(url).await.unwrap());
+            }
+            let h = concurrent_pairs(c, duration, |i| {
+                let lock = hasp::RedLock::new(&format!("r-{i}"), &clients).unwrap();
+                move || {
+                    let lock = lock.clone();
+                    async move {
+                        lock.lock().await.unwrap().unlock().await.unwrap();
+                    }
+                }
+            })
+            .await;
+            let manager = LockManager::new(urls.clone());
+            let r = concurrent_pairs(c, duration, |i| {
+                let manager = manager.clone();
+                let name = format!("r-{i}");
+                move || {
+                    let (manager, name) = (manager.clone(), name.clone());
+                    async move {
+                        let lock = manager
+                            .lock(name.as_bytes(), Duration::from_secs(30))
+                            .await
+                            .unwrap();
+                        manager.unlock(&lock).await;
+                    }
+                }
+            })
+            .await;
+            println!("| N = {n} | {c} | {h:.0} | {r:.0} | {:.2} |", h / r);
+        }
+    }
+}
+
+/// Pairs/s and the median of what `pair` returns (ms), one task.
+async fn pairs_c1<F, Fut>(duration: Duration, mut pair: F) -> (f64, f64)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Duration>,
+{
+    let mut latency = Histogram::<u64>::new(3).unwrap();
+    let (start, mut n) = (Instant::now(), 0u64);
+    while start.elapsed() < duration {
+        let took = pair().await;
+        latency.record(took.as_micros() as u64).unwrap();
+        n += 1;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    (rate, latency.value_at_quantile(0.5) as f64 / 1000.0)
+}
+
+/// Pairs/s of `c` tasks, task `i` running the pair `make(i)` returns.
+async fn concurrent_pairs<M, P, Fut>(c: usize, duration: Duration, make: M) -> f64
+where
+    M: Fn(usize) -> P,
+    P: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let deadline = Instant::now() + duration;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..c)
+        .map(|i| {
+            let pair = make(i);
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    pair().await;
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
 }
 
 async fn w1_hasp(url: &str, concurrency: usize, duration: Duration) -> f64 {

@@ -496,13 +496,28 @@ fn granted_or_impossible(granted: usize, not_granted: usize, n: usize, quorum: u
 }
 
 /// The renewal task of one hold in the default mode: an extension every
-/// third of the lease until the hold is released or lost.
+/// third of the lease until the hold is released (it stops at once) or
+/// lost.
 async fn renew(lock: Weak<Inner>, hold: Weak<RedHold>) {
     loop {
         let Some(period) = lock.upgrade().map(|l| l.lease / 3) else {
             return;
         };
-        tokio::time::sleep(period).await;
+        {
+            let Some(hold) = hold.upgrade() else {
+                return;
+            };
+            let ended = hold.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if hold.is_released() || hold.is_lost() {
+                return;
+            }
+            tokio::select! {
+                () = ended => return,
+                () = tokio::time::sleep(period) => {}
+            }
+        }
         let (Some(lock), Some(hold)) = (lock.upgrade(), hold.upgrade()) else {
             return;
         };
@@ -527,7 +542,10 @@ struct RedHold {
     valid_until: Mutex<Instant>,
     lost: AtomicBool,
     released: AtomicBool,
+    /// Wakes the loss signal's waiters when the validity moves or is lost.
     changed: Notify,
+    /// Stops the renewal task when the hold is released.
+    ended: Notify,
 }
 
 impl RedHold {
@@ -558,6 +576,7 @@ impl RedHold {
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             changed: Notify::new(),
+            ended: Notify::new(),
         }
     }
 
@@ -572,6 +591,12 @@ impl RedHold {
 
     fn is_released(&self) -> bool {
         self.released.load(Ordering::Acquire)
+    }
+
+    /// The last guard is gone: renewal stops.
+    fn end(&self) {
+        self.released.store(true, Ordering::Release);
+        self.ended.notify_waiters();
     }
 
     /// The extension failed: the hold is lost, and the keys still held
@@ -689,7 +714,7 @@ impl RedGuard {
         self.released = true;
         let step = self.inner.holders.release(&self.owners, &self.hold);
         if step == Step::Final {
-            self.hold.released.store(true, Ordering::Release);
+            self.hold.end();
             let guards = self.hold.take_guards().await;
             release_all(guards).await;
         }
@@ -710,7 +735,7 @@ impl RedGuard {
 impl Drop for RedGuard {
     fn drop(&mut self) {
         if !self.released && self.inner.holders.release(&self.owners, &self.hold) == Step::Final {
-            self.hold.released.store(true, Ordering::Release);
+            self.hold.end();
             let hold = self.hold.clone();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
