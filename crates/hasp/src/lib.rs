@@ -36,6 +36,9 @@
 //!   time; [`Lock::with_lease`] / [`Lock::with_owner`] configure it.
 //! * [`Guard`] — a held lock: [`Guard::unlock`], [`Guard::fencing_token`],
 //!   [`Guard::lost`].
+//! * [`MultiLock`] — every one of several locks (on several servers) or
+//!   none; [`RedLock`] — a majority of N independent servers. Both give a
+//!   [`FenceVector`] instead of a single token.
 //! * [`Error`] — separates outcomes ([`Error::NotHeld`]) from failures
 //!   ([`Error::Redis`]).
 //!
