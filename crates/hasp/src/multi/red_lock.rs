@@ -99,6 +99,8 @@ struct Inner {
     lease_ms: u64,
     renew: bool,
     server_timeout: Duration,
+    /// Set by the user: a new lease keeps it.
+    server_timeout_chosen: bool,
     retry_delay: Duration,
     min_validity: Duration,
     holders: Holders<RedHold>,
@@ -135,6 +137,7 @@ impl RedLock {
             lease_ms: 0,
             renew: true,
             server_timeout: SERVER_TIMEOUT,
+            server_timeout_chosen: false,
             retry_delay: RETRY_DELAY,
             min_validity: Duration::from_millis(1),
             holders: Holders::default(),
@@ -184,6 +187,7 @@ impl RedLock {
         }
         let mut inner = self.inner.clone_settings();
         inner.server_timeout = timeout;
+        inner.server_timeout_chosen = true;
         Ok(Self::from(inner))
     }
 
@@ -349,6 +353,7 @@ impl Inner {
             lease_ms: self.lease_ms,
             renew: self.renew,
             server_timeout: self.server_timeout,
+            server_timeout_chosen: self.server_timeout_chosen,
             retry_delay: self.retry_delay,
             min_validity: self.min_validity,
             holders: Holders::default(),
@@ -370,7 +375,14 @@ impl Inner {
         self.lease = lease;
         self.lease_ms = lease_ms;
         self.renew = renew;
-        self.server_timeout = SERVER_TIMEOUT.min(lease / 10).max(Duration::from_millis(1));
+        if !self.server_timeout_chosen {
+            self.server_timeout = SERVER_TIMEOUT.min(lease / 10).max(Duration::from_millis(1));
+        } else if self.server_timeout > lease / 2 {
+            return Err(Error::invalid(
+                "lease",
+                format!("{lease:?} is shorter than twice the server timeout"),
+            ));
+        }
         Ok(RedLock::from(self))
     }
 
@@ -403,7 +415,7 @@ impl Inner {
         if granted.len() >= self.quorum {
             if let Some(until) = valid_until {
                 if until.saturating_duration_since(Instant::now()) >= self.min_validity {
-                    return Ok(Some(RedHold::new(self, granted, until)));
+                    return Ok(Some(RedHold::new(self, owners, granted, until)));
                 }
             }
         }
@@ -549,7 +561,12 @@ struct RedHold {
 }
 
 impl RedHold {
-    fn new(lock: &Inner, granted: Vec<(usize, Guard)>, valid_until: Instant) -> Self {
+    fn new(
+        lock: &Inner,
+        owners: &[Owner],
+        granted: Vec<(usize, Guard)>,
+        valid_until: Instant,
+    ) -> Self {
         let fences = FenceVector::new(
             granted
                 .iter()
@@ -560,17 +577,13 @@ impl RedHold {
                 })
                 .collect(),
         );
-        let owners = granted
-            .first()
-            .map(|_| lock.parts.owners())
-            .unwrap_or_default();
         let mut slots: Vec<Option<Guard>> = (0..lock.parts.len()).map(|_| None).collect();
         for (i, guard) in granted {
             slots[i] = Some(guard);
         }
         Self {
             slots: slots.into_iter().map(tokio::sync::Mutex::new).collect(),
-            owners,
+            owners: owners.to_vec(),
             fences,
             valid_until: Mutex::new(valid_until),
             lost: AtomicBool::new(false),

@@ -347,3 +347,52 @@ async fn a_holder_cut_off_from_every_server_learns_at_the_validity_end() {
     );
     assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
 }
+
+/// Bad input to either kind gets a clear error before any Redis call.
+#[tokio::test]
+async fn bad_input_is_refused_before_any_call() {
+    let servers = Servers::start(3);
+    let clients = servers.clients(quick()).await;
+    let invalid = |r: Result<_, Error>| matches!(r, Err(Error::InvalidArgument { .. }));
+
+    assert!(invalid(RedLock::new("", &clients).map(|_| ())));
+    let lock = RedLock::new("in", &clients).unwrap();
+    assert!(invalid(lock.with_lease(Duration::ZERO).map(|_| ())));
+    assert!(invalid(
+        lock.with_lease(Duration::from_millis(2)).map(|_| ())
+    ));
+    assert!(invalid(
+        lock.with_lease(Duration::from_secs(u64::MAX)).map(|_| ())
+    ));
+    assert!(invalid(lock.with_retry_delay(Duration::ZERO).map(|_| ())));
+    assert!(invalid(lock.with_min_validity(Duration::ZERO).map(|_| ())));
+    assert!(invalid(
+        lock.with_server_timeout(Duration::ZERO).map(|_| ())
+    ));
+    assert!(invalid(
+        lock.with_server_timeout(Duration::from_secs(20))
+            .map(|_| ())
+    ));
+    assert!(invalid(lock.try_lock_for(Duration::MAX).await.map(|_| ())));
+    // A chosen server timeout is kept by a later lease, or refused with it.
+    let chosen = lock
+        .with_server_timeout(Duration::from_millis(400))
+        .unwrap();
+    assert!(invalid(
+        chosen.with_lease(Duration::from_millis(500)).map(|_| ())
+    ));
+    assert!(chosen.with_lease(Duration::from_secs(2)).is_ok());
+
+    let multi = hasp::MultiLock::new(clients.iter().map(|c| c.lock("in").unwrap())).unwrap();
+    assert!(invalid(
+        multi.clone().with_lease(Duration::ZERO).map(|_| ())
+    ));
+    assert!(invalid(
+        multi
+            .clone()
+            .with_server_timeout(Duration::ZERO)
+            .map(|_| ())
+    ));
+    assert!(invalid(multi.try_lock_for(Duration::MAX).await.map(|_| ())));
+    assert_eq!(servers.holding("in"), 0);
+}
