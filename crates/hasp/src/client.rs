@@ -93,6 +93,41 @@ impl Client {
         })
     }
 
+    /// Connects through Redis Sentinel to the current master of `service`,
+    /// and follows it across failovers.
+    ///
+    /// `sentinels` are the URLs of the sentinels to ask (any that answers
+    /// will do). Every connection of the client asks them for the master
+    /// each time it connects; when a connection finds its server demoted to
+    /// a replica (a write refused with `READONLY`) every connection moves to
+    /// the new master, and the client re-checks each hold it has there (a
+    /// failover can lose the last writes, and so locks: those holds are
+    /// reported lost, see [`Guard::lost`](crate::Guard::lost)). Operations
+    /// in flight during a failover fail with a retryable error and are never
+    /// reported as acquired. The master is reached with database 0 and no
+    /// password.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for no
+    /// sentinels, an empty service name or a malformed URL;
+    /// [`Error::Redis`](crate::Error::Redis) if no sentinel knows a master
+    /// for `service` or the master cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn open_sentinel(
+        sentinels: &[&str],
+        service: &str,
+        settings: Settings,
+    ) -> Result<Self> {
+        let node = redis::sentinel::SentinelNodeConnectionInfo::default().set_tcp_settings(
+            redis::io::tcp::TcpSettings::default().set_nodelay(true),
+        );
+        Ok(Self {
+            core: Core::open_sentinel(sentinels, service, node, settings).await?,
+        })
+    }
+
     /// A handle on the lock called `name`. Names are opaque UTF-8 (braces,
     /// colons and spaces included) of 1 to `max_name_len` bytes.
     ///

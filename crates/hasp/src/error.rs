@@ -75,7 +75,7 @@ pub enum Error {
 impl Error {
     /// True when the same call may succeed if repeated later: connection
     /// drops, time-outs, refused connections, a Redis loading its data or
-    /// failing over, and too few replicas. Outcomes such as
+    /// failing over (or demoted to a replica), and too few replicas. Outcomes such as
     /// [`NotHeld`](Error::NotHeld) and bad arguments are not retryable.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -88,6 +88,7 @@ impl Error {
                         e.kind(),
                         redis::ErrorKind::Server(
                             redis::ServerErrorKind::BusyLoading
+                                | redis::ServerErrorKind::ReadOnly
                                 | redis::ServerErrorKind::TryAgain
                                 | redis::ServerErrorKind::MasterDown
                                 | redis::ServerErrorKind::ClusterDown

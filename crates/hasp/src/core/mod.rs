@@ -31,9 +31,8 @@
 //! `SSUBSCRIBE`, and nothing above this module changes.
 
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{oneshot, watch, Notify};
 
 use crate::config::{lease_millis, Settings};
@@ -41,6 +40,8 @@ use crate::error::{Error, Result};
 use crate::owner::Owner;
 
 mod batcher;
+mod commands;
+pub(crate) mod endpoint;
 pub(crate) mod holds;
 pub(crate) mod keys;
 mod pubsub;
@@ -51,6 +52,8 @@ mod watchdog;
 pub(crate) mod wire;
 
 use batcher::{Batcher, CallStats, Queue};
+use commands::Commands;
+use endpoint::Endpoint;
 use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
 use keys::LockKeys;
 use pubsub::{Listener, PubSub};
@@ -72,7 +75,7 @@ pub(crate) struct Core {
     settings: Settings,
     watchdog_lease_ms: u64,
     /// Read-only queries (`EXISTS`, `PTTL`, ...), pipelined by all tasks.
-    commands: ConnectionManager,
+    commands: Commands,
     queue: Queue,
     waiters: Arc<Waiters>,
     holds: Arc<Holds>,
@@ -103,13 +106,40 @@ impl Core {
         }
         .into();
         let redis = redis::Client::open(info).map_err(invalid_url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(settings.response_timeout))
-            .set_connection_timeout(Some(settings.connection_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let mut commands = ConnectionManager::new_with_config(redis.clone(), config).await?;
-        scripts::preload(&mut commands).await?;
+        let commands = Commands::fixed(redis.clone(), &settings).await?;
+        Self::start(server, Endpoint::direct(redis), commands, settings)
+    }
+
+    /// Connects to the current master of `service`, as the sentinels at
+    /// `sentinels` report it, and follows it across failovers.
+    pub(crate) async fn open_sentinel(
+        sentinels: &[&str],
+        service: &str,
+        node: redis::sentinel::SentinelNodeConnectionInfo,
+        settings: Settings,
+    ) -> Result<Arc<Self>> {
+        settings.validate()?;
+        if sentinels.is_empty() {
+            return Err(Error::invalid("sentinels", "needs at least one sentinel URL"));
+        }
+        if service.is_empty() {
+            return Err(Error::invalid("service", "must not be empty"));
+        }
+        let infos = endpoint::sentinel_infos(sentinels)
+            .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
+        let endpoint = Endpoint::sentinel(infos, service, node)
+            .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
+        let commands = Commands::following(endpoint.clone(), &settings).await?;
+        Self::start(format!("sentinel:{service}").into(), endpoint, commands, settings)
+    }
+
+    /// Starts the background tasks on the current tokio runtime.
+    fn start(
+        server: Arc<str>,
+        endpoint: Arc<Endpoint>,
+        commands: Commands,
+        settings: Settings,
+    ) -> Result<Arc<Self>> {
         let watchdog_lease_ms = lease_millis(settings.watchdog_timeout)
             .ok_or_else(|| Error::invalid("watchdog_timeout", "too large"))?;
 
@@ -118,7 +148,7 @@ impl Core {
         let recheck = Arc::new(Notify::new());
         let calls = Arc::new(CallStats::default());
         let queue = Batcher::start(
-            redis.clone(),
+            endpoint.clone(),
             id.clone(),
             &settings,
             recheck.clone(),
@@ -130,7 +160,7 @@ impl Core {
                 waiters: waiters.clone(),
                 recheck: recheck.clone(),
             });
-            let pubsub = PubSub::start(redis, settings.connection_timeout, events, &runtime);
+            let pubsub = PubSub::start(endpoint, settings.connection_timeout, events, &runtime);
             Waiters::new(id.clone(), pubsub, settings.replica_ack.is_none())
         });
         let holds = Arc::new(Holds::default());
@@ -422,13 +452,7 @@ impl Core {
     /// the connection turns out broken (the server restarted, say: redis-rs
     /// fails the first command and reconnects), which a read allows.
     pub(crate) async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
-        let mut conn = self.commands.clone();
-        match cmd.query_async(&mut conn).await {
-            Err(e) if (e.is_connection_dropped() || e.is_io_error()) && !e.is_timeout() => {
-                Ok(cmd.query_async(&mut conn).await?)
-            }
-            result => Ok(result?),
-        }
+        self.commands.query(cmd).await
     }
 
     /// Local holds of `owner` on the lock (0 if none or lost).

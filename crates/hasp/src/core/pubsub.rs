@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+
+use super::endpoint::Endpoint;
 
 /// What the transport reports.
 pub(crate) trait Listener: Send + Sync + 'static {
@@ -61,7 +63,7 @@ impl PubSub {
     /// Starts the connection's task on `runtime`; it ends when this value is
     /// dropped.
     pub(crate) fn start(
-        client: redis::Client,
+        endpoint: Arc<Endpoint>,
         connect_timeout: Duration,
         listener: Arc<dyn Listener>,
         runtime: &tokio::runtime::Handle,
@@ -69,7 +71,8 @@ impl PubSub {
         let wanted = Arc::default();
         let (requests, rx) = mpsc::unbounded_channel();
         let task = Task {
-            client,
+            moved: endpoint.changes(),
+            endpoint,
             connect_timeout,
             listener,
             wanted: Arc::clone(&wanted),
@@ -96,7 +99,9 @@ impl PubSub {
 }
 
 struct Task {
-    client: redis::Client,
+    endpoint: Arc<Endpoint>,
+    /// Changes when the master moved (a Sentinel failover).
+    moved: watch::Receiver<u64>,
     connect_timeout: Duration,
     listener: Arc<dyn Listener>,
     wanted: Arc<Mutex<HashSet<Arc<str>>>>,
@@ -106,7 +111,7 @@ type Sink = redis::aio::PubSubSink;
 type Stream = redis::aio::PubSubStream;
 
 impl Task {
-    async fn run(self, mut requests: mpsc::UnboundedReceiver<Request>) {
+    async fn run(mut self, mut requests: mpsc::UnboundedReceiver<Request>) {
         let mut backoff = Duration::from_millis(50);
         let mut again = false;
         loop {
@@ -152,7 +157,11 @@ impl Task {
         &self,
         requests: &mut mpsc::UnboundedReceiver<Request>,
     ) -> Option<redis::RedisResult<redis::aio::PubSub>> {
-        let connect = tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub());
+        let connect = async {
+            let client = self.endpoint.resolve().await?;
+            client.get_async_pubsub().await
+        };
+        let connect = tokio::time::timeout(self.connect_timeout, connect);
         tokio::pin!(connect);
         loop {
             tokio::select! {
@@ -170,7 +179,7 @@ impl Task {
     /// Applies requests and passes messages on until the connection breaks
     /// (true) or the client is gone (false).
     async fn serve(
-        &self,
+        &mut self,
         sink: &mut Sink,
         mut stream: Stream,
         requests: &mut mpsc::UnboundedReceiver<Request>,
@@ -181,6 +190,12 @@ impl Task {
                     let Some(request) = request else { return false };
                     if let Err(e) = self.apply(sink, request).await {
                         tracing::debug!(error = %e, "pub/sub request failed; reconnecting");
+                        return true;
+                    }
+                }
+                moved = self.moved.changed() => {
+                    if moved.is_ok() {
+                        tracing::debug!("the master moved; reconnecting pub/sub");
                         return true;
                     }
                 }

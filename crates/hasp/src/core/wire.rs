@@ -290,18 +290,28 @@ impl Op {
         }
     }
 
+    /// The error of an operation that failed alone: a write refused by a
+    /// replica is a Redis error (the master moved; retryable), anything
+    /// else a protocol error.
+    fn failure(&self, failure: &[u8]) -> Error {
+        let text = String::from_utf8_lossy(failure);
+        let message = text.strip_prefix("failed: ").unwrap_or(&text);
+        if message.starts_with("READONLY") {
+            return Error::Redis(redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                "the server is a replica",
+                message.to_owned(),
+            )));
+        }
+        Error::Protocol(format!("lock {:?}: {text}", self.keys().name))
+    }
+
     /// This operation's slot of the reply.
     pub(crate) fn decode(&self, value: &Value) -> Result<Reply, Error> {
         let code = match value {
             Value::Int(code) => *code,
             // An operation that failed alone (see `batch.lua`).
-            Value::BulkString(failure) => {
-                return Err(Error::Protocol(format!(
-                    "lock {:?}: {}",
-                    self.keys().name,
-                    String::from_utf8_lossy(failure)
-                )))
-            }
+            Value::BulkString(failure) => return Err(self.failure(failure)),
             other => return Err(self.unexpected(other)),
         };
         let reply = match self {

@@ -13,17 +13,22 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, RedisResult};
 
+use crate::core::endpoint::Endpoint;
+
 type Driver = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A connection that is (re)made when needed.
 pub(super) struct Connection {
-    client: redis::Client,
+    endpoint: Arc<Endpoint>,
+    /// The endpoint's generation when the live connection was made.
+    generation: u64,
     connect_timeout: Duration,
     response_timeout: Duration,
     live: Option<(MultiplexedConnection, Driver)>,
@@ -34,12 +39,13 @@ pub(super) struct Connection {
 impl Connection {
     /// Connects lazily: nothing happens until the first [`get`](Self::get).
     pub(super) fn new(
-        client: redis::Client,
+        endpoint: Arc<Endpoint>,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Self {
         Self {
-            client,
+            endpoint,
+            generation: 0,
             connect_timeout,
             response_timeout,
             live: None,
@@ -55,14 +61,24 @@ impl Connection {
 
     /// A handle to send calls on, connecting first if there is none.
     pub(super) async fn get(&mut self) -> RedisResult<MultiplexedConnection> {
+        let generation = self.endpoint.generation();
         if let Some((conn, _)) = &self.live {
-            return Ok(conn.clone());
+            if generation == self.generation {
+                return Ok(conn.clone());
+            }
+            // The master changed: this server is no longer the one.
+            self.live = None;
+            self.broken = true;
         }
-        let connect = connect(&self.client, self.response_timeout);
+        let connect = async {
+            let client = self.endpoint.resolve().await?;
+            connect(&client, self.response_timeout).await
+        };
         let (conn, driver) = tokio::time::timeout(self.connect_timeout, connect)
             .await
             .map_err(|_| RedisError::from((ErrorKind::Io, "connect timed out")))??;
         self.live = Some((conn.clone(), driver));
+        self.generation = generation;
         self.broken = false;
         Ok(conn)
     }
@@ -76,6 +92,16 @@ impl Connection {
         if (error.is_connection_dropped() || error.is_io_error()) && !error.is_timeout() {
             self.broken |= self.live.take().is_some();
         }
+        if is_read_only(error) {
+            self.stale();
+        }
+    }
+
+    /// The server refused a write as a replica (a demoted master): every
+    /// connection of the client finds the master again.
+    pub(super) fn stale(&mut self) {
+        self.broken |= self.live.take().is_some();
+        self.endpoint.stale();
     }
 
     /// Does the connection's reading and writing; resolves only when the
@@ -93,6 +119,11 @@ impl Connection {
         self.broken = true;
         Poll::Ready(())
     }
+}
+
+/// A write refused by a replica.
+pub(crate) fn is_read_only(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
 async fn connect(

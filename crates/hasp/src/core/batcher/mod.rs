@@ -179,7 +179,7 @@ impl Batcher {
     /// renewals per call and replica acknowledgement. `reconnected` is
     /// notified when the connection is made again after it broke.
     pub(crate) fn start(
-        client: redis::Client,
+        endpoint: Arc<super::endpoint::Endpoint>,
         client_id: Arc<str>,
         settings: &Settings,
         reconnected: Arc<Notify>,
@@ -193,7 +193,7 @@ impl Batcher {
             replica_ack: settings.replica_ack,
             max_extends: settings.renew_batch,
             connection: Connection::new(
-                client,
+                endpoint,
                 settings.connection_timeout,
                 settings.response_timeout,
             ),
@@ -321,6 +321,9 @@ struct Sent {
     error: Option<RedisError>,
     unsettled: Vec<Op>,
     retries: Vec<Request>,
+    /// Some operation was refused by a replica: the server is no longer the
+    /// master.
+    stale: bool,
 }
 
 impl Task {
@@ -430,6 +433,9 @@ impl Task {
         if let Some(e) = &sent.error {
             self.connection.failed(e);
         }
+        if sent.stale {
+            self.connection.stale();
+        }
         self.retries.extend(sent.retries);
         self.schedule_settlements(sent.error.is_none());
         if !sent.unsettled.is_empty() {
@@ -479,8 +485,14 @@ fn answered(
     }
     let short = acks.filter(|(acked, wanted)| acked < wanted);
     let mut unsettled = Vec::new();
+    let mut stale = false;
     for (request, value) in batch.into_iter().zip(values) {
         let mut reply = request.op.decode(&value);
+        if matches!(&reply, Err(Error::Redis(e)) if connection::is_read_only(e)) {
+            // Applied nothing; what must still happen goes to the master.
+            stale = true;
+            unsettled.extend(request.op.unfinished());
+        }
         if let Some((acked, wanted)) = short {
             if request.op.needs_replicas() && reply.is_ok() {
                 if matches!(reply, Ok(Reply::Acquired { .. })) {
@@ -495,6 +507,7 @@ fn answered(
         error: None,
         unsettled,
         retries: Vec::new(),
+        stale,
     }
 }
 
@@ -517,6 +530,7 @@ fn failed(error: &Error, settle: Vec<Op>, batch: Vec<Request>, nonces: &Nonces) 
         error: redis,
         unsettled: settle,
         retries: Vec::new(),
+        stale: false,
     };
     for request in batch {
         if unknown {

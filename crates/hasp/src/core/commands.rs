@@ -1,0 +1,124 @@
+//! The connection for read-only queries (`EXISTS`, `PTTL`, ...),
+//! pipelined by all tasks of a client.
+//!
+//! To one address it is redis-rs's `ConnectionManager` (which reconnects by
+//! itself); to a Sentinel service it is a multiplexed connection made again
+//! to the current master whenever it breaks or the master changes
+//! (`endpoint`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, RedisResult};
+use tokio::sync::Mutex;
+
+use super::endpoint::Endpoint;
+use super::scripts;
+use crate::config::Settings;
+use crate::error::Result;
+
+/// See the module docs.
+pub(crate) enum Commands {
+    Fixed(ConnectionManager),
+    Following {
+        endpoint: Arc<Endpoint>,
+        config: AsyncConnectionConfig,
+        /// The live connection and the endpoint generation it was made in.
+        live: Mutex<Option<(u64, MultiplexedConnection)>>,
+    },
+}
+
+impl std::fmt::Debug for Commands {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Commands::Fixed(_) => "Commands(fixed)",
+            Commands::Following { .. } => "Commands(following)",
+        })
+    }
+}
+
+impl Commands {
+    /// Connects to a fixed server and loads the script there.
+    pub(crate) async fn fixed(client: redis::Client, settings: &Settings) -> Result<Self> {
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(settings.response_timeout))
+            .set_connection_timeout(Some(settings.connection_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let mut conn = ConnectionManager::new_with_config(client, config).await?;
+        scripts::preload(&mut conn).await?;
+        Ok(Commands::Fixed(conn))
+    }
+
+    /// Connects to the endpoint's current master and loads the script
+    /// there.
+    pub(crate) async fn following(endpoint: Arc<Endpoint>, settings: &Settings) -> Result<Self> {
+        let config = AsyncConnectionConfig::new()
+            .set_response_timeout(Some(settings.response_timeout))
+            .set_connection_timeout(Some(settings.connection_timeout));
+        let commands = Commands::Following {
+            endpoint,
+            config,
+            live: Mutex::new(None),
+        };
+        let mut conn = commands.connection().await?;
+        scripts::preload(&mut conn).await?;
+        Ok(commands)
+    }
+
+    async fn connection(&self) -> RedisResult<MultiplexedConnection> {
+        let Commands::Following {
+            endpoint,
+            config,
+            live,
+        } = self
+        else {
+            unreachable!("only a following connection is made here");
+        };
+        let mut live = live.lock().await;
+        let generation = endpoint.generation();
+        if let Some((made_in, conn)) = &*live {
+            if *made_in == generation {
+                return Ok(conn.clone());
+            }
+        }
+        let client = endpoint.resolve().await?;
+        let conn = client
+            .get_multiplexed_async_connection_with_config(config)
+            .await?;
+        *live = Some((generation, conn.clone()));
+        Ok(conn)
+    }
+
+    async fn forget(&self) {
+        if let Commands::Following { live, .. } = self {
+            *live.lock().await = None;
+        }
+    }
+
+    async fn once<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
+        match self {
+            Commands::Fixed(conn) => cmd.query_async(&mut conn.clone()).await,
+            Commands::Following { .. } => {
+                let result = cmd.query_async(&mut self.connection().await?).await;
+                if matches!(&result, Err(e) if e.is_connection_dropped() || e.is_io_error()) {
+                    self.forget().await;
+                }
+                result
+            }
+        }
+    }
+
+    /// Runs a read-only command. Sent again once if the connection turns
+    /// out broken (the server restarted, say: the first command fails and
+    /// the connection is made again), which a read allows.
+    pub(crate) async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        match self.once(cmd).await {
+            Err(e) if (e.is_connection_dropped() || e.is_io_error()) && !e.is_timeout() => {
+                Ok(self.once(cmd).await?)
+            }
+            result => Ok(result?),
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! A private Sentinel group: a master, its replicas, and sentinels
+//! watching them as one service.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{free_tcp_port, redis_server_binary, unique_dir, RedisServer, ServerOptions, Transport};
+
+/// The service name the sentinels of a [`SentinelGroup`] watch.
+pub const SERVICE: &str = "hasp";
+
+/// One `redis-server --sentinel` process, killed when dropped.
+#[derive(Debug)]
+pub struct Sentinel {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Sentinel {
+    fn start(master_port: u16, quorum: usize) -> Self {
+        let dir = unique_dir();
+        let port = free_tcp_port();
+        let config = dir.join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {SERVICE} 127.0.0.1 {master_port} {quorum}\n\
+                 sentinel down-after-milliseconds {SERVICE} 1000\n\
+                 sentinel failover-timeout {SERVICE} 3000\n\
+                 sentinel parallel-syncs {SERVICE} 1\n",
+                dir.display()
+            ),
+        )
+        .expect("write sentinel.conf");
+        let log = std::fs::File::create(dir.join("sentinel.log")).expect("create sentinel.log");
+        let child = Command::new(redis_server_binary())
+            .arg(&config)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("start redis-server --sentinel");
+        let sentinel = Self { child, dir, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sentinel.cli(&["PING"]).contains("PONG") {
+            assert!(Instant::now() < deadline, "sentinel did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sentinel
+    }
+
+    /// The sentinel's URL.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Runs `redis-cli` against this sentinel; returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "-h", "127.0.0.1"])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A master, `replicas` replicas and `sentinels` sentinels (quorum: a
+/// majority of them), all private; stopped when dropped.
+#[derive(Debug)]
+pub struct SentinelGroup {
+    /// The sentinels.
+    pub sentinels: Vec<Sentinel>,
+    /// The servers: the master first at start; after a failover, ask
+    /// [`master_port`](Self::master_port).
+    pub servers: Vec<RedisServer>,
+}
+
+impl SentinelGroup {
+    /// Starts the group and returns once every sentinel knows the master
+    /// and its replicas.
+    pub fn start(replicas: usize, sentinels: usize) -> Self {
+        let master = RedisServer::start_with(ServerOptions {
+            transport: Transport::Tcp,
+            ..ServerOptions::default()
+        });
+        let master_port = master.port().expect("tcp");
+        let mut servers = vec![master];
+        for _ in 0..replicas {
+            let replica = RedisServer::start_replica_of(&servers[0]);
+            servers.push(replica);
+        }
+        let sentinels: Vec<Sentinel> = (0..sentinels)
+            .map(|_| Sentinel::start(master_port, sentinels / 2 + 1))
+            .collect();
+        let group = Self { sentinels, servers };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !group.sentinels.iter().all(|s| {
+            let info = s.cli(&["SENTINEL", "MASTER", SERVICE]);
+            info.lines().any(|l| l.trim() == "num-slaves")
+                && s.cli(&["SENTINEL", "REPLICAS", SERVICE]).matches("ip").count() >= replicas
+        }) {
+            assert!(Instant::now() < deadline, "sentinels never saw the group");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        group
+    }
+
+    /// The sentinels' URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(Sentinel::url).collect()
+    }
+
+    /// The master's port, as the first sentinel reports it.
+    pub fn master_port(&self) -> u16 {
+        let out = self.sentinels[0].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
+        out.lines()
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok())
+            .expect("a master address")
+    }
+
+    /// The server that is master now.
+    pub fn master(&self) -> &RedisServer {
+        let port = self.master_port();
+        self.servers
+            .iter()
+            .find(|s| s.port() == Some(port))
+            .expect("the master is one of the group's servers")
+    }
+
+    /// Forces a failover (`SENTINEL FAILOVER`) and returns once a replica
+    /// is master, the sentinels report it, and the old master is a replica
+    /// again; returns the new master's port.
+    pub fn failover(&self) -> u16 {
+        let old = self.master_port();
+        let reply = self.sentinels[0].cli(&["SENTINEL", "FAILOVER", SERVICE]);
+        assert!(reply.contains("OK"), "SENTINEL FAILOVER: {reply}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let now = self.master_port();
+            if now != old {
+                let new_master = self.servers.iter().find(|s| s.port() == Some(now));
+                let old_master = self.servers.iter().find(|s| s.port() == Some(old));
+                let promoted = new_master.is_some_and(|s| s.cli(&["ROLE"]).starts_with("master"));
+                let demoted = old_master.is_some_and(|s| s.cli(&["ROLE"]).starts_with("slave"));
+                if promoted && demoted {
+                    return now;
+                }
+            }
+            assert!(Instant::now() < deadline, "the failover did not complete");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
