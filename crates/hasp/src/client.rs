@@ -120,9 +120,8 @@ impl Client {
         service: &str,
         settings: Settings,
     ) -> Result<Self> {
-        let node = redis::sentinel::SentinelNodeConnectionInfo::default().set_tcp_settings(
-            redis::io::tcp::TcpSettings::default().set_nodelay(true),
-        );
+        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
         Ok(Self {
             core: Core::open_sentinel(sentinels, service, node, settings).await?,
         })

@@ -14,9 +14,11 @@
 
 mod checker;
 mod proxy;
+mod sentinel;
 mod sql;
 pub use checker::{now_us, write_at, Event, FencedRegister, History, RegisterClient, Report};
 pub use proxy::{Direction, FaultProxy, Mode};
+pub use sentinel::{Sentinel, SentinelGroup, SERVICE as SENTINEL_SERVICE};
 pub use sql::{MariaDbServer, PostgresServer};
 
 use std::io::{Read, Write};

@@ -21,19 +21,42 @@ use crate::error::Result;
 /// See the module docs.
 pub(crate) enum Commands {
     Fixed(ConnectionManager),
-    Following {
-        endpoint: Arc<Endpoint>,
-        config: AsyncConnectionConfig,
-        /// The live connection and the endpoint generation it was made in.
-        live: Mutex<Option<(u64, MultiplexedConnection)>>,
-    },
+    Following(Box<Following>),
+}
+
+impl Following {
+    /// The live connection, made again if there is none or the master
+    /// changed since it was made.
+    async fn connection(&self) -> RedisResult<MultiplexedConnection> {
+        let mut live = self.live.lock().await;
+        let generation = self.endpoint.generation();
+        if let Some((made_in, conn)) = &*live {
+            if *made_in == generation {
+                return Ok(conn.clone());
+            }
+        }
+        let client = self.endpoint.resolve().await?;
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        *live = Some((generation, conn.clone()));
+        Ok(conn)
+    }
+}
+
+/// A connection to a Sentinel service's current master.
+pub(crate) struct Following {
+    endpoint: Arc<Endpoint>,
+    config: AsyncConnectionConfig,
+    /// The live connection and the endpoint generation it was made in.
+    live: Mutex<Option<(u64, MultiplexedConnection)>>,
 }
 
 impl std::fmt::Debug for Commands {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Commands::Fixed(_) => "Commands(fixed)",
-            Commands::Following { .. } => "Commands(following)",
+            Commands::Following(_) => "Commands(following)",
         })
     }
 }
@@ -57,53 +80,23 @@ impl Commands {
         let config = AsyncConnectionConfig::new()
             .set_response_timeout(Some(settings.response_timeout))
             .set_connection_timeout(Some(settings.connection_timeout));
-        let commands = Commands::Following {
+        let following = Following {
             endpoint,
             config,
             live: Mutex::new(None),
         };
-        let mut conn = commands.connection().await?;
+        let mut conn = following.connection().await?;
         scripts::preload(&mut conn).await?;
-        Ok(commands)
-    }
-
-    async fn connection(&self) -> RedisResult<MultiplexedConnection> {
-        let Commands::Following {
-            endpoint,
-            config,
-            live,
-        } = self
-        else {
-            unreachable!("only a following connection is made here");
-        };
-        let mut live = live.lock().await;
-        let generation = endpoint.generation();
-        if let Some((made_in, conn)) = &*live {
-            if *made_in == generation {
-                return Ok(conn.clone());
-            }
-        }
-        let client = endpoint.resolve().await?;
-        let conn = client
-            .get_multiplexed_async_connection_with_config(config)
-            .await?;
-        *live = Some((generation, conn.clone()));
-        Ok(conn)
-    }
-
-    async fn forget(&self) {
-        if let Commands::Following { live, .. } = self {
-            *live.lock().await = None;
-        }
+        Ok(Commands::Following(Box::new(following)))
     }
 
     async fn once<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
         match self {
             Commands::Fixed(conn) => cmd.query_async(&mut conn.clone()).await,
-            Commands::Following { .. } => {
-                let result = cmd.query_async(&mut self.connection().await?).await;
+            Commands::Following(following) => {
+                let result = cmd.query_async(&mut following.connection().await?).await;
                 if matches!(&result, Err(e) if e.is_connection_dropped() || e.is_io_error()) {
-                    self.forget().await;
+                    *following.live.lock().await = None;
                 }
                 result
             }

@@ -10,9 +10,18 @@
 //! every other connection of the client then reconnects too
 //! ([`Endpoint::generation`]), and the reconnect makes the client re-check
 //! its holds (faults spec 5) — a failover may have lost them.
+//!
+//! Waiting for `READONLY` is not enough: a sentinel reconfigures the old
+//! master only when it next polls it (seconds later), and until then the
+//! old master takes writes that the new one never sees — renewals among
+//! them, so leases run out on the new master. So a Sentinel endpoint also
+//! listens to the sentinels' `+switch-master` announcements and moves every
+//! connection as soon as one names its service.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
+use futures_util::StreamExt;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{IntoConnectionInfo, RedisResult};
 use tokio::sync::{watch, Mutex};
@@ -55,16 +64,23 @@ impl Endpoint {
         service: &str,
         node: SentinelNodeConnectionInfo,
     ) -> RedisResult<Arc<Self>> {
-        let client = SentinelClient::build(
-            sentinels,
-            service.to_owned(),
-            Some(node),
-            SentinelServerType::Master,
-        )?;
-        Ok(Arc::new(Self {
+        let announcers = sentinels
+            .iter()
+            .cloned()
+            .map(redis::Client::open)
+            .collect::<RedisResult<Vec<_>>>()?;
+        let client =
+            SentinelClient::build(sentinels, service, Some(node), SentinelServerType::Master)?;
+        let endpoint = Arc::new(Self {
             kind: Kind::Sentinel(Mutex::new(client)),
             generation: watch::Sender::new(0),
-        }))
+        });
+        tokio::spawn(follow_announcements(
+            Arc::downgrade(&endpoint),
+            announcers,
+            service.to_owned(),
+        ));
+        Ok(endpoint)
     }
 
     /// A client for the server to connect to now.
@@ -92,6 +108,51 @@ impl Endpoint {
     /// Resolves when the generation changes.
     pub(crate) fn changes(&self) -> watch::Receiver<u64> {
         self.generation.subscribe()
+    }
+}
+
+/// Listens to `+switch-master` on one sentinel at a time (the next one
+/// when it fails) and moves the endpoint's connections when one names
+/// `service`. Ends when the endpoint is gone.
+async fn follow_announcements(
+    endpoint: Weak<Endpoint>,
+    sentinels: Vec<redis::Client>,
+    service: String,
+) {
+    let mut next = 0;
+    loop {
+        let sentinel = &sentinels[next % sentinels.len()];
+        next += 1;
+        match sentinel.get_async_pubsub().await {
+            Ok(mut pubsub) => {
+                if pubsub.subscribe("+switch-master").await.is_ok() {
+                    let mut messages = pubsub.on_message();
+                    loop {
+                        let message = tokio::time::timeout(Duration::from_secs(1), messages.next());
+                        match message.await {
+                            Ok(Some(message)) => {
+                                let payload: String = message.get_payload().unwrap_or_default();
+                                // "<service> <old ip> <old port> <new ip> <new port>"
+                                if payload.split(' ').next() == Some(service.as_str()) {
+                                    match endpoint.upgrade() {
+                                        Some(endpoint) => endpoint.stale(),
+                                        None => return,
+                                    }
+                                }
+                            }
+                            Ok(None) => break, // the sentinel went away: the next one
+                            Err(_) if endpoint.strong_count() == 0 => return,
+                            Err(_) => {}
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "sentinel unreachable for announcements"),
+        }
+        if endpoint.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

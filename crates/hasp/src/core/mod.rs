@@ -120,7 +120,10 @@ impl Core {
     ) -> Result<Arc<Self>> {
         settings.validate()?;
         if sentinels.is_empty() {
-            return Err(Error::invalid("sentinels", "needs at least one sentinel URL"));
+            return Err(Error::invalid(
+                "sentinels",
+                "needs at least one sentinel URL",
+            ));
         }
         if service.is_empty() {
             return Err(Error::invalid("service", "must not be empty"));
@@ -130,7 +133,12 @@ impl Core {
         let endpoint = Endpoint::sentinel(infos, service, node)
             .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
         let commands = Commands::following(endpoint.clone(), &settings).await?;
-        Self::start(format!("sentinel:{service}").into(), endpoint, commands, settings)
+        Self::start(
+            format!("sentinel:{service}").into(),
+            endpoint,
+            commands,
+            settings,
+        )
     }
 
     /// Starts the background tasks on the current tokio runtime.

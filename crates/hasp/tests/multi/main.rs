@@ -6,3 +6,4 @@ mod helpers;
 
 mod multi_lock;
 mod red_lock;
+mod sentinel;

@@ -1,0 +1,118 @@
+//! A client that follows the master of a Sentinel service (multi 20).
+
+use std::time::{Duration, Instant};
+
+use hasp::{Client, Error};
+use testkit::{SentinelGroup, SENTINEL_SERVICE};
+
+use crate::helpers::quick;
+
+async fn sentinel_client(group: &SentinelGroup) -> Client {
+    let urls = group.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let settings = quick().set_watchdog_timeout(Duration::from_millis(3_000));
+    Client::open_sentinel(&urls, SENTINEL_SERVICE, settings)
+        .await
+        .expect("open through sentinel")
+}
+
+/// multi 20: a client made through Sentinel locks on the current master,
+/// follows a failover to the new one (new acquisitions land there), and
+/// re-checks the holds it had: a hold the new master has (replicated) stays
+/// held, renewed and releasable.
+#[tokio::test]
+async fn a_sentinel_client_follows_a_failover() {
+    let group = SentinelGroup::start(1, 3);
+    let client = sentinel_client(&group).await;
+    let lock = client.lock("kept").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let old_port = group.master_port();
+    // The hold reached the replica before the failover.
+    assert!(
+        testkit::eventually(Duration::from_secs(5), || async {
+            group
+                .servers
+                .iter()
+                .filter(|s| s.port() != Some(old_port))
+                .all(|s| s.cli(&["EXISTS", "hasp:{kept}"]) == "1")
+        })
+        .await
+    );
+
+    let new_port = group.failover();
+    assert_ne!(new_port, old_port);
+    // New acquisitions reach the new master within moments (the client
+    // moves when a sentinel announces the switch; until then the old master
+    // still takes writes, and a write it refuses is a retryable error).
+    let other = client.lock("after").unwrap();
+    let new_master = group.master();
+    let started = Instant::now();
+    let moved = loop {
+        match other.try_lock().await {
+            Ok(Some(g)) if new_master.cli(&["EXISTS", "hasp:{after}"]) == "1" => break g,
+            Ok(Some(g)) => g.unlock().await.unwrap(),
+            Err(e) if e.is_retryable() => {}
+            other => panic!("unexpected: {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never reached the new master"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    moved.unlock().await.unwrap();
+
+    // The replicated hold is still held and renewed on the new master.
+    tokio::time::sleep(Duration::from_millis(4_000)).await; // over a lease
+    assert!(
+        !guard.is_lost(),
+        "a replicated hold was lost across the failover"
+    );
+    assert_eq!(group.master().cli(&["EXISTS", "hasp:{kept}"]), "1");
+    guard.unlock().await.unwrap();
+    assert_eq!(group.master().cli(&["EXISTS", "hasp:{kept}"]), "0");
+}
+
+/// multi 20 and faults 5: a hold the new master does not have (the
+/// failover lost it) is found lost after the client moves, and its release
+/// reports it.
+#[tokio::test]
+async fn a_hold_the_new_master_lacks_is_reported_lost() {
+    let group = SentinelGroup::start(1, 3);
+    let client = sentinel_client(&group).await;
+    let guard = client.lock("dropped").unwrap().lock().await.unwrap();
+    let old_port = group.master_port();
+    let replica = group
+        .servers
+        .iter()
+        .find(|s| s.port() != Some(old_port))
+        .unwrap();
+    assert!(
+        testkit::eventually(Duration::from_secs(5), || async {
+            replica.cli(&["EXISTS", "hasp:{dropped}"]) == "1"
+        })
+        .await
+    );
+    group.failover();
+    // What an asynchronous replica could have missed: the key is gone on
+    // the new master.
+    group.master().cli(&["DEL", "hasp:{dropped}"]);
+    // The client moves with its next write (a renewal at the latest).
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the lost hold was not reported");
+    assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
+}
+
+/// Bad input to `open_sentinel` is refused before any connection.
+#[tokio::test]
+async fn open_sentinel_checks_its_input() {
+    let invalid = |r: Result<Client, Error>| matches!(r, Err(Error::InvalidArgument { .. }));
+    assert!(invalid(Client::open_sentinel(&[], "svc", quick()).await));
+    assert!(invalid(
+        Client::open_sentinel(&["redis://127.0.0.1:1/"], "", quick()).await
+    ));
+    assert!(invalid(
+        Client::open_sentinel(&["not a url"], "svc", quick()).await
+    ));
+}
