@@ -93,6 +93,34 @@ impl Client {
         })
     }
 
+    /// Connects to a Redis Cluster through any of its nodes (`seeds`:
+    /// `redis://host:port` URLs).
+    ///
+    /// Every key of a lock shares one slot (its name is the hash tag), so a
+    /// lock lives on one shard: operations pending at the same moment are
+    /// sent as one script call per slot, all at once over the connections
+    /// to the nodes; a call a node turns away (`MOVED`, `ASK` during a slot
+    /// migration, `TRYAGAIN`, `CLUSTERDOWN` during a failover) is sent again
+    /// shortly after, as redis-rs's view of the slots is refreshed. Release
+    /// messages use sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`, Redis 7.0+), so
+    /// each reaches only the shard of its lock. After a failover inside the
+    /// cluster, every hold is re-checked on the new master.
+    /// [`Settings::set_replica_ack`] is not supported on a cluster client yet.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for no
+    /// seeds, a malformed URL or replica acknowledgement;
+    /// [`Error::Redis`](crate::Error::Redis) if no seed answers as a node of
+    /// a cluster.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn open_cluster(seeds: &[&str], settings: Settings) -> Result<Self> {
+        Ok(Self {
+            core: Core::open_cluster(seeds, settings).await?,
+        })
+    }
+
     /// Connects through Redis Sentinel to the current master of `service`,
     /// and follows it across failovers.
     ///

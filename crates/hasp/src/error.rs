@@ -109,5 +109,19 @@ impl Error {
     }
 }
 
+/// A call a Redis Cluster turned away without applying it: the slot is
+/// elsewhere or moving, or the cluster is failing over.
+pub(crate) fn is_redirect(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        redis::ErrorKind::Server(
+            redis::ServerErrorKind::Moved
+                | redis::ServerErrorKind::Ask
+                | redis::ServerErrorKind::TryAgain
+                | redis::ServerErrorKind::ClusterDown
+        )
+    )
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -16,12 +16,15 @@ use tokio::sync::Mutex;
 use super::endpoint::Endpoint;
 use super::scripts;
 use crate::config::Settings;
-use crate::error::Result;
+use crate::error::{is_redirect, Result};
 
 /// See the module docs.
 pub(crate) enum Commands {
     Fixed(ConnectionManager),
     Following(Box<Following>),
+    /// A Redis Cluster: routed by key. redis-rs does not retry (see the
+    /// batcher); a read redirected by a slot move is sent again here.
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl Following {
@@ -57,6 +60,7 @@ impl std::fmt::Debug for Commands {
         f.write_str(match self {
             Commands::Fixed(_) => "Commands(fixed)",
             Commands::Following(_) => "Commands(following)",
+            Commands::Cluster(_) => "Commands(cluster)",
         })
     }
 }
@@ -90,9 +94,27 @@ impl Commands {
         Ok(Commands::Following(Box::new(following)))
     }
 
+    /// Loads the cluster form of the script on every master.
+    pub(crate) async fn cluster(mut conn: redis::cluster_async::ClusterConnection) -> Result<Self> {
+        scripts::BATCH_SHARDED.load_async(&mut conn).await?;
+        Ok(Commands::Cluster(conn))
+    }
+
     async fn once<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
         match self {
             Commands::Fixed(conn) => cmd.query_async(&mut conn.clone()).await,
+            Commands::Cluster(conn) => {
+                let mut tries = 0;
+                loop {
+                    match cmd.query_async(&mut conn.clone()).await {
+                        Err(e) if tries < 10 && is_redirect(&e) => {
+                            tries += 1;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        result => return result,
+                    }
+                }
+            }
             Commands::Following(following) => {
                 let result = cmd.query_async(&mut following.connection().await?).await;
                 if matches!(&result, Err(e) if e.is_connection_dropped() || e.is_io_error()) {

@@ -69,8 +69,12 @@ impl Endpoint {
             .cloned()
             .map(redis::Client::open)
             .collect::<RedisResult<Vec<_>>>()?;
-        let client =
-            SentinelClient::build(sentinels, service, Some(node), SentinelServerType::Master)?;
+        let client = SentinelClient::build(
+            sentinels,
+            String::from(service),
+            Some(node),
+            SentinelServerType::Master,
+        )?;
         let endpoint = Arc::new(Self {
             kind: Kind::Sentinel(Mutex::new(client)),
             generation: watch::Sender::new(0),

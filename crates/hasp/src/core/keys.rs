@@ -25,6 +25,8 @@ pub(crate) struct LockKeys {
     /// Which shard of a client's registries this lock belongs to: the same
     /// for every handle on the name (FNV-1a of the name).
     pub(crate) shard: usize,
+    /// The Redis Cluster slot of every key of the lock (that of `{E}`).
+    pub(crate) slot: u16,
 }
 
 impl LockKeys {
@@ -39,8 +41,15 @@ impl LockKeys {
                 (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
             }) as usize,
             lock: lock.into(),
+            slot: slot(tag.as_bytes()),
         }
     }
+}
+
+/// The Redis Cluster slot of a key whose hash tag is `tag`: CRC16-XMODEM
+/// modulo 16384.
+fn slot(tag: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(tag) % 16384
 }
 
 fn encode_name(name: &str) -> String {
@@ -89,6 +98,14 @@ mod tests {
             assert_eq!(hash_tag(&k.lock), hash_tag(&k.channel), "{name}");
             assert_ne!(hash_tag(&k.lock), &*k.lock, "{name} must have a tag");
         }
+    }
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        // `CLUSTER KEYSLOT {3}` = 1584, `{w}` = 3696, `a` = 15495.
+        assert_eq!(LockKeys::new("hasp", "3").slot, 1584);
+        assert_eq!(LockKeys::new("hasp", "w").slot, 3696);
+        assert_eq!(slot(b"a"), 15495);
     }
 
     #[test]

@@ -51,7 +51,7 @@ mod waiters;
 mod watchdog;
 pub(crate) mod wire;
 
-use batcher::{Batcher, CallStats, Queue};
+use batcher::{Batcher, CallStats, Queue, Target};
 use commands::Commands;
 use endpoint::Endpoint;
 use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
@@ -107,7 +107,42 @@ impl Core {
         .into();
         let redis = redis::Client::open(info).map_err(invalid_url)?;
         let commands = Commands::fixed(redis.clone(), &settings).await?;
-        Self::start(server, Endpoint::direct(redis), commands, settings)
+        let endpoint = Endpoint::direct(redis);
+        let target = Target::Server(endpoint.clone());
+        let pubsub = pubsub::Target::Server(endpoint);
+        Self::start(server, target, pubsub, commands, settings)
+    }
+
+    /// Connects to the Redis Cluster that `seeds` belong to.
+    pub(crate) async fn open_cluster(seeds: &[&str], settings: Settings) -> Result<Arc<Self>> {
+        settings.validate()?;
+        if seeds.is_empty() {
+            return Err(Error::invalid("seeds", "needs at least one node URL"));
+        }
+        if settings.replica_ack.is_some() {
+            return Err(Error::invalid(
+                "replica_ack",
+                "not supported on a Redis Cluster client yet",
+            ));
+        }
+        let (pushes, push_rx) = tokio::sync::mpsc::unbounded_channel();
+        let cluster = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(pushes)
+            // A script call sent twice could apply twice: redirects and
+            // lost replies are the batcher's business.
+            .retries(0)
+            .connection_timeout(settings.connection_timeout)
+            .response_timeout(settings.response_timeout)
+            .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
+            .build()
+            .map_err(|e| Error::invalid("seeds", e.to_string()))?;
+        let conn = cluster.get_async_connection().await?;
+        let commands = Commands::cluster(conn.clone()).await?;
+        let server: Arc<str> = format!("cluster:{}", seeds[0]).into();
+        let target = Target::Cluster(conn.clone());
+        let pubsub = pubsub::Target::Cluster(conn, push_rx);
+        Self::start(server, target, pubsub, commands, settings)
     }
 
     /// Connects to the current master of `service`, as the sentinels at
@@ -133,18 +168,17 @@ impl Core {
         let endpoint = Endpoint::sentinel(infos, service, node)
             .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
         let commands = Commands::following(endpoint.clone(), &settings).await?;
-        Self::start(
-            format!("sentinel:{service}").into(),
-            endpoint,
-            commands,
-            settings,
-        )
+        let target = Target::Server(endpoint.clone());
+        let pubsub = pubsub::Target::Server(endpoint);
+        let server = format!("sentinel:{service}").into();
+        Self::start(server, target, pubsub, commands, settings)
     }
 
     /// Starts the background tasks on the current tokio runtime.
     fn start(
         server: Arc<str>,
-        endpoint: Arc<Endpoint>,
+        target: Target,
+        pubsub: pubsub::Target,
         commands: Commands,
         settings: Settings,
     ) -> Result<Arc<Self>> {
@@ -156,7 +190,7 @@ impl Core {
         let recheck = Arc::new(Notify::new());
         let calls = Arc::new(CallStats::default());
         let queue = Batcher::start(
-            endpoint.clone(),
+            target,
             id.clone(),
             &settings,
             recheck.clone(),
@@ -168,7 +202,7 @@ impl Core {
                 waiters: waiters.clone(),
                 recheck: recheck.clone(),
             });
-            let pubsub = PubSub::start(endpoint, settings.connection_timeout, events, &runtime);
+            let pubsub = PubSub::start(pubsub, settings.connection_timeout, events, &runtime);
             Waiters::new(id.clone(), pubsub, settings.replica_ack.is_none())
         });
         let holds = Arc::new(Holds::default());

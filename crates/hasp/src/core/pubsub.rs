@@ -13,12 +13,20 @@
 //! The connection is made at once and kept even with nothing subscribed: its
 //! loss and return are how a client notices that Redis went away and came
 //! back while it only holds locks (faults spec 5).
+//!
+//! To a Redis Cluster the channels are sharded (`SSUBSCRIBE`): each is
+//! subscribed on the node that owns its slot, where `batch.lua` publishes
+//! with `SPUBLISH`. redis-rs's cluster connection does the routing and
+//! subscribes again after a reconnect or a slot move, and passes messages
+//! on as RESP3 pushes, which this transport hands to the listener.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use redis::cluster_async::ClusterConnection;
+use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, watch};
 
 use super::endpoint::Endpoint;
@@ -59,25 +67,45 @@ fn lock(wanted: &Mutex<HashSet<Arc<str>>>) -> MutexGuard<'_, HashSet<Arc<str>>> 
 /// the client notices within about this (and re-checks its holds).
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
+/// Where the pub/sub transport listens.
+pub(crate) enum Target {
+    /// One server (or a Sentinel service's current master).
+    Server(Arc<Endpoint>),
+    /// A Redis Cluster: the connection, made with RESP3, and its pushes.
+    Cluster(ClusterConnection, mpsc::UnboundedReceiver<PushInfo>),
+}
+
 impl PubSub {
     /// Starts the connection's task on `runtime`; it ends when this value is
     /// dropped.
     pub(crate) fn start(
-        endpoint: Arc<Endpoint>,
+        target: Target,
         connect_timeout: Duration,
         listener: Arc<dyn Listener>,
         runtime: &tokio::runtime::Handle,
     ) -> Self {
         let wanted = Arc::default();
         let (requests, rx) = mpsc::unbounded_channel();
-        let task = Task {
-            moved: endpoint.changes(),
-            endpoint,
-            connect_timeout,
-            listener,
-            wanted: Arc::clone(&wanted),
-        };
-        runtime.spawn(task.run(rx));
+        match target {
+            Target::Server(endpoint) => {
+                let task = Task {
+                    moved: endpoint.changes(),
+                    endpoint,
+                    connect_timeout,
+                    listener,
+                    wanted: Arc::clone(&wanted),
+                };
+                runtime.spawn(task.run(rx));
+            }
+            Target::Cluster(conn, pushes) => {
+                let task = ShardedTask {
+                    conn,
+                    listener,
+                    wanted: Arc::clone(&wanted),
+                };
+                runtime.spawn(task.run(rx, pushes));
+            }
+        }
         Self { wanted, requests }
     }
 
@@ -226,6 +254,86 @@ impl Task {
             }
         }
         Ok(())
+    }
+}
+
+/// The transport on a Redis Cluster (see the module docs).
+struct ShardedTask {
+    conn: ClusterConnection,
+    listener: Arc<dyn Listener>,
+    wanted: Arc<Mutex<HashSet<Arc<str>>>>,
+}
+
+impl ShardedTask {
+    async fn run(
+        mut self,
+        mut requests: mpsc::UnboundedReceiver<Request>,
+        mut pushes: mpsc::UnboundedReceiver<PushInfo>,
+    ) {
+        self.listener.connected(false);
+        let mut down = false;
+        loop {
+            tokio::select! {
+                request = requests.recv() => {
+                    let Some(request) = request else { return };
+                    if let Err(e) = self.apply(request).await {
+                        // redis-rs subscribes again when the node is back.
+                        tracing::debug!(error = %e, "sharded pub/sub request failed");
+                    }
+                }
+                push = pushes.recv() => {
+                    let Some(push) = push else { return };
+                    match push.kind {
+                        PushKind::SMessage => {
+                            if let [channel, payload] = &push.data[..] {
+                                if let (Some(channel), Some(payload)) = (bytes(channel), bytes(payload)) {
+                                    self.listener
+                                        .message(&String::from_utf8_lossy(channel), payload);
+                                }
+                            }
+                        }
+                        PushKind::SSubscribe => {
+                            if down {
+                                down = false;
+                                self.listener.connected(true);
+                            }
+                            if let Some(channel) = push.data.first().and_then(bytes) {
+                                self.listener.subscribed(&String::from_utf8_lossy(channel));
+                            }
+                        }
+                        PushKind::Disconnection => {
+                            down = true;
+                            self.listener.disconnected();
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn apply(&mut self, request: Request) -> redis::RedisResult<()> {
+        match request {
+            Request::Subscribe(channel) => {
+                if lock(&self.wanted).contains(&channel) {
+                    self.conn.ssubscribe(&*channel).await?;
+                    self.listener.subscribed(&channel);
+                }
+            }
+            Request::Unsubscribe(channel) => {
+                if !lock(&self.wanted).contains(&channel) {
+                    self.conn.sunsubscribe(&*channel).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bytes(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(b) => Some(b),
+        _ => None,
     }
 }
 

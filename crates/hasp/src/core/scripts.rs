@@ -18,6 +18,12 @@ pub(crate) const BATCH_SOURCE: &str = include_str!("scripts/batch.lua");
 
 pub(crate) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
 
+/// `batch.lua` for a Redis Cluster: release messages go out with
+/// `SPUBLISH`, to the shard that owns the lock's slot, where its waiters
+/// listen with `SSUBSCRIBE` (a plain `PUBLISH` would reach every node).
+pub(crate) static BATCH_SHARDED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&BATCH_SOURCE.replace("call('publish'", "call('spublish'")));
+
 /// Loads the script into the server's cache, so the first burst of calls
 /// after connecting does not meet `NOSCRIPT` all at once (each call would
 /// then load and retry). Later cache losses are handled per call.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Cmd, Value};
+use redis::{Cmd, Script, Value};
 
 use super::keys::LockKeys;
 use super::scripts::{self, BATCH};
@@ -370,13 +370,17 @@ impl redis::ToRedisArgs for Nonce {
 }
 
 /// One `EVALSHA` of `batch.lua` carrying `ops`, in order.
-pub(crate) fn encode<'a>(client_id: &str, ops: impl Iterator<Item = &'a Op> + Clone) -> Cmd {
+pub(crate) fn encode<'a>(
+    script: &Script,
+    client_id: &str,
+    ops: impl Iterator<Item = &'a Op> + Clone,
+) -> Cmd {
     let (mut keys, mut args, mut bytes) = (0, 1, client_id.len());
     for op in ops.clone() {
         let (k, a, b) = op.size();
         (keys, args, bytes) = (keys + k, args + a, bytes + b);
     }
-    let mut cmd = scripts::evalsha(&BATCH, keys, keys + args, bytes);
+    let mut cmd = scripts::evalsha(script, keys, keys + args, bytes);
     for op in ops.clone() {
         op.write_keys(&mut cmd);
     }
@@ -420,7 +424,7 @@ pub(crate) fn bench_args(
             })
         })
         .collect::<Result<_, Error>>()?;
-    let cmd = encode(client_id, ops.iter());
+    let cmd = encode(&BATCH, client_id, ops.iter());
     Ok(cmd
         .args_iter()
         .filter_map(|a| match a {
@@ -481,7 +485,7 @@ mod tests {
                 lease_ms: None,
             },
         ];
-        let args = args(&encode("c:1", ops.iter()));
+        let args = args(&encode(&BATCH, "c:1", ops.iter()));
         assert_eq!(&args[..2], ["EVALSHA", BATCH.get_hash()]);
         assert_eq!(
             &args[2..7],

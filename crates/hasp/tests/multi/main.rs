@@ -4,6 +4,7 @@
 
 mod helpers;
 
+mod cluster;
 mod multi_lock;
 mod red_lock;
 mod sentinel;

@@ -10,6 +10,12 @@
 //! The connection is made on first use and again after it breaks; calls in
 //! flight when it breaks fail with the error (their effect in Redis is
 //! unknown, as with any connection loss), and the next batch reconnects.
+//!
+//! To a Redis Cluster, the batcher sends on redis-rs's cluster connection
+//! instead, which routes each call by its keys' slot to the node's own
+//! multiplexed connection and drives them from its own task. It never
+//! retries a call (a script call sent twice could apply twice): redirects
+//! come back to the batcher, which sends the operations again.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,12 +23,111 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, RedisResult};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisError, RedisFuture,
+    RedisResult, Value,
+};
 
 use crate::core::endpoint::Endpoint;
 
 type Driver = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What a call is sent on.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// One server's connection, driven by the batcher.
+    Node(MultiplexedConnection),
+    /// A Redis Cluster, routed by slot.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Node(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Node(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Node(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The batcher's way to Redis: its own connection to one server, or a
+/// cluster connection.
+pub(super) enum Link {
+    Node(Connection),
+    Cluster {
+        conn: ClusterConnection,
+        /// A call failed with a broken connection since the last success:
+        /// the next call is (as far as we can tell) a reconnect.
+        broken: bool,
+    },
+}
+
+impl Link {
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self, Link::Cluster { .. })
+    }
+
+    pub(super) fn was_broken(&self) -> bool {
+        match self {
+            Link::Node(c) => c.was_broken(),
+            Link::Cluster { broken, .. } => *broken,
+        }
+    }
+
+    pub(super) async fn get(&mut self) -> RedisResult<Conn> {
+        match self {
+            Link::Node(c) => c.get().await.map(Conn::Node),
+            Link::Cluster { conn, broken } => {
+                *broken = false;
+                Ok(Conn::Cluster(conn.clone()))
+            }
+        }
+    }
+
+    pub(super) fn failed(&mut self, error: &RedisError) {
+        match self {
+            Link::Node(c) => c.failed(error),
+            Link::Cluster { broken, .. } => {
+                *broken |=
+                    (error.is_connection_dropped() || error.is_io_error()) && !error.is_timeout();
+            }
+        }
+    }
+
+    pub(super) fn stale(&mut self) {
+        if let Link::Node(c) = self {
+            c.stale();
+        }
+    }
+
+    pub(super) fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self {
+            Link::Node(c) => c.poll_drive(cx),
+            Link::Cluster { .. } => Poll::Pending, // driven by redis-rs's task
+        }
+    }
+}
 
 /// A connection that is (re)made when needed.
 pub(super) struct Connection {

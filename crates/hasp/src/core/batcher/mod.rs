@@ -36,10 +36,13 @@
 //! batcher says so ([`Batcher::start`]'s `reconnected`), so that the holds
 //! are checked at once (faults spec 5).
 //!
-//! All keys of one call must live in one Redis Cluster slot; the client is
-//! for a standalone server (or one shard), where that always holds. A
-//! cluster client would keep one batcher per node and route each operation
-//! by its keys' slot (one call per slot); nothing above this module changes.
+//! **Redis Cluster.** All keys of one call must live in one slot. To a
+//! cluster the batcher splits what it gathered by slot — one call per slot,
+//! all in flight at once on the node connections of redis-rs's cluster
+//! connection (which groups them per node) — and sends the operations of a
+//! call that was redirected (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`:
+//! nothing was applied) again after a short pause, by when redis-rs has
+//! refreshed its slot map; nothing above this module changes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,19 +50,18 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use redis::aio::MultiplexedConnection;
-use redis::{RedisError, Value};
+use redis::{RedisError, Script, Value};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use super::scripts::{self, BATCH};
+use super::scripts::{self, BATCH, BATCH_SHARDED};
 use super::wire::{self, Nonces, Op, Reply};
 use crate::config::{ReplicaAck, Settings};
-use crate::error::Error;
+use crate::error::{is_redirect, Error};
 use crate::owner::Owner;
 
 mod connection;
 
-use connection::Connection;
+use connection::{Conn, Connection, Link};
 
 /// Locks per script call. A call holds Redis for a few microseconds per
 /// lock, so this bounds it to well under a millisecond.
@@ -77,6 +79,19 @@ const MAX_SETTLEMENTS: usize = 10_000;
 /// this pause, doubled after each failure up to [`SETTLE_LAST`].
 const SETTLE_FIRST: Duration = Duration::from_millis(20);
 const SETTLE_LAST: Duration = Duration::from_secs(1);
+/// Times an operation is sent again after its call was redirected, at
+/// [`REDIRECT_PAUSE`] intervals (a slot migration or a failover in a
+/// cluster): then its caller gets the error.
+const MAX_REDIRECTS: u8 = 50;
+const REDIRECT_PAUSE: Duration = Duration::from_millis(20);
+
+/// Where the batcher sends its calls.
+pub(crate) enum Target {
+    /// One server (or a Sentinel service's current master).
+    Server(Arc<super::endpoint::Endpoint>),
+    /// A Redis Cluster.
+    Cluster(redis::cluster_async::ClusterConnection),
+}
 
 /// What the batcher calls with an operation's reply.
 pub(crate) type Completion = Box<dyn FnOnce(Result<Reply, Error>) + Send>;
@@ -87,6 +102,8 @@ pub(crate) struct Request {
     done: Completion,
     /// Sent once already, in a call whose connection broke.
     retried: bool,
+    /// Times sent again after a redirect.
+    redirects: u8,
 }
 
 impl Request {
@@ -124,6 +141,7 @@ impl Request {
                 };
                 let done = self.done;
                 let retry = Request {
+                    redirects: 0,
                     op: carrier,
                     // Nothing to redo: the release was applied, or the hold
                     // is gone; either way it is released.
@@ -143,6 +161,7 @@ impl Request {
             op,
             done: self.done,
             retried: true,
+            redirects: 0,
         };
         (settle, Some(retry))
     }
@@ -179,7 +198,7 @@ impl Batcher {
     /// renewals per call and replica acknowledgement. `reconnected` is
     /// notified when the connection is made again after it broke.
     pub(crate) fn start(
-        endpoint: Arc<super::endpoint::Endpoint>,
+        target: Target,
         client_id: Arc<str>,
         settings: &Settings,
         reconnected: Arc<Notify>,
@@ -188,15 +207,30 @@ impl Batcher {
     ) -> Queue {
         let (requests, rx) = mpsc::unbounded_channel();
         let nonces = Arc::new(Nonces::new());
+        let (connection, script) = match target {
+            Target::Server(endpoint) => (
+                Link::Node(Connection::new(
+                    endpoint,
+                    settings.connection_timeout,
+                    settings.response_timeout,
+                )),
+                &*BATCH,
+            ),
+            Target::Cluster(conn) => (
+                Link::Cluster {
+                    conn,
+                    broken: false,
+                },
+                &*BATCH_SHARDED,
+            ),
+        };
         let task = Task {
             client_id,
+            script,
+            requeue: requests.downgrade(),
             replica_ack: settings.replica_ack,
             max_extends: settings.renew_batch,
-            connection: Connection::new(
-                endpoint,
-                settings.connection_timeout,
-                settings.response_timeout,
-            ),
+            connection,
             settlements: Vec::new(),
             settle_at: None,
             settle_backoff: SETTLE_FIRST,
@@ -223,6 +257,7 @@ impl Queue {
             op,
             done,
             retried: false,
+            redirects: 0,
         };
         if let Err(mpsc::error::SendError(request)) = self.requests.send(request) {
             (request.done)(Err(closed()));
@@ -299,9 +334,14 @@ fn outcome_unknown(e: &RedisError) -> bool {
 
 struct Task {
     client_id: Arc<str>,
+    /// `batch.lua`, or its cluster form.
+    script: &'static Script,
+    /// The queue, to send redirected operations again (weak: the task ends
+    /// when every handle is gone).
+    requeue: mpsc::WeakUnboundedSender<Request>,
     replica_ack: Option<ReplicaAck>,
     max_extends: usize,
-    connection: Connection,
+    connection: Link,
     /// Operations to send first, to settle calls whose replies were lost.
     settlements: Vec<Op>,
     /// When to send the settlements on their own if nothing else goes out
@@ -369,7 +409,13 @@ impl Task {
                 self.reconnected.notify_one();
             }
             let settle = std::mem::take(&mut self.settlements);
-            in_flight.push(self.execute(conn, settle, batch));
+            if self.connection.is_cluster() {
+                for (settle, batch) in by_slot(settle, batch) {
+                    in_flight.push(self.execute(conn.clone(), settle, batch));
+                }
+            } else {
+                in_flight.push(self.execute(conn, settle, batch));
+            }
             // On the wire now: the call queues itself on the connection when
             // first polled, the driver writes.
             let mut sent = None;
@@ -398,24 +444,26 @@ impl Task {
     /// request of `batch`.
     fn execute(
         &self,
-        mut conn: MultiplexedConnection,
+        mut conn: Conn,
         settle: Vec<Op>,
         batch: Vec<Request>,
     ) -> impl std::future::Future<Output = Sent> + Send + 'static {
         let ops = || settle.iter().chain(batch.iter().map(|r| &r.op));
-        let cmd = wire::encode(&self.client_id, ops());
+        let script = self.script;
+        let cmd = wire::encode(script, &self.client_id, ops());
         if ops().any(Op::is_extend) {
             self.stats.renew_calls.fetch_add(1, Ordering::Relaxed);
         }
         let ack = self.replica_ack.filter(|_| ops().any(Op::needs_replicas));
         let nonces = self.nonces.clone();
+        let requeue = self.requeue.clone();
         async move {
             let count = settle.len() + batch.len();
             let reply = match ack {
-                None => scripts::run::<Value>(&BATCH, &cmd, &mut conn)
+                None => scripts::run::<Value>(script, &cmd, &mut conn)
                     .await
                     .map(|value| (value, None)),
-                Some(ack) => scripts::run_then_wait(&BATCH, &cmd, ack, &mut conn)
+                Some(ack) => scripts::run_then_wait(script, &cmd, ack, &mut conn)
                     .await
                     .map(|(value, acked)| (value, Some((acked, ack.replicas)))),
             };
@@ -424,6 +472,7 @@ impl Task {
                 .and_then(|(value, acks)| Ok((wire::split(value, count)?, acks)));
             match reply {
                 Ok((values, acks)) => answered(settle, batch, values, acks),
+                Err(Error::Redis(e)) if is_redirect(&e) => redirected(e, settle, batch, requeue),
                 Err(e) => failed(&e, settle, batch, &nonces),
             }
         }
@@ -543,6 +592,76 @@ fn failed(error: &Error, settle: Vec<Op>, batch: Vec<Request>, nonces: &Nonces) 
         }
     }
     sent
+}
+
+/// Completes a redirected call: nothing was applied, so each request goes
+/// again after a pause (by then the slot map is refreshed or the migration
+/// or failover is further along), up to [`MAX_REDIRECTS`] times; its
+/// settlements stay pending.
+fn redirected(
+    error: RedisError,
+    settle: Vec<Op>,
+    batch: Vec<Request>,
+    requeue: mpsc::WeakUnboundedSender<Request>,
+) -> Sent {
+    tracing::debug!(error = %error, operations = batch.len(), "call redirected; sending again");
+    let mut again = Vec::new();
+    for mut request in batch {
+        if request.redirects >= MAX_REDIRECTS {
+            (request.done)(Err(Error::Redis(error.clone())));
+        } else {
+            request.redirects += 1;
+            again.push(request);
+        }
+    }
+    if !again.is_empty() {
+        tokio::spawn(async move {
+            tokio::time::sleep(REDIRECT_PAUSE).await;
+            for request in again {
+                match requeue.upgrade() {
+                    Some(queue) => {
+                        if let Err(mpsc::error::SendError(request)) = queue.send(request) {
+                            (request.done)(Err(closed()));
+                        }
+                    }
+                    None => (request.done)(Err(closed())),
+                }
+            }
+        });
+    }
+    Sent {
+        error: None,
+        unsettled: settle,
+        retries: Vec::new(),
+        stale: false,
+    }
+}
+
+/// Splits settlements and requests by their keys' slot (for a cluster:
+/// one call per slot), keeping their order within each slot.
+fn by_slot(settle: Vec<Op>, batch: Vec<Request>) -> Vec<(Vec<Op>, Vec<Request>)> {
+    let mut groups: Vec<(u16, Vec<Op>, Vec<Request>)> = Vec::new();
+    let mut group = |slot: u16| -> usize {
+        match groups.iter().position(|(s, _, _)| *s == slot) {
+            Some(i) => i,
+            None => {
+                groups.push((slot, Vec::new(), Vec::new()));
+                groups.len() - 1
+            }
+        }
+    };
+    let mut placed: Vec<(usize, Option<Op>, Option<Request>)> = Vec::new();
+    for op in settle {
+        placed.push((group(op.keys().slot), Some(op), None));
+    }
+    for request in batch {
+        placed.push((group(request.op.keys().slot), None, Some(request)));
+    }
+    for (i, op, request) in placed {
+        groups[i].1.extend(op);
+        groups[i].2.extend(request);
+    }
+    groups.into_iter().map(|(_, s, b)| (s, b)).collect()
 }
 
 /// Resolves at `at` (never without one).

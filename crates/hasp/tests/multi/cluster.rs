@@ -1,0 +1,212 @@
+//! A client of a Redis Cluster (multi 17–19, 21).
+
+use std::time::{Duration, Instant};
+
+use hasp::{Client, Error, Owner};
+use testkit::RedisCluster;
+
+use crate::helpers::{lock_key, quick};
+
+async fn cluster_client(cluster: &RedisCluster) -> Client {
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    Client::open_cluster(
+        &urls,
+        quick().set_watchdog_timeout(Duration::from_millis(1_500)),
+    )
+    .await
+    .expect("open a cluster client")
+}
+
+/// The slot of a lock named `name` (that of its hash tag).
+fn slot_of(cluster: &RedisCluster, name: &str) -> u16 {
+    cluster.nodes[0]
+        .cli(&["CLUSTER", "KEYSLOT", &lock_key(name)])
+        .parse()
+        .unwrap()
+}
+
+/// multi 17: a client made from seed nodes locks names spread over every
+/// master; each lock's keys live on the master of its slot; operations of
+/// many tasks at once (many slots) all complete.
+#[tokio::test]
+async fn locks_spread_over_every_master() {
+    let cluster = RedisCluster::start(3);
+    let client = cluster_client(&cluster).await;
+    let names: Vec<String> = (0..60).map(|i| format!("spread-{i}")).collect();
+    let guards = futures_util::future::join_all(names.iter().map(|name| {
+        let lock = client.lock(name).unwrap();
+        async move { lock.lock().await.unwrap() }
+    }))
+    .await;
+    let mut masters = std::collections::HashSet::new();
+    for name in &names {
+        let master = cluster.master_of(slot_of(&cluster, name));
+        assert_eq!(master.cli(&["EXISTS", &lock_key(name)]), "1", "{name}");
+        masters.insert(master.port());
+    }
+    assert_eq!(masters.len(), 3, "60 names should touch every master");
+    for guard in guards {
+        guard.unlock().await.unwrap();
+    }
+    for name in &names {
+        let master = cluster.master_of(slot_of(&cluster, name));
+        assert_eq!(master.cli(&["EXISTS", &lock_key(name)]), "0");
+    }
+}
+
+/// multi 18: waiting is woken by sharded release messages (`SPUBLISH` /
+/// `SSUBSCRIBE`) on the shard of the lock, for locks on every master.
+#[tokio::test]
+async fn waiters_are_woken_through_sharded_pubsub() {
+    let cluster = RedisCluster::start(3);
+    let holder = cluster_client(&cluster).await;
+    let waiter = cluster_client(&cluster).await;
+    for name in ["w-a", "w-b", "w-c", "w-d", "w-e", "w-f"] {
+        let held = holder.lock(name).unwrap().lock().await.unwrap();
+        let lock = waiter.lock(name).unwrap();
+        let waiting = tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            let at = Instant::now();
+            guard.unlock().await.unwrap();
+            at
+        });
+        let channel = format!("{}:released", lock_key(name));
+        let master = cluster.master_of(slot_of(&cluster, name));
+        assert!(
+            testkit::eventually(Duration::from_secs(3), || async {
+                master
+                    .cli(&["PUBSUB", "SHARDNUMSUB", &channel])
+                    .ends_with('1')
+            })
+            .await,
+            "no sharded subscription for {name}"
+        );
+        let released = Instant::now();
+        held.unlock().await.unwrap();
+        let woken = waiting.await.unwrap().duration_since(released);
+        // The holder's lease is 1.5 s: only the message wakes it this soon.
+        assert!(
+            woken < Duration::from_millis(700),
+            "{name}: woken {woken:?} later"
+        );
+    }
+}
+
+/// multi 19: a lock held while its slot migrates to another master keeps
+/// working: it is renewed there, released there, and taken again there.
+#[tokio::test]
+async fn a_slot_migration_moves_the_lock_with_it() {
+    let cluster = RedisCluster::start(3);
+    let client = cluster_client(&cluster).await;
+    let lock = client.lock("moving").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let slot = slot_of(&cluster, "moving");
+    let from = cluster.master_of(slot).port().unwrap();
+    let to = cluster
+        .nodes
+        .iter()
+        .filter_map(|n| n.port())
+        .find(|p| *p != from)
+        .unwrap();
+    cluster.migrate_slot(slot, to);
+    assert_eq!(cluster.master_of(slot).port(), Some(to));
+    assert_eq!(cluster.node(to).cli(&["EXISTS", &lock_key("moving")]), "1");
+    tokio::time::sleep(Duration::from_millis(2_500)).await; // over a lease: renewed on the new master
+    assert!(!guard.is_lost(), "the lock was lost in the migration");
+    guard.unlock().await.unwrap();
+    assert_eq!(cluster.node(to).cli(&["EXISTS", &lock_key("moving")]), "0");
+    let again = lock
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free after the release");
+    assert_eq!(cluster.node(to).cli(&["EXISTS", &lock_key("moving")]), "1");
+    again.unlock().await.unwrap();
+}
+
+/// multi 19: after a master failover inside the cluster (`CLUSTER FAILOVER`
+/// on its replica), locks keep working and a replicated hold stays held.
+#[tokio::test]
+async fn a_failover_inside_the_cluster_keeps_locks_working() {
+    let cluster = RedisCluster::start_with_replicas(3, 1);
+    let client = cluster_client(&cluster).await;
+    let lock = client.lock("fo").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let slot = slot_of(&cluster, "fo");
+    let master = cluster.master_of(slot);
+    assert_eq!(master.cli(&["WAIT", "1", "2000"]), "1");
+    let master_port = master.port().unwrap();
+    let replica = cluster
+        .nodes
+        .iter()
+        .find(|n| {
+            n.cli(&["ROLE"]).starts_with("slave")
+                && n.cli(&["INFO", "replication"])
+                    .contains(&format!("master_port:{master_port}"))
+        })
+        .expect("the master's replica");
+    assert!(replica.cli(&["CLUSTER", "FAILOVER"]).contains("OK"));
+    let promoted = replica.port();
+    assert!(
+        testkit::eventually(Duration::from_secs(10), || async {
+            cluster.master_of(slot).port() == promoted
+        })
+        .await,
+        "the replica was not promoted"
+    );
+    tokio::time::sleep(Duration::from_millis(2_000)).await; // over a lease
+    assert!(
+        !guard.is_lost(),
+        "a replicated hold was lost in the failover"
+    );
+    guard.unlock().await.unwrap();
+    let again = lock
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free after the release");
+    assert_eq!(
+        cluster.master_of(slot).cli(&["EXISTS", &lock_key("fo")]),
+        "1"
+    );
+    again.unlock().await.unwrap();
+}
+
+/// multi 21 (part): the single lock's core behaviours (lock.md: re-entry,
+/// exclusion, fencing, force unlock, queries, waiting) hold on a 3-master
+/// cluster, for names on every master.
+#[tokio::test]
+async fn the_single_lock_behaves_the_same_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let a = cluster_client(&cluster).await;
+    let b = cluster_client(&cluster).await;
+    for name in ["s-1", "s-2", "s-3", "s-4", "s-5", "s-6"] {
+        let lock = a.lock(name).unwrap();
+        let first = lock.lock().await.unwrap();
+        let inner = lock.lock().await.unwrap();
+        assert_eq!(lock.hold_count(), 2);
+        assert!(lock.is_locked().await.unwrap());
+        assert!(lock.is_held_by_me().await.unwrap());
+        assert!(lock.remaining_ttl().await.unwrap().is_some());
+        let other = b.lock(name).unwrap();
+        assert!(other.try_lock().await.unwrap().is_none());
+        let token = first.fencing_token();
+        inner.unlock().await.unwrap();
+        first.unlock().await.unwrap();
+        let next = other.try_lock().await.unwrap().expect("free");
+        assert!(next.fencing_token() > token);
+        assert!(a.lock(name).unwrap().force_unlock().await.unwrap());
+        assert!(matches!(next.unlock().await, Err(Error::NotHeld { .. })));
+        let explicit = a.lock(name).unwrap().with_owner(Owner::new());
+        explicit
+            .try_lock_for(Duration::from_millis(100))
+            .await
+            .unwrap()
+            .expect("free")
+            .unlock()
+            .await
+            .unwrap();
+        assert!(!lock.is_locked().await.unwrap());
+    }
+}
