@@ -70,7 +70,7 @@ impl Client {
     /// run on it.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a malformed URL, [`Error::Redis`] if
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a malformed URL, [`Error::Redis`](crate::Error::Redis) if
     /// the server cannot be reached or refuses the credentials.
     ///
     /// # Cancel safety
@@ -82,7 +82,7 @@ impl Client {
     /// Connects with the given settings (validated first).
     ///
     /// # Errors
-    /// As [`open`](Self::open), and [`Error::InvalidArgument`] for invalid
+    /// As [`open`](Self::open), and [`Error::InvalidArgument`](crate::Error::InvalidArgument) for invalid
     /// settings.
     ///
     /// # Cancel safety
@@ -159,7 +159,7 @@ impl Client {
     /// colons and spaces included) of 1 to `max_name_len` bytes.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty or over-long name; no Redis
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty or over-long name; no Redis
     /// call is made.
     pub fn lock(&self, name: &str) -> Result<Lock> {
         Lock::new(self.core.clone(), name)

@@ -30,7 +30,9 @@
 //! hands a lock its task releases straight to its next waiting task in the
 //! same call (unless another client waits too: then that client goes first).
 //!
-//! * [`Client`] — one per Redis deployment; clone it freely.
+//! * [`Client`] — one per Redis deployment (a server, a Sentinel service
+//!   with [`Client::open_sentinel`], a Redis Cluster with
+//!   [`Client::open_cluster`]); clone it freely.
 //! * [`Lock`] — a named lock handle: [`Lock::lock`] waits,
 //!   [`Lock::try_lock`] never waits, [`Lock::try_lock_for`] waits a bounded
 //!   time; [`Lock::with_lease`] / [`Lock::with_owner`] configure it.

@@ -14,7 +14,7 @@ use crate::owner::Owner;
 
 /// A handle on one named, reentrant distributed lock.
 ///
-/// Made by [`Client::lock`]; cheap to clone. The handle itself holds
+/// Made by [`Client::lock`](crate::Client::lock); cheap to clone. The handle itself holds
 /// nothing: acquiring returns a [`Guard`], and the lock is held until the
 /// guard is released.
 ///

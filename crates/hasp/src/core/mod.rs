@@ -7,9 +7,11 @@
 //!
 //! | module | concept |
 //! |---|---|
-//! | `keys` | the key layout of one lock name |
+//! | `keys` | the key layout of one lock name, and its cluster slot |
 //! | `wire` | `batch.lua`'s operations and replies: the one encoder and decoder |
-//! | `scripts` | the Lua script, loaded once, re-loaded on `NOSCRIPT` |
+//! | `scripts` | the Lua script (and its cluster form), loaded once, re-loaded on `NOSCRIPT` |
+//! | `endpoint` | where the server is: an address, or a Sentinel service's current master |
+//! | `commands` | the connection for read-only queries |
 //! | `batcher` | group commit of every change, settling calls whose replies were lost |
 //! | `reply` | replies that carry a hold, received cancel-safely |
 //! | `waiters` | this client's tasks waiting per lock: FIFO, hand-off, wake-ups, grace |
@@ -18,17 +20,24 @@
 //! | `watchdog` | lease renewal, and the check of every hold after a reconnect |
 //!
 //! Imports run one way: `mod.rs` → `watchdog`, `waiters` → `batcher`,
-//! `reply`, `pubsub`, `holds` → `wire` → `keys`, `scripts`.
+//! `reply`, `pubsub`, `holds`, `commands` → `endpoint`, `wire` → `keys`,
+//! `scripts`.
+//!
+//! **Deployments.** One server, a Sentinel service and a Redis Cluster
+//! share everything above the connections. A Sentinel service differs only
+//! in its `endpoint` (every connection asks for the current master when it
+//! connects, and all move when the master changes). A cluster differs in
+//! the batcher (one script call per slot, redirected calls sent again), the
+//! pub/sub transport (sharded channels) and the script (`SPUBLISH`); every
+//! lock's keys share one slot, so no operation spans two shards.
 //!
 //! **Growing.** A second kind of lock (a semaphore) adds its operations to
 //! `wire` and `batch.lua` (a permit acquire, a permit release that may hand
 //! permits to a waiter), a method here that runs its attempt in
 //! [`waiters::Waiter::wait_for`], and registry entries for its holds, so
-//! that the watchdog renews them and reconnects check them. A second kind of
-//! deployment (a Redis Cluster) keeps this API: `Core` gets one batcher per
-//! node and routes each operation by its keys' slot (all keys of one lock
-//! share a slot), the pub/sub transport subscribes per shard channel with
-//! `SSUBSCRIBE`, and nothing above this module changes.
+//! that the watchdog renews them and reconnects check them. The kinds made
+//! of several locks (`multi`) use [`Core::try_once`], [`Core::watch`] and
+//! [`Core::extend`].
 
 use std::sync::{Arc, Weak};
 use std::time::Instant;
