@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::store::RedisConn;
 use redis::streams::{StreamClaimReply, StreamId, StreamReadReply};
 
 use crate::db::{Database, OrderRecord, Recorded};
@@ -96,7 +96,7 @@ impl StepReport {
 /// Moves accepted orders from Redis into the database.
 #[derive(Debug)]
 pub struct OrderPipeline {
-    conn: ConnectionManager,
+    conn: RedisConn,
     db: Database,
     prefix: String,
     settings: PipelineSettings,
@@ -118,7 +118,7 @@ impl OrderPipeline {
     /// [`Error::Invalid`] for an empty group or consumer, a zero batch or
     /// a zero delivery limit.
     pub fn new(
-        conn: ConnectionManager,
+        conn: RedisConn,
         db: Database,
         prefix: impl Into<String>,
         settings: PipelineSettings,
@@ -390,10 +390,16 @@ impl OrderPipeline {
                 add.arg(field).arg(v);
             }
         }
+        // The dead-letter stream is on another slot than the voucher's
+        // stream (a cluster cannot make both one transaction): added first,
+        // so a crash in between leaves the entry pending, to be
+        // dead-lettered again (at least once, never lost).
+        let () = add
+            .query_async::<String>(&mut self.conn.clone())
+            .await
+            .map(drop)?;
         let () = redis::pipe()
             .atomic()
-            .add_command(add)
-            .ignore()
             .cmd("XACK")
             .arg(stream)
             .arg(&self.settings.group)

@@ -18,7 +18,7 @@
 
 use std::collections::HashSet;
 
-use redis::aio::ConnectionManager;
+use crate::store::RedisConn;
 use redis::streams::StreamRangeReply;
 
 use crate::db::Database;
@@ -91,7 +91,7 @@ impl Reconciliation {
 /// [`Error::Redis`](crate::Error::Redis) or
 /// [`Error::Database`](crate::Error::Database) if either side fails.
 pub async fn reconcile(
-    conn: &ConnectionManager,
+    conn: &RedisConn,
     db: &Database,
     prefix: &str,
     voucher_id: i64,
@@ -138,11 +138,7 @@ pub async fn reconcile(
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
-pub async fn repair(
-    conn: &ConnectionManager,
-    prefix: &str,
-    found: &Reconciliation,
-) -> Result<usize> {
+pub async fn repair(conn: &RedisConn, prefix: &str, found: &Reconciliation) -> Result<usize> {
     let keys = VoucherKeys::new(prefix, found.voucher_id);
     let mut conn = conn.clone();
     let mut changes = 0;

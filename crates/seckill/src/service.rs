@@ -106,7 +106,7 @@ impl Service {
             Mode::Async => PurchasePath::Async(fast.clone()),
             Mode::Sync => PurchasePath::Sync(Arc::new(SyncPath::new(
                 db.clone(),
-                hasp::Client::open(&config.redis_url).await?,
+                crate::store::lock_client(&config.redis_url, hasp::Settings::default()).await?,
                 OrderIdGenerator::new(conn.clone(), config.prefix.clone(), 1000)?,
                 Duration::from_secs(5),
             ))),

@@ -7,7 +7,7 @@
 //! the pipeline keeps up (entries are deleted once stored), and the scans
 //! are bounded.
 
-use redis::aio::ConnectionManager;
+use crate::store::RedisConn;
 use redis::streams::StreamRangeReply;
 use serde::Serialize;
 
@@ -37,7 +37,7 @@ pub enum OrderState {
 /// [`Error::Redis`](crate::Error::Redis) or
 /// [`Error::Database`](crate::Error::Database).
 pub async fn order_status(
-    conn: &ConnectionManager,
+    conn: &RedisConn,
     db: &Database,
     prefix: &str,
     dead_letters: &str,

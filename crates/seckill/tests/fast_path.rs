@@ -4,12 +4,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use redis::aio::ConnectionManager;
 use seckill::domain::voucher::SaleTerms;
+use seckill::store::RedisConn;
 use seckill::store::{FastPath, OrderIdGenerator, Purchase, Refusal, VoucherKeys};
 use testkit::RedisServer;
 
-async fn conn(server: &RedisServer) -> ConnectionManager {
+async fn conn(server: &RedisServer) -> RedisConn {
     seckill::store::connect(&server.url()).await.unwrap()
 }
 
@@ -151,7 +151,7 @@ async fn reloading_a_voucher_keeps_its_live_stock() {
     assert_eq!(path.remaining_stock(5).await.unwrap(), Some(2));
 }
 
-async fn incrby_calls(raw: &mut ConnectionManager) -> u64 {
+async fn incrby_calls(raw: &mut RedisConn) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(raw)
@@ -230,4 +230,69 @@ async fn a_purchase_outlasts_a_redis_stall_shorter_than_the_response_timeout() {
     let outcome = buying.await.unwrap().expect("no error after a 1.5 s stall");
     assert!(matches!(outcome, Purchase::Accepted(_)), "{outcome:?}");
     assert!(seckill::store::RESPONSE_TIMEOUT > Duration::from_millis(1_500));
+}
+
+/// The fast path on a 3-master Redis Cluster (`redis+cluster://`): vouchers
+/// spread over the masters by their hash tags, each sells exactly its stock,
+/// one order per user, and the remaining stocks read across slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_vouchers_spread_and_never_oversell() {
+    const STOCK: i64 = 20;
+    const USERS: i64 = 200;
+    let cluster = testkit::RedisCluster::start(3);
+    let nodes: Vec<String> = cluster
+        .nodes
+        .iter()
+        .filter_map(|n| n.port())
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let url = format!("{}{}", seckill::store::CLUSTER_SCHEME, nodes.join(","));
+    let conn = seckill::store::connect(&url).await.unwrap();
+    assert!(matches!(conn, RedisConn::Cluster(_)));
+    let ids = OrderIdGenerator::new(conn.clone(), "seckill", 100).unwrap();
+    let path = Arc::new(FastPath::new(conn, "seckill", ids));
+    let vouchers: Vec<i64> = (1..=6).collect();
+    for v in &vouchers {
+        path.load_voucher(*v, &open_sale(STOCK)).await.unwrap();
+    }
+    let mut masters = HashSet::new();
+    for v in &vouchers {
+        let key = VoucherKeys::new("seckill", *v).voucher;
+        let slot: u16 = cluster.nodes[0]
+            .cli(&["CLUSTER", "KEYSLOT", &key])
+            .parse()
+            .unwrap();
+        masters.insert(cluster.master_of(slot).port());
+    }
+    assert!(
+        masters.len() >= 2,
+        "six vouchers should use several masters"
+    );
+
+    let mut calls = Vec::new();
+    for v in vouchers.clone() {
+        for user in 0..USERS {
+            let path = path.clone();
+            calls.push(tokio::spawn(async move {
+                (v, user, path.purchase(v, user).await.unwrap())
+            }));
+        }
+    }
+    let mut accepted = Vec::new();
+    for call in calls {
+        match call.await.unwrap() {
+            (v, user, Purchase::Accepted(id)) => accepted.push((v, user, id.as_i64())),
+            (_, _, Purchase::Refused(Refusal::SoldOut)) => {}
+            (_, _, other) => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(accepted.len() as i64, STOCK * vouchers.len() as i64);
+    let orders: HashSet<i64> = accepted.iter().map(|(_, _, id)| *id).collect();
+    assert_eq!(orders.len(), accepted.len(), "order ids repeat");
+    for v in &vouchers {
+        let sold = accepted.iter().filter(|(w, _, _)| w == v).count() as i64;
+        assert_eq!(sold, STOCK, "voucher {v}");
+    }
+    let left = path.remaining_stocks(&vouchers).await.unwrap();
+    assert!(left.iter().all(|s| *s == Some(0)), "{left:?}");
 }

@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use redis::aio::ConnectionManager;
 use seckill::db::Database;
 use seckill::domain::voucher::SaleTerms;
 use seckill::pipeline::{OrderPipeline, PipelineSettings, StepReport};
+use seckill::store::RedisConn;
 use seckill::store::{FastPath, OrderIdGenerator, Purchase, VoucherKeys};
 use testkit::RedisServer;
 
@@ -26,7 +26,7 @@ impl Drop for TempDir {
     }
 }
 
-async fn conn(server: &RedisServer) -> ConnectionManager {
+async fn conn(server: &RedisServer) -> RedisConn {
     seckill::store::connect(&server.url()).await.unwrap()
 }
 

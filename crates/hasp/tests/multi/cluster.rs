@@ -29,7 +29,7 @@ fn slot_of(cluster: &RedisCluster, name: &str) -> u16 {
 /// multi 17: a client made from seed nodes locks names spread over every
 /// master; each lock's keys live on the master of its slot; operations of
 /// many tasks at once (many slots) all complete.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_spread_over_every_master() {
     let cluster = RedisCluster::start(3);
     let client = cluster_client(&cluster).await;
@@ -39,6 +39,8 @@ async fn locks_spread_over_every_master() {
         async move { lock.lock().await.unwrap() }
     }))
     .await;
+    // Held past two leases: renewed on every master.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
     let mut masters = std::collections::HashSet::new();
     for name in &names {
         let master = cluster.master_of(slot_of(&cluster, name));
@@ -57,7 +59,7 @@ async fn locks_spread_over_every_master() {
 
 /// multi 18: waiting is woken by sharded release messages (`SPUBLISH` /
 /// `SSUBSCRIBE`) on the shard of the lock, for locks on every master.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_woken_through_sharded_pubsub() {
     let cluster = RedisCluster::start(3);
     let holder = cluster_client(&cluster).await;
@@ -95,7 +97,7 @@ async fn waiters_are_woken_through_sharded_pubsub() {
 
 /// multi 19: a lock held while its slot migrates to another master keeps
 /// working: it is renewed there, released there, and taken again there.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migration_moves_the_lock_with_it() {
     let cluster = RedisCluster::start(3);
     let client = cluster_client(&cluster).await;
@@ -127,7 +129,7 @@ async fn a_slot_migration_moves_the_lock_with_it() {
 
 /// multi 19: after a master failover inside the cluster (`CLUSTER FAILOVER`
 /// on its replica), locks keep working and a replicated hold stays held.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_inside_the_cluster_keeps_locks_working() {
     let cluster = RedisCluster::start_with_replicas(3, 1);
     let client = cluster_client(&cluster).await;
@@ -176,7 +178,7 @@ async fn a_failover_inside_the_cluster_keeps_locks_working() {
 /// multi 21 (part): the single lock's core behaviours (lock.md: re-entry,
 /// exclusion, fencing, force unlock, queries, waiting) hold on a 3-master
 /// cluster, for names on every master.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_single_lock_behaves_the_same_on_a_cluster() {
     let cluster = RedisCluster::start(3);
     let a = cluster_client(&cluster).await;

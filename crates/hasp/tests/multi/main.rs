@@ -1,6 +1,10 @@
 //! Every behaviour of `shared/spec/multi.md` for locks over several
 //! independent Redis servers, against real redis-server processes each
 //! test starts for itself. "multi N" names the line of that specification.
+//!
+//! The tests run on a multi-threaded runtime: they inspect the servers with
+//! `redis-cli` (a blocking process call) while holding locks, which on a
+//! single-threaded runtime would stall the clients' renewals.
 
 mod helpers;
 

@@ -18,7 +18,7 @@ async fn multi(servers: &Servers, name: &str, settings: Settings) -> MultiLock {
 /// multi 1: a MultiLock is built from locks of one or more clients — the
 /// same name on three servers — and held on all of them; no parts, or one
 /// lock twice, is refused before any Redis call.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_name_on_three_servers_is_held_on_all_three() {
     let servers = Servers::start(3);
     let clients = servers.clients(quick()).await;
@@ -54,7 +54,7 @@ async fn the_same_name_on_three_servers_is_held_on_all_three() {
 /// multi 2: with one of three parts held by another owner, a try reports
 /// not acquired and the other two keys do not exist afterwards; a bounded
 /// wait ends the same way. Ten tasks trying at once: exactly one wins.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_part_or_none() {
     let servers = Servers::start(3);
     let clients = servers.clients(quick()).await;
@@ -92,7 +92,7 @@ async fn every_part_or_none() {
 /// multi 3: the parts are asked in parallel: with 20 ms added on each of
 /// three servers' replies, an uncontended acquire costs about one delay
 /// (a one-after-another loop, as Redisson's, costs three: 60 ms).
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parts_are_requested_in_parallel() {
     let servers = Servers::start(3);
     let (proxies, clients) = servers.proxied_clients(quick()).await;
@@ -128,7 +128,7 @@ async fn parts_are_requested_in_parallel() {
 /// multi 4 (research lines 6–7): two tasks looping MultiLock(A, B) and
 /// MultiLock(B, A) with 1 ms holds both finish: no deadlock, no livelock,
 /// no acquisition waits long, and each gets a fair share while both run.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opposite_orders_cannot_deadlock() {
     let servers = Servers::start(2);
     let clients = servers.clients(quick()).await;
@@ -176,7 +176,7 @@ async fn opposite_orders_cannot_deadlock() {
 /// multi 5: a MultiLock that finds a part held waits for that part's
 /// release message (the holder's lease is 30 s: only the message can wake
 /// it early); a bounded wait returns on time with nothing held.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_is_woken_by_the_release_of_the_part() {
     let servers = Servers::start(3);
     let clients = servers.clients(quick()).await;
@@ -220,7 +220,7 @@ async fn waiting_is_woken_by_the_release_of_the_part() {
 /// multi 6: re-entry by the same owner costs no Redis call and the parts
 /// are released after the last release; an owner that holds one part
 /// alone re-enters it and keeps it after the MultiLock's release.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reentry_is_counted_for_the_whole() {
     let servers = Servers::start(2);
     let clients = servers.clients(quick()).await;
@@ -261,7 +261,7 @@ async fn reentry_is_counted_for_the_whole() {
 /// drift. Without a lease every part is renewed by its client's watchdog;
 /// the loss of one part is the loss of the whole, and the release reports
 /// it while freeing the rest.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_renewal_and_loss_of_a_part() {
     let servers = Servers::start(3);
     let lease = Duration::from_secs(4);
@@ -304,7 +304,7 @@ async fn leases_renewal_and_loss_of_a_part() {
 
 /// multi 8: the fencing vector of a later acquisition supersedes the
 /// earlier one's; a re-entry returns the same vector.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_vectors_increase() {
     let servers = Servers::start(3);
     let lock = multi(&servers, "f", quick()).await;
@@ -321,7 +321,7 @@ async fn fencing_vectors_increase() {
 /// multi 9: a server that is down makes the acquire fail with a connection
 /// error — not "not acquired" — with every other part released; one that
 /// does not answer (paused) fails it after the per-server timeout.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_down_is_an_error_not_a_refusal() {
     let mut servers = Servers::start(3);
     let lock = multi(&servers, "d", quick())
@@ -356,7 +356,7 @@ async fn a_server_down_is_an_error_not_a_refusal() {
 
 /// multi 2 and lock.md 13 for every part: dropping a pending acquire at
 /// any point leaves no part held, no renewal and no subscription.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_acquire_leaves_nothing() {
     let servers = Servers::start(3);
     let clients = servers.clients(quick()).await;

@@ -11,7 +11,7 @@ use crate::helpers::{quick, Servers};
 /// fails (3 of 5 held by another owner) nothing of this owner is left on
 /// any server. Fewer than 3 servers, or a quorum below the majority, is
 /// refused.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_majority_acquires_and_a_failure_leaves_nothing() {
     let servers = Servers::start(5);
     let clients = servers.clients(quick()).await;
@@ -57,7 +57,7 @@ async fn a_majority_acquires_and_a_failure_leaves_nothing() {
 /// multi 11: the validity runs on the monotonic clock from before the
 /// first request: the guard's validity end is the send time + lease −
 /// drift, and the loss signal fires when it passes unextended.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_validity_ends_on_time_without_extension() {
     let servers = Servers::start(3);
     let clients = servers.clients(quick()).await;
@@ -85,7 +85,7 @@ async fn the_validity_ends_on_time_without_extension() {
 /// much smaller than the lease: one paused server of five costs that
 /// timeout, not the client's response timeout; three paused make acquire
 /// fail with an error naming them.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_are_asked_at_once_with_a_per_server_timeout() {
     let servers = Servers::start(5);
     let clients = servers.clients(quick()).await;
@@ -127,7 +127,7 @@ async fn servers_are_asked_at_once_with_a_per_server_timeout() {
 /// multi 13: retries wait a random delay, cut short by a release message:
 /// with a 2 s retry delay, a waiter gets the lock soon after the holder
 /// releases; a bounded wait is honoured.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_are_jittered_and_woken_by_releases() {
     let servers = Servers::start(3);
     let clients = servers.clients(quick()).await;
@@ -172,7 +172,7 @@ async fn retries_are_jittered_and_woken_by_releases() {
 /// multi 14: the lock renews itself while a majority extends; when a
 /// majority is gone (3 of 5 killed) the extension fails, the loss is
 /// signalled and the keys left (a minority) are released.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extension_needs_a_majority() {
     let mut servers = Servers::start(5);
     let settings = quick().set_watchdog_timeout(Duration::from_millis(900));
@@ -211,7 +211,7 @@ async fn extension_needs_a_majority() {
 /// multi 15: with five servers, a client cut off from two acquires and
 /// extends; cut off from three it cannot; two clients on opposite sides of
 /// a 2/3 partition never both hold the lock.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_lets_only_the_majority_side_hold() {
     let servers = Servers::start(5);
     let settings = quick().set_watchdog_timeout(Duration::from_millis(900));
@@ -256,7 +256,7 @@ async fn a_partition_lets_only_the_majority_side_hold() {
 /// persistence forget a held lock and a second owner gets it — but its
 /// fencing vector supersedes the first holder's, so a fenced resource
 /// refuses the stale holder.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_without_persistence_is_caught_by_fencing() {
     let mut servers = Servers::start(3);
     let clients: Vec<Client> = servers.clients(quick()).await;
@@ -286,7 +286,7 @@ async fn a_restart_without_persistence_is_caught_by_fencing() {
 /// server lost, if it is free: a lock held on 5 of 5 whose servers are
 /// restarted without persistence one at a time, rounds apart, is never
 /// lost and ends with its key on all five.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_servers_are_taken_again_by_the_extension() {
     let mut servers = Servers::start(5);
     let settings = quick().set_watchdog_timeout(Duration::from_millis(900));
@@ -316,7 +316,7 @@ async fn restarted_servers_are_taken_again_by_the_extension() {
 /// multi 11 (research line 31): a holder cut off from every server learns
 /// of the loss by its validity end at the latest (sooner if an extension
 /// round fails first), with no server reachable.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_cut_off_from_every_server_learns_at_the_validity_end() {
     let servers = Servers::start(3);
     let settings = quick().set_watchdog_timeout(Duration::from_millis(900));
@@ -349,7 +349,7 @@ async fn a_holder_cut_off_from_every_server_learns_at_the_validity_end() {
 }
 
 /// Bad input to either kind gets a clear error before any Redis call.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_before_any_call() {
     let servers = Servers::start(3);
     let clients = servers.clients(quick()).await;

@@ -1,10 +1,18 @@
-//! The service's Redis connection.
+//! The service's Redis connection: one server, or a Redis Cluster.
+//!
+//! `redis_url` is a Redis URL (`redis://host:port/`, `redis+unix:///path`)
+//! or, for a cluster, `redis+cluster://host:port,host:port,...` (any of its
+//! nodes; the rest are discovered). Every key of one voucher shares a hash
+//! tag (`keys`), so each purchase script and each voucher's pipeline work
+//! stays on one slot.
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// How long a command may wait for its answer. redis-rs' default is 500 ms,
 /// which a burst of thousands of purchases queued on one multiplexed
@@ -22,17 +30,132 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 /// Redis took 23 s (measured). The next command tries again anyway.
 pub const RECONNECT_RETRIES: usize = 2;
 
-/// One multiplexed, auto-reconnecting connection to `redis_url`, with the
-/// timeouts and retries above.
+/// The scheme of a cluster's seed list.
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// A cloneable, multiplexed connection to the service's Redis.
+#[derive(Clone)]
+pub enum RedisConn {
+    /// One server, reconnected when it breaks.
+    Server(ConnectionManager),
+    /// A Redis Cluster, routed by slot. redis-rs sends no command twice (a
+    /// purchase sent again could buy twice): a command turned away by a
+    /// slot move or a failover fails, and the caller's retry lands right.
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for RedisConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RedisConn::Server(_) => "RedisConn::Server",
+            RedisConn::Cluster(_) => "RedisConn::Cluster",
+        })
+    }
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::Server(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::Server(c) => c.req_packed_commands(cmd, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Server(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The seed URLs of a `redis+cluster://` URL, or `None` for a plain one.
+///
+/// # Errors
+/// [`Error::Invalid`] for a cluster URL without nodes.
+pub fn cluster_seeds(redis_url: &str) -> Result<Option<Vec<String>>> {
+    let Some(rest) = redis_url.strip_prefix(CLUSTER_SCHEME) else {
+        return Ok(None);
+    };
+    let seeds: Vec<String> = rest
+        .trim_end_matches('/')
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|node| format!("redis://{node}/"))
+        .collect();
+    if seeds.is_empty() {
+        return Err(Error::Invalid {
+            field: "redis_url",
+            reason: format!("{redis_url:?} names no cluster node"),
+        });
+    }
+    Ok(Some(seeds))
+}
+
+/// One multiplexed connection to `redis_url` (see the module docs), with
+/// the timeouts and retries above.
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) for a bad URL or an unreachable
 /// server.
-pub async fn connect(redis_url: &str) -> Result<ConnectionManager> {
+pub async fn connect(redis_url: &str) -> Result<RedisConn> {
+    if let Some(seeds) = cluster_seeds(redis_url)? {
+        let client = redis::cluster::ClusterClientBuilder::new(seeds)
+            .retries(0)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .connection_timeout(CONNECTION_TIMEOUT)
+            .build()?;
+        return Ok(RedisConn::Cluster(client.get_async_connection().await?));
+    }
     let config = ConnectionManagerConfig::new()
         .set_response_timeout(Some(RESPONSE_TIMEOUT))
         .set_connection_timeout(Some(CONNECTION_TIMEOUT))
         .set_number_of_retries(RECONNECT_RETRIES)
         .set_max_delay(Duration::from_secs(1));
-    Ok(ConnectionManager::new_with_config(redis::Client::open(redis_url)?, config).await?)
+    let client = redis::Client::open(redis_url)?;
+    Ok(RedisConn::Server(
+        ConnectionManager::new_with_config(client, config).await?,
+    ))
+}
+
+/// A hasp client on the same Redis as `redis_url`.
+///
+/// # Errors
+/// As [`connect`]; [`Error::Lock`](crate::Error::Lock) if hasp cannot connect.
+pub async fn lock_client(redis_url: &str, settings: hasp::Settings) -> Result<hasp::Client> {
+    Ok(match cluster_seeds(redis_url)? {
+        Some(seeds) => {
+            let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
+            hasp::Client::open_cluster(&seeds, settings).await?
+        }
+        None => hasp::Client::open_with(redis_url, settings).await?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_name_their_seeds() {
+        assert_eq!(cluster_seeds("redis://a:1/").unwrap(), None);
+        assert_eq!(
+            cluster_seeds("redis+cluster://a:1,b:2/").unwrap(),
+            Some(vec!["redis://a:1/".to_owned(), "redis://b:2/".to_owned()])
+        );
+        assert!(cluster_seeds("redis+cluster://").is_err());
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
+use crate::store::RedisConn;
 use redis::Script;
 
 use crate::domain::voucher::SaleTerms;
@@ -61,7 +61,7 @@ pub enum Purchase {
 /// ```
 #[derive(Debug)]
 pub struct FastPath {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
     ids: OrderIdGenerator,
 }
@@ -69,7 +69,7 @@ pub struct FastPath {
 impl FastPath {
     /// A fast path over `conn`, with keys under `prefix` and order ids from
     /// `ids`.
-    pub fn new(conn: ConnectionManager, prefix: impl Into<String>, ids: OrderIdGenerator) -> Self {
+    pub fn new(conn: RedisConn, prefix: impl Into<String>, ids: OrderIdGenerator) -> Self {
         Self {
             conn,
             prefix: prefix.into(),
@@ -131,7 +131,7 @@ impl FastPath {
     }
 
     /// The Redis connection (shared, cheap to clone).
-    pub fn connection(&self) -> &ConnectionManager {
+    pub fn connection(&self) -> &RedisConn {
         &self.conn
     }
 
@@ -159,7 +159,9 @@ impl FastPath {
         Ok(self.remaining_stocks(&[id]).await?.pop().flatten())
     }
 
-    /// Stock left in Redis for each of `ids` (in order), in one round trip.
+    /// Stock left in Redis for each of `ids` (in order), sent at once (one
+    /// command per voucher: on a cluster the vouchers live on different
+    /// slots, which one pipeline cannot span).
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis is unreachable.
@@ -167,10 +169,17 @@ impl FastPath {
         if ids.is_empty() {
             return Ok(Vec::new()); // an empty pipeline is an error to redis-rs
         }
-        let mut pipe = redis::pipe();
-        for id in ids {
-            pipe.hget(VoucherKeys::new(&self.prefix, *id).voucher, "stock");
-        }
-        Ok(pipe.query_async(&mut self.conn.clone()).await?)
+        let reads = ids.iter().map(|id| {
+            let mut conn = self.conn.clone();
+            let key = VoucherKeys::new(&self.prefix, *id).voucher;
+            async move {
+                redis::cmd("HGET")
+                    .arg(key)
+                    .arg("stock")
+                    .query_async::<Option<i64>>(&mut conn)
+                    .await
+            }
+        });
+        Ok(futures_util::future::try_join_all(reads).await?)
     }
 }

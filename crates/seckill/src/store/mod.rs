@@ -5,7 +5,10 @@ mod fast_path;
 mod keys;
 mod order_ids;
 
-pub use connect::{connect, CONNECTION_TIMEOUT, RESPONSE_TIMEOUT};
+pub use connect::{
+    cluster_seeds, connect, lock_client, RedisConn, CLUSTER_SCHEME, CONNECTION_TIMEOUT,
+    RESPONSE_TIMEOUT,
+};
 pub use fast_path::{FastPath, Purchase, Refusal};
 pub use keys::{dead_letter_stream, VoucherKeys};
 pub use order_ids::OrderIdGenerator;

@@ -2,7 +2,7 @@
 
 use std::time::SystemTime;
 
-use redis::aio::ConnectionManager;
+use crate::store::RedisConn;
 use tokio::sync::Mutex;
 
 use crate::domain::order_id::{civil_date, clock_parts, OrderId};
@@ -22,7 +22,7 @@ const SEQUENCE_TTL_SECS: i64 = 7 * 86_400;
 /// restart are skipped, never repeated.
 #[derive(Debug)]
 pub struct OrderIdGenerator {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
     block: u32,
     state: Mutex<Block>,
@@ -40,7 +40,7 @@ impl OrderIdGenerator {
     ///
     /// # Errors
     /// [`Error::Invalid`] if `block` is 0.
-    pub fn new(conn: ConnectionManager, prefix: impl Into<String>, block: u32) -> Result<Self> {
+    pub fn new(conn: RedisConn, prefix: impl Into<String>, block: u32) -> Result<Self> {
         if block == 0 {
             return Err(Error::invalid("block", "must be at least 1"));
         }

@@ -1,6 +1,7 @@
 //! `seckill demo`: a whole flash sale on one machine, verified.
 //!
-//! Starts a private redis-server (unless `--redis-url`) and uses a SQLite
+//! Starts a private redis-server (a private 3-master Redis Cluster with
+//! `--cluster`; neither with `--redis-url`) and uses a SQLite
 //! file in a temporary directory (unless `--database-url`), starts the
 //! service, creates a voucher, sends purchases from many simulated users
 //! over HTTP with high concurrency (the bench's closed loop), drains the
@@ -20,9 +21,13 @@ use crate::bench::{create_voucher, report, ProgressDisplay};
 /// Options of `seckill demo`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// Use this Redis instead of starting a private one.
+    /// Use this Redis instead of starting a private one
+    /// (`redis+cluster://host:port,...` for a cluster).
     #[arg(long)]
     pub redis_url: Option<String>,
+    /// Start a private 3-master Redis Cluster instead of one redis-server.
+    #[arg(long, conflicts_with = "redis_url")]
+    pub cluster: bool,
     /// Use this database instead of a temporary SQLite file.
     #[arg(long)]
     pub database_url: Option<String>,
@@ -61,9 +66,21 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         "--requests-per-user must be positive"
     );
     anyhow::ensure!(args.concurrency > 0, "--concurrency must be positive");
-    let private_redis;
+    let (private_redis, private_cluster);
     let redis_url = match &args.redis_url {
         Some(url) => url.clone(),
+        None if args.cluster => {
+            private_cluster = testkit::RedisCluster::start(3);
+            let nodes: Vec<String> = private_cluster
+                .nodes
+                .iter()
+                .filter_map(|n| n.port())
+                .map(|port| format!("127.0.0.1:{port}"))
+                .collect();
+            let url = format!("{}{}", seckill::store::CLUSTER_SCHEME, nodes.join(","));
+            println!("redis: private 3-master Redis Cluster at {url}");
+            url
+        }
         None => {
             private_redis = testkit::RedisServer::start();
             println!("redis: private redis-server at {}", private_redis.url());

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use seckill::store::RedisConn;
 use serde::Serialize;
 
 use seckill::db::Database;
@@ -63,7 +63,7 @@ pub fn from_answers(sale: Sale<'_>) -> Vec<Check> {
 /// Redis and the database, when the run was given them.
 pub struct Stores {
     prefix: String,
-    redis: Option<ConnectionManager>,
+    redis: Option<RedisConn>,
     db: Option<Database>,
 }
 
