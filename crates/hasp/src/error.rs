@@ -110,16 +110,18 @@ impl Error {
 }
 
 /// A call a Redis Cluster turned away without applying it: the slot is
-/// elsewhere or moving, or the cluster is failing over.
+/// elsewhere or moving, the cluster is failing over, or the node it was
+/// meant for has no connection yet (a replica just promoted).
 pub(crate) fn is_redirect(e: &redis::RedisError) -> bool {
     matches!(
         e.kind(),
-        redis::ErrorKind::Server(
-            redis::ServerErrorKind::Moved
-                | redis::ServerErrorKind::Ask
-                | redis::ServerErrorKind::TryAgain
-                | redis::ServerErrorKind::ClusterDown
-        )
+        redis::ErrorKind::ClusterConnectionNotFound
+            | redis::ErrorKind::Server(
+                redis::ServerErrorKind::Moved
+                    | redis::ServerErrorKind::Ask
+                    | redis::ServerErrorKind::TryAgain
+                    | redis::ServerErrorKind::ClusterDown
+            )
     )
 }
 

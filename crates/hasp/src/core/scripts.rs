@@ -22,7 +22,7 @@ pub(crate) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_S
 /// `SPUBLISH`, to the shard that owns the lock's slot, where its waiters
 /// listen with `SSUBSCRIBE` (a plain `PUBLISH` would reach every node).
 pub(crate) static BATCH_SHARDED: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&BATCH_SOURCE.replace("call('publish'", "call('spublish'")));
+    LazyLock::new(|| Script::new(&sharded_source()));
 
 /// Loads the script into the server's cache, so the first burst of calls
 /// after connecting does not meet `NOSCRIPT` all at once (each call would
@@ -66,6 +66,45 @@ pub(crate) async fn run_then_wait<T: FromRedisValue>(
         }
         result => result,
     }
+}
+
+/// Runs an [`evalsha`] command of `script` on the cluster node `routing`
+/// names, loading the script there and retrying once if it does not have
+/// it.
+pub(crate) async fn run_routed(
+    script: &Script,
+    cmd: &Cmd,
+    conn: &mut redis::cluster_async::ClusterConnection,
+    routing: redis::cluster_routing::RoutingInfo,
+) -> RedisResult<redis::Value> {
+    // A routed command answers a server error as a value, not an error.
+    let reply = conn.route_command(cmd.clone(), routing.clone()).await;
+    match reply.and_then(redis::Value::extract_error) {
+        Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(script_source(script));
+            conn.route_command(load, routing.clone())
+                .await
+                .and_then(redis::Value::extract_error)?;
+            conn.route_command(cmd.clone(), routing)
+                .await
+                .and_then(redis::Value::extract_error)
+        }
+        result => result,
+    }
+}
+
+/// The source of one of this module's scripts.
+fn script_source(script: &Script) -> String {
+    if script.get_hash() == BATCH_SHARDED.get_hash() {
+        sharded_source()
+    } else {
+        BATCH_SOURCE.to_owned()
+    }
+}
+
+fn sharded_source() -> String {
+    BATCH_SOURCE.replace("call('publish'", "call('spublish'")
 }
 
 /// Runs an [`evalsha`] command of `script`, loading the script and retrying

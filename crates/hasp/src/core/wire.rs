@@ -296,6 +296,15 @@ impl Op {
     fn failure(&self, failure: &[u8]) -> Error {
         let text = String::from_utf8_lossy(failure);
         let message = text.strip_prefix("failed: ").unwrap_or(&text);
+        // A key this node does not serve (the slot moved, or is moving),
+        // or a cluster that is down: nothing was applied; send it again.
+        if message.contains("non local key") || message.contains("cluster is down") {
+            return Error::Redis(redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain),
+                "the operation reached a node that does not serve its slot",
+                message.to_owned(),
+            )));
+        }
         if message.starts_with("READONLY") {
             return Error::Redis(redis::RedisError::from((
                 redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
@@ -381,6 +390,32 @@ pub(crate) fn encode<'a>(
         (keys, args, bytes) = (keys + k, args + a, bytes + b);
     }
     let mut cmd = scripts::evalsha(script, keys, keys + args, bytes);
+    for op in ops.clone() {
+        op.write_keys(&mut cmd);
+    }
+    cmd.arg(client_id);
+    for op in ops {
+        op.write_args(&mut cmd);
+    }
+    cmd
+}
+
+/// One `EVALSHA` of `script` with `ops` whose keys may lie in several slots
+/// of one Redis Cluster node: no key declared (a cluster refuses declared
+/// keys of several slots), the keys passed as arguments after `'#k', n`
+/// (see `batch.lua`).
+pub(crate) fn encode_spread<'a>(
+    script: &Script,
+    client_id: &str,
+    ops: impl Iterator<Item = &'a Op> + Clone,
+) -> Cmd {
+    let (mut keys, mut args, mut bytes) = (0, 1, client_id.len());
+    for op in ops.clone() {
+        let (k, a, b) = op.size();
+        (keys, args, bytes) = (keys + k, args + a, bytes + b);
+    }
+    let mut cmd = scripts::evalsha(script, 0, keys + args + 2, bytes + 8);
+    cmd.arg("#k").arg(keys);
     for op in ops.clone() {
         op.write_keys(&mut cmd);
     }

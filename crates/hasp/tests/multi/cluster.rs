@@ -212,3 +212,39 @@ async fn the_single_lock_behaves_the_same_on_a_cluster() {
         assert!(!lock.is_locked().await.unwrap());
     }
 }
+
+/// multi 17: batches are grouped per node: holding 3,000 locks spread over
+/// the three masters costs about one renewal call per 100 locks per node
+/// and period (one call per lock would be 3,000), like one server's 30.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_are_batched_per_node() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let period = Duration::from_millis(400);
+    let client = Client::open_cluster(&urls, quick().set_watchdog_timeout(period * 3))
+        .await
+        .unwrap();
+    let owner = Owner::new();
+    let mut guards = Vec::new();
+    for chunk in 0..30 {
+        let batch = futures_util::future::join_all((0..100).map(|i| {
+            let lock = client
+                .lock(&format!("many-{chunk}-{i}"))
+                .unwrap()
+                .with_owner(owner.clone());
+            async move { lock.lock().await.unwrap() }
+        }))
+        .await;
+        guards.extend(batch);
+    }
+    let before = client.stats().renew_calls;
+    tokio::time::sleep(period * 5).await;
+    let calls = client.stats().renew_calls - before;
+    assert!(guards.iter().all(|g| !g.is_lost()));
+    // Five periods × 30 batches × at most 3 nodes each, with slack for a
+    // round split by timing.
+    assert!(calls <= 5 * 30 * 3 + 60, "{calls} renewal calls");
+    assert!(calls >= 5 * 30, "{calls} renewal calls: renewals missing?");
+    drop(guards);
+}

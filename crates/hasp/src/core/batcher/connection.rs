@@ -30,6 +30,7 @@ use redis::{
     RedisResult, Value,
 };
 
+use super::slots::SlotMap;
 use crate::core::endpoint::Endpoint;
 
 type Driver = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -80,14 +81,12 @@ pub(super) enum Link {
         /// A call failed with a broken connection since the last success:
         /// the next call is (as far as we can tell) a reconnect.
         broken: bool,
+        /// Which node serves which slot.
+        slots: Box<SlotMap>,
     },
 }
 
 impl Link {
-    pub(super) fn is_cluster(&self) -> bool {
-        matches!(self, Link::Cluster { .. })
-    }
-
     pub(super) fn was_broken(&self) -> bool {
         match self {
             Link::Node(c) => c.was_broken(),
@@ -98,7 +97,12 @@ impl Link {
     pub(super) async fn get(&mut self) -> RedisResult<Conn> {
         match self {
             Link::Node(c) => c.get().await.map(Conn::Node),
-            Link::Cluster { conn, broken } => {
+            Link::Cluster {
+                conn,
+                broken,
+                slots,
+            } => {
+                slots.refresh(conn).await;
                 *broken = false;
                 Ok(Conn::Cluster(conn.clone()))
             }
@@ -118,6 +122,21 @@ impl Link {
     pub(super) fn stale(&mut self) {
         if let Link::Node(c) = self {
             c.stale();
+        }
+    }
+
+    /// An operation reached a cluster node that does not serve its slot.
+    pub(super) fn misrouted(&mut self) {
+        if let Link::Cluster { slots, .. } = self {
+            slots.mark_stale();
+        }
+    }
+
+    /// The cluster's slot map (`None` for one server).
+    pub(super) fn slots(&self) -> Option<&SlotMap> {
+        match self {
+            Link::Node(_) => None,
+            Link::Cluster { slots, .. } => Some(slots),
         }
     }
 

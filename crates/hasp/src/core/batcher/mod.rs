@@ -36,13 +36,16 @@
 //! batcher says so ([`Batcher::start`]'s `reconnected`), so that the holds
 //! are checked at once (faults spec 5).
 //!
-//! **Redis Cluster.** All keys of one call must live in one slot. To a
-//! cluster the batcher splits what it gathered by slot — one call per slot,
-//! all in flight at once on the node connections of redis-rs's cluster
-//! connection (which groups them per node) — and sends the operations of a
-//! call that was redirected (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`:
-//! nothing was applied) again after a short pause, by when redis-rs has
-//! refreshed its slot map; nothing above this module changes.
+//! **Redis Cluster.** To a cluster the batcher splits what it gathered by
+//! node (`slots`: its map of which node serves which slot) and sends one
+//! call per node, all at once, over redis-rs's connections to the nodes;
+//! the keys go as arguments, since a call's declared keys must share a
+//! slot. An operation that reaches a node that no longer serves its slot
+//! (a migration, a failover) fails alone without effect; it is sent again
+//! after a short pause, and the map is fetched afresh. A whole call turned
+//! away (`TRYAGAIN`, `CLUSTERDOWN`) is sent again the same way. redis-rs
+//! itself never resends a call: a script sent twice could apply twice.
+//! Nothing above this module changes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -60,8 +63,11 @@ use crate::error::{is_redirect, Error};
 use crate::owner::Owner;
 
 mod connection;
+mod slots;
 
 use connection::{Conn, Connection, Link};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use slots::SlotMap;
 
 /// Locks per script call. A call holds Redis for a few microseconds per
 /// lock, so this bounds it to well under a millisecond.
@@ -220,6 +226,7 @@ impl Batcher {
                 Link::Cluster {
                     conn,
                     broken: false,
+                    slots: Box::new(SlotMap::empty()),
                 },
                 &*BATCH_SHARDED,
             ),
@@ -364,6 +371,8 @@ struct Sent {
     /// Some operation was refused by a replica: the server is no longer the
     /// master.
     stale: bool,
+    /// Some operation reached a cluster node that does not serve its slot.
+    misrouted: bool,
 }
 
 impl Task {
@@ -409,12 +418,13 @@ impl Task {
                 self.reconnected.notify_one();
             }
             let settle = std::mem::take(&mut self.settlements);
-            if self.connection.is_cluster() {
-                for (settle, batch) in by_slot(settle, batch) {
-                    in_flight.push(self.execute(conn.clone(), settle, batch));
+            match self.connection.slots() {
+                Some(slots) => {
+                    for (route, settle, batch) in by_node(slots, settle, batch) {
+                        in_flight.push(self.execute(conn.clone(), Some(route), settle, batch));
+                    }
                 }
-            } else {
-                in_flight.push(self.execute(conn, settle, batch));
+                None => in_flight.push(self.execute(conn, None, settle, batch)),
             }
             // On the wire now: the call queues itself on the connection when
             // first polled, the driver writes.
@@ -442,15 +452,21 @@ impl Task {
 
     /// Sends `settle` and then `batch` as one call and completes each
     /// request of `batch`.
+    /// Sends `settle` and then `batch` as one call (to the cluster node
+    /// `route` names, if any) and completes each request of `batch`.
     fn execute(
         &self,
         mut conn: Conn,
+        route: Option<RoutingInfo>,
         settle: Vec<Op>,
         batch: Vec<Request>,
     ) -> impl std::future::Future<Output = Sent> + Send + 'static {
         let ops = || settle.iter().chain(batch.iter().map(|r| &r.op));
         let script = self.script;
-        let cmd = wire::encode(script, &self.client_id, ops());
+        let cmd = match route {
+            Some(_) => wire::encode_spread(script, &self.client_id, ops()),
+            None => wire::encode(script, &self.client_id, ops()),
+        };
         if ops().any(Op::is_extend) {
             self.stats.renew_calls.fetch_add(1, Ordering::Relaxed);
         }
@@ -459,11 +475,16 @@ impl Task {
         let requeue = self.requeue.clone();
         async move {
             let count = settle.len() + batch.len();
-            let reply = match ack {
-                None => scripts::run::<Value>(script, &cmd, &mut conn)
+            let reply = match (ack, route, &mut conn) {
+                (_, Some(route), Conn::Cluster(cluster)) => {
+                    scripts::run_routed(script, &cmd, cluster, route)
+                        .await
+                        .map(|value| (value, None))
+                }
+                (None, _, _) => scripts::run::<Value>(script, &cmd, &mut conn)
                     .await
                     .map(|value| (value, None)),
-                Some(ack) => scripts::run_then_wait(script, &cmd, ack, &mut conn)
+                (Some(ack), _, _) => scripts::run_then_wait(script, &cmd, ack, &mut conn)
                     .await
                     .map(|(value, acked)| (value, Some((acked, ack.replicas)))),
             };
@@ -471,7 +492,11 @@ impl Task {
                 .map_err(Error::Redis)
                 .and_then(|(value, acks)| Ok((wire::split(value, count)?, acks)));
             match reply {
-                Ok((values, acks)) => answered(settle, batch, values, acks),
+                Ok((values, acks)) => {
+                    let (sent, misrouted) = answered(settle, batch, values, acks);
+                    send_again_later(misrouted, requeue);
+                    sent
+                }
                 Err(Error::Redis(e)) if is_redirect(&e) => redirected(e, settle, batch, requeue),
                 Err(e) => failed(&e, settle, batch, &nonces),
             }
@@ -484,6 +509,9 @@ impl Task {
         }
         if sent.stale {
             self.connection.stale();
+        }
+        if sent.misrouted {
+            self.connection.misrouted();
         }
         self.retries.extend(sent.retries);
         self.schedule_settlements(sent.error.is_none());
@@ -520,27 +548,42 @@ impl Task {
 /// Completes a call Redis answered. With replica acknowledgement, `acks`
 /// is (acknowledged, wanted): an acquisition fewer confirmed is undone (by
 /// its nonce) and answered `NotReplicated`; a renewal just does not count.
+/// Returns the requests whose operation reached a cluster node that does
+/// not serve its slot (applied nothing: to send again) apart.
 fn answered(
     settle: Vec<Op>,
     batch: Vec<Request>,
     values: Vec<Value>,
     acks: Option<(u32, u32)>,
-) -> Sent {
+) -> (Sent, Vec<Request>) {
     let mut values = values.into_iter();
-    for (op, value) in settle.iter().zip(values.by_ref()) {
-        if let Err(e) = op.decode(&value) {
-            tracing::warn!(error = %e, "settling a lost reply failed");
+    let mut unsettled = Vec::new();
+    let mut misrouted = Vec::new();
+    let mut settle_misrouted = false;
+    let mut stale = false;
+    for (op, value) in settle.into_iter().zip(values.by_ref()) {
+        match op.decode(&value) {
+            Err(Error::Redis(e)) if is_redirect(&e) || connection::is_read_only(&e) => {
+                settle_misrouted = true;
+                stale |= connection::is_read_only(&e);
+                unsettled.push(op);
+            }
+            Err(e) => tracing::warn!(error = %e, "settling a lost reply failed"),
+            Ok(_) => {}
         }
     }
     let short = acks.filter(|(acked, wanted)| acked < wanted);
-    let mut unsettled = Vec::new();
-    let mut stale = false;
     for (request, value) in batch.into_iter().zip(values) {
         let mut reply = request.op.decode(&value);
-        if matches!(&reply, Err(Error::Redis(e)) if connection::is_read_only(e)) {
-            // Applied nothing; what must still happen goes to the master.
-            stale = true;
-            unsettled.extend(request.op.unfinished());
+        // Reached a node that does not serve the slot, or a replica (a
+        // demoted master): applied nothing (every operation reads before
+        // it writes), so it goes again, to the right node.
+        if let Err(Error::Redis(e)) = &reply {
+            if is_redirect(e) || connection::is_read_only(e) {
+                stale |= connection::is_read_only(e);
+                misrouted.push(request);
+                continue;
+            }
         }
         if let Some((acked, wanted)) = short {
             if request.op.needs_replicas() && reply.is_ok() {
@@ -552,12 +595,14 @@ fn answered(
         }
         (request.done)(reply);
     }
-    Sent {
+    let sent = Sent {
         error: None,
+        misrouted: settle_misrouted || !misrouted.is_empty(),
         unsettled,
         retries: Vec::new(),
         stale,
-    }
+    };
+    (sent, misrouted)
 }
 
 /// Completes a call that failed with `error`. Its settlements were not
@@ -580,6 +625,7 @@ fn failed(error: &Error, settle: Vec<Op>, batch: Vec<Request>, nonces: &Nonces) 
         unsettled: settle,
         retries: Vec::new(),
         stale: false,
+        misrouted: false,
     };
     for request in batch {
         if unknown {
@@ -595,9 +641,8 @@ fn failed(error: &Error, settle: Vec<Op>, batch: Vec<Request>, nonces: &Nonces) 
 }
 
 /// Completes a redirected call: nothing was applied, so each request goes
-/// again after a pause (by then the slot map is refreshed or the migration
-/// or failover is further along), up to [`MAX_REDIRECTS`] times; its
-/// settlements stay pending.
+/// again after a pause (see [`send_again_later`]); its settlements stay
+/// pending.
 fn redirected(
     error: RedisError,
     settle: Vec<Op>,
@@ -605,63 +650,94 @@ fn redirected(
     requeue: mpsc::WeakUnboundedSender<Request>,
 ) -> Sent {
     tracing::debug!(error = %error, operations = batch.len(), "call redirected; sending again");
-    let mut again = Vec::new();
-    for mut request in batch {
-        if request.redirects >= MAX_REDIRECTS {
-            (request.done)(Err(Error::Redis(error.clone())));
-        } else {
-            request.redirects += 1;
-            again.push(request);
-        }
-    }
-    if !again.is_empty() {
-        tokio::spawn(async move {
-            tokio::time::sleep(REDIRECT_PAUSE).await;
-            for request in again {
-                match requeue.upgrade() {
-                    Some(queue) => {
-                        if let Err(mpsc::error::SendError(request)) = queue.send(request) {
-                            (request.done)(Err(closed()));
-                        }
-                    }
-                    None => (request.done)(Err(closed())),
-                }
-            }
-        });
-    }
+    send_again_later(batch, requeue);
     Sent {
         error: None,
         unsettled: settle,
         retries: Vec::new(),
         stale: false,
+        misrouted: true,
     }
 }
 
-/// Splits settlements and requests by their keys' slot (for a cluster:
-/// one call per slot), keeping their order within each slot.
-fn by_slot(settle: Vec<Op>, batch: Vec<Request>) -> Vec<(Vec<Op>, Vec<Request>)> {
-    let mut groups: Vec<(u16, Vec<Op>, Vec<Request>)> = Vec::new();
-    let mut group = |slot: u16| -> usize {
-        match groups.iter().position(|(s, _, _)| *s == slot) {
+/// Queues `requests` again after [`REDIRECT_PAUSE`] (by then the slot map
+/// is refreshed, or the migration or failover further along); one sent
+/// again [`MAX_REDIRECTS`] times already gets the error instead.
+fn send_again_later(requests: Vec<Request>, requeue: mpsc::WeakUnboundedSender<Request>) {
+    let mut again = Vec::new();
+    for mut request in requests {
+        if request.redirects >= MAX_REDIRECTS {
+            let error = RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain),
+                "no node of the cluster served the lock's slot in time",
+            ));
+            (request.done)(Err(Error::Redis(error)));
+        } else {
+            request.redirects += 1;
+            again.push(request);
+        }
+    }
+    if again.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep(REDIRECT_PAUSE).await;
+        for request in again {
+            match requeue.upgrade() {
+                Some(queue) => {
+                    if let Err(mpsc::error::SendError(request)) = queue.send(request) {
+                        (request.done)(Err(closed()));
+                    }
+                }
+                None => (request.done)(Err(closed())),
+            }
+        }
+    });
+}
+
+/// Splits settlements and requests by the cluster node that serves their
+/// keys' slot (any master when the map does not say), keeping their order
+/// within each node.
+fn by_node<'s>(
+    slots: &'s SlotMap,
+    settle: Vec<Op>,
+    batch: Vec<Request>,
+) -> Vec<(RoutingInfo, Vec<Op>, Vec<Request>)> {
+    let mut groups: Vec<(Option<&'s slots::Node>, Vec<Op>, Vec<Request>)> = Vec::new();
+    let mut group = |node: Option<&'s slots::Node>| -> usize {
+        match groups.iter().position(|(n, _, _)| *n == node) {
             Some(i) => i,
             None => {
-                groups.push((slot, Vec::new(), Vec::new()));
+                groups.push((node, Vec::new(), Vec::new()));
                 groups.len() - 1
             }
         }
     };
-    let mut placed: Vec<(usize, Option<Op>, Option<Request>)> = Vec::new();
+    let mut placed = Vec::new();
     for op in settle {
-        placed.push((group(op.keys().slot), Some(op), None));
+        placed.push((group(slots.node(op.keys().slot)), Some(op), None));
     }
     for request in batch {
-        placed.push((group(request.op.keys().slot), None, Some(request)));
+        placed.push((
+            group(slots.node(request.op.keys().slot)),
+            None,
+            Some(request),
+        ));
     }
     for (i, op, request) in placed {
         groups[i].1.extend(op);
         groups[i].2.extend(request);
     }
-    groups.into_iter().map(|(_, s, b)| (s, b)).collect()
+    groups
+        .into_iter()
+        .map(|(node, settle, batch)| {
+            let route = match node {
+                Some(node) => node.route(),
+                None => RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+            };
+            (route, settle, batch)
+        })
+        .collect()
 }
 
 /// Resolves at `at` (never without one).

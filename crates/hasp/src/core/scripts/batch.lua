@@ -80,7 +80,17 @@
 --   u     as r
 --   f     1 a lock was freed, 0 there was none
 local call = redis.call
-local client = ARGV[1]
+-- Where the keys are: in KEYS; or, in a call to one Redis Cluster node that
+-- spans several of its slots (declared keys must share one slot), among the
+-- arguments: ARGV = '#k', n, <n keys>, client id, operations. Every key of
+-- one operation still shares one slot.
+local K, first_key, client, first_arg
+if ARGV[1] == '#k' then
+  local n = tonumber(ARGV[2])
+  K, first_key, client, first_arg = ARGV, 3, ARGV[3 + n], 4 + n
+else
+  K, first_key, client, first_arg = KEYS, 1, ARGV[1], 2
+end
 
 -- Fresh tokens (see "Tokens" above). The server's clock is read once per
 -- call (Redis freezes time while a script runs). The common case is one
@@ -220,18 +230,18 @@ local function force(lock)
 end
 
 local results = {}
-local key, arg = 1, 2
+local key, arg = first_key, first_arg
 while arg <= #ARGV do
-  local op, lock = ARGV[arg], KEYS[key]
+  local op, lock = ARGV[arg], K[key]
   local ok, result
   if op == 'a' or op == 'w' then
-    ok, result = pcall(acquire, lock, KEYS[key + 1], ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3], op == 'w')
+    ok, result = pcall(acquire, lock, K[key + 1], ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3], op == 'w')
     key, arg = key + 2, arg + 4
   elseif op == 'r' then
     ok, result = pcall(release, lock, ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3])
     key, arg = key + 1, arg + 4
   elseif op == 'h' then
-    ok, result = pcall(hand_off, lock, KEYS[key + 1], ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3],
+    ok, result = pcall(hand_off, lock, K[key + 1], ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3],
       ARGV[arg + 4], ARGV[arg + 5])
     key, arg = key + 2, arg + 6
   elseif op == 'e' then
