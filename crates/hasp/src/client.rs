@@ -98,10 +98,10 @@ impl Client {
     ///
     /// Every key of a lock shares one slot (its name is the hash tag), so a
     /// lock lives on one shard: operations pending at the same moment are
-    /// sent as one script call per slot, all at once over the connections
-    /// to the nodes; a call a node turns away (`MOVED`, `ASK` during a slot
-    /// migration, `TRYAGAIN`, `CLUSTERDOWN` during a failover) is sent again
-    /// shortly after, as redis-rs's view of the slots is refreshed. Release
+    /// sent as one script call per node, all at once; an operation that
+    /// reaches a node that no longer serves its slot (a migration, a
+    /// failover) applied nothing and is sent again shortly after, once the
+    /// client's map of the slots is refreshed. Release
     /// messages use sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`, Redis 7.0+), so
     /// each reaches only the shard of its lock. After a failover inside the
     /// cluster, every hold is re-checked on the new master.

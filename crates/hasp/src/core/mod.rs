@@ -27,7 +27,7 @@
 //! share everything above the connections. A Sentinel service differs only
 //! in its `endpoint` (every connection asks for the current master when it
 //! connects, and all move when the master changes). A cluster differs in
-//! the batcher (one script call per slot, redirected calls sent again), the
+//! the batcher (one script call per node, misrouted operations sent again), the
 //! pub/sub transport (sharded channels) and the script (`SPUBLISH`); every
 //! lock's keys share one slot, so no operation spans two shards.
 //!
