@@ -460,6 +460,10 @@ impl RedisCluster {
                         "nodes.conf".into(),
                         "--cluster-node-timeout".into(),
                         "2000".into(),
+                        // The bus port defaults to port + 10000, which may
+                        // be taken, or past 65535 for a high free port.
+                        "--cluster-port".into(),
+                        free_tcp_port().to_string(),
                     ],
                     ..ServerOptions::default()
                 })

@@ -351,16 +351,17 @@ async fn an_unreachable_redis_is_an_error_never_not_acquired() {
     let lock = client.lock("down").unwrap();
 
     // Paused: connected, but nothing answers.
-    ctx.server.pause();
+    let server = ctx.server_of("down");
+    server.pause();
     let err = lock.try_lock().await.unwrap_err();
     assert!(
         matches!(err, Error::Redis(_)) && err.is_retryable(),
         "{err:?}"
     );
-    ctx.server.resume();
+    server.resume();
 
     // Killed: nothing listens.
-    ctx.server.kill();
+    server.kill();
     for attempt in [lock.try_lock().await.err(), lock.lock().await.err()] {
         let err = attempt.expect("must not acquire without Redis");
         assert!(matches!(err, Error::Redis(_)), "{err:?}");
@@ -371,7 +372,7 @@ async fn an_unreachable_redis_is_an_error_never_not_acquired() {
     ));
 
     // Back again: the same client recovers.
-    ctx.server.restart();
+    server.restart();
     assert!(
         lockable_within(&lock, Duration::from_secs(5)).await,
         "client did not reconnect"

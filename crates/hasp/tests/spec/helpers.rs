@@ -1,28 +1,74 @@
 use std::time::Duration;
 
 use hasp::{Client, Settings};
-use testkit::RedisServer;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+use testkit::{RedisCluster, RedisServer};
 
-/// One private redis-server and ways to talk to it.
+/// Where the suite runs: `HASP_SPEC_DEPLOYMENT=cluster` runs every test on a
+/// private 3-master Redis Cluster instead of one redis-server (spec multi
+/// 21); the tests about one server's faults then inject them into the
+/// master that serves their lock.
+pub fn on_cluster() -> bool {
+    std::env::var("HASP_SPEC_DEPLOYMENT").is_ok_and(|d| d == "cluster")
+}
+
+enum Deployment {
+    Server(RedisServer),
+    Cluster(RedisCluster),
+}
+
+/// Private Redis for one test, and ways to talk to it.
 pub struct Ctx {
-    pub server: RedisServer,
+    deployment: Deployment,
 }
 
 impl Ctx {
     pub fn new() -> Self {
         Self {
-            server: RedisServer::start(),
+            deployment: if on_cluster() {
+                Deployment::Cluster(RedisCluster::start(3))
+            } else {
+                Deployment::Server(RedisServer::start())
+            },
+        }
+    }
+
+    /// The URLs a client opens: the server's, or the cluster's nodes.
+    pub fn urls(&self) -> Vec<String> {
+        match &self.deployment {
+            Deployment::Server(server) => vec![server.url()],
+            Deployment::Cluster(cluster) => cluster.urls(),
+        }
+    }
+
+    /// The server that holds lock `name`: the one server, or the master of
+    /// the lock's slot.
+    pub fn server_of(&mut self, name: &str) -> &mut RedisServer {
+        match &mut self.deployment {
+            Deployment::Server(server) => server,
+            Deployment::Cluster(cluster) => {
+                let slot: u16 = cluster.nodes[0]
+                    .cli(&["CLUSTER", "KEYSLOT", &lock_key(name)])
+                    .parse()
+                    .expect("a slot");
+                let port = cluster.master_of(slot).port();
+                cluster
+                    .nodes
+                    .iter_mut()
+                    .find(|n| n.port() == port)
+                    .expect("the master is a node")
+            }
         }
     }
 
     pub async fn client(&self) -> Client {
-        Client::open(&self.server.url()).await.expect("open client")
+        self.client_with(Settings::default()).await
     }
 
     pub async fn client_with(&self, settings: Settings) -> Client {
-        Client::open_with(&self.server.url(), settings)
-            .await
-            .expect("open client")
+        open(&self.urls(), settings).await.expect("open client")
     }
 
     /// A client whose watchdog timeout is short enough to test.
@@ -35,20 +81,100 @@ impl Ctx {
         .await
     }
 
-    /// A plain connection for inspecting Redis behind the library's back.
-    pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap()
+    /// A plain connection for inspecting Redis behind the library's back
+    /// (on a cluster: routed by key; `KEYS`, `SCRIPT FLUSH` and the like go
+    /// to every node).
+    pub async fn raw(&self) -> Raw {
+        match &self.deployment {
+            Deployment::Server(server) => Raw::Server(
+                redis::Client::open(server.url())
+                    .unwrap()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap(),
+            ),
+            Deployment::Cluster(cluster) => Raw::Cluster(
+                redis::cluster::ClusterClient::new(cluster.urls())
+                    .unwrap()
+                    .get_async_connection()
+                    .await
+                    .unwrap(),
+            ),
+        }
+    }
+
+    /// Script calls (`EVALSHA`) the servers have run so far, every node
+    /// together.
+    pub async fn evalsha_calls(&self) -> u64 {
+        let mut calls = 0;
+        for url in self.urls() {
+            let mut conn = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            calls += info
+                .lines()
+                .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        calls
     }
 }
 
-pub async fn query<T: redis::FromRedisValue>(
-    conn: &mut redis::aio::MultiplexedConnection,
-    args: &[&str],
-) -> T {
+/// A client of `urls`: one server's URL, or a cluster's seeds.
+pub async fn open(urls: &[String], settings: Settings) -> hasp::Result<Client> {
+    if on_cluster() {
+        let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+        Client::open_cluster(&seeds, settings).await
+    } else {
+        Client::open_with(&urls[0], settings).await
+    }
+}
+
+/// A raw connection: one server's, or a cluster's.
+#[derive(Clone)]
+pub enum Raw {
+    Server(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Raw {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Raw::Server(c) => c.req_packed_command(cmd),
+            Raw::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Raw::Server(c) => c.req_packed_commands(cmd, offset, count),
+            Raw::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Raw::Server(c) => c.get_db(),
+            Raw::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+pub async fn query<T: redis::FromRedisValue>(conn: &mut Raw, args: &[&str]) -> T {
     let mut cmd = redis::cmd(args[0]);
     for a in &args[1..] {
         cmd.arg(*a);
@@ -56,14 +182,32 @@ pub async fn query<T: redis::FromRedisValue>(
     cmd.query_async(conn).await.unwrap()
 }
 
-/// Subscribers of `channel` on the server (all clients).
-pub async fn subscribers(conn: &mut redis::aio::MultiplexedConnection, channel: &str) -> i64 {
-    let reply: (String, i64) = {
-        let mut cmd = redis::cmd("PUBSUB");
-        cmd.arg("NUMSUB").arg(channel);
-        cmd.query_async(conn).await.unwrap()
+/// Subscribers of `channel` on the server (all clients); on a cluster, of
+/// the sharded channel on every node.
+pub async fn subscribers(conn: &mut Raw, channel: &str) -> i64 {
+    let sub = if on_cluster() {
+        "SHARDNUMSUB"
+    } else {
+        "NUMSUB"
     };
-    reply.1
+    let reply: Value = redis::cmd("PUBSUB")
+        .arg(sub)
+        .arg(channel)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let counts: std::collections::HashMap<String, i64> = redis::from_redis_value(reply).unwrap();
+    counts.get(channel).copied().unwrap_or(0)
+}
+
+/// Every channel someone subscribes to (sharded ones on a cluster).
+pub async fn channels(conn: &mut Raw) -> Vec<String> {
+    let sub = if on_cluster() {
+        "SHARDCHANNELS"
+    } else {
+        "CHANNELS"
+    };
+    query(conn, &["PUBSUB", sub]).await
 }
 
 /// The lock hash key and release channel of `name` under the default prefix.

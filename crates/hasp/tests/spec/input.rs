@@ -19,7 +19,7 @@ async fn bad_arguments_are_rejected_before_any_redis_call() {
     let client = ctx.client().await;
     // With the server gone, any Redis call would fail with Error::Redis:
     // getting InvalidArgument proves validation came first.
-    ctx.server.kill();
+    ctx.server_of("any").kill();
 
     assert_invalid(client.lock(""), "name");
     assert_invalid(client.lock(&"x".repeat(1025)), "name");
@@ -34,7 +34,7 @@ async fn bad_arguments_are_rejected_before_any_redis_call() {
     assert_invalid(lock.lock_within(Duration::MAX).await, "wait");
     assert_invalid(hasp::Owner::from_id(":t"), "owner");
 
-    let url = ctx.server.url();
+    let urls = ctx.urls();
     for (settings, argument) in [
         (Settings::default().set_prefix("a{b}"), "prefix"),
         (Settings::default().set_prefix(""), "prefix"),
@@ -48,7 +48,7 @@ async fn bad_arguments_are_rejected_before_any_redis_call() {
             "max_lease",
         ),
     ] {
-        assert_invalid(Client::open_with(&url, settings).await, argument);
+        assert_invalid(open(&urls, settings).await, argument);
     }
     assert_invalid(Client::open("not a url").await, "url");
 }

@@ -1,6 +1,10 @@
 //! Every behaviour of `shared/spec/lock.md`, against real redis-server
 //! processes that each test starts for itself. Section numbers refer to that
 //! specification.
+//!
+//! With `HASP_SPEC_DEPLOYMENT=cluster` the same tests run on a private
+//! 3-master Redis Cluster each (spec multi 21; `scripts/test.sh` runs
+//! both); faults meant for "the server" hit the master of the lock's slot.
 
 mod helpers;
 

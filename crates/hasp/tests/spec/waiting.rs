@@ -84,7 +84,7 @@ async fn waiters_of_one_client_share_one_subscription_and_leave_none_behind() {
     })
     .await;
     assert!(gone, "a channel stayed subscribed");
-    let all: Vec<String> = query(&mut raw, &["PUBSUB", "CHANNELS"]).await;
+    let all = channels(&mut raw).await;
     assert!(all.is_empty(), "{all:?}");
 }
 
@@ -192,17 +192,8 @@ async fn a_task_queued_behind_a_waiter_that_gives_up_still_gets_a_silently_expir
     drop(held);
 }
 
-/// Script calls the server has run so far.
-async fn script_calls(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = query(raw, &["INFO", "commandstats"]).await;
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 /// The waiting flag of a lock (`:w`: a client id, or `*` for several).
-async fn waiting_flag(raw: &mut redis::aio::MultiplexedConnection, name: &str) -> Option<String> {
+async fn waiting_flag(raw: &mut Raw, name: &str) -> Option<String> {
     query(raw, &["HGET", &lock_key(name), ":w"]).await
 }
 
@@ -214,7 +205,7 @@ async fn a_release_hands_the_lock_to_a_waiter_of_its_client_in_the_same_call() {
     let mut raw = ctx.raw().await;
     let held = lock.lock().await.unwrap();
     let first_token = held.fencing_token();
-    let asked_before = script_calls(&mut raw).await;
+    let asked_before = ctx.evalsha_calls().await;
     let waiter = {
         let lock = lock.clone();
         tokio::spawn(async move { lock.lock().await.unwrap() })
@@ -222,20 +213,20 @@ async fn a_release_hands_the_lock_to_a_waiter_of_its_client_in_the_same_call() {
     // The waiter asks once, subscribes, asks again, then waits: two calls.
     assert!(
         testkit::eventually(Duration::from_secs(5), || {
-            let mut raw = raw.clone();
-            async move { script_calls(&mut raw).await - asked_before >= 2 }
+            let ctx = &ctx;
+            async move { ctx.evalsha_calls().await - asked_before >= 2 }
         })
         .await
     );
     assert!(waiting_flag(&mut raw, "direct").await.is_some());
-    let before = script_calls(&mut raw).await;
+    let before = ctx.evalsha_calls().await;
     held.unlock().await.unwrap();
     let handed = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
         .expect("handed over at once, not after the 30 s lease")
         .unwrap();
     assert_eq!(
-        script_calls(&mut raw).await - before,
+        ctx.evalsha_calls().await - before,
         1,
         "the release call also acquired for the waiter"
     );
