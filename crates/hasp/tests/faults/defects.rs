@@ -13,7 +13,7 @@ use crate::helpers::*;
 use crate::{bounded, through_proxy};
 
 /// The owner's hold count in Redis (0 if none).
-async fn redis_count(raw: &mut redis::aio::MultiplexedConnection, name: &str, owner: &str) -> i64 {
+async fn redis_count(raw: &mut Raw, name: &str, owner: &str) -> i64 {
     let count: Option<i64> = query(raw, &["HGET", &lock_key(name), owner]).await;
     count.unwrap_or(0)
 }
@@ -201,7 +201,7 @@ async fn leases_redis_would_refuse_cannot_be_configured() {
     bounded(Duration::from_secs(10), async {
         let ctx = Ctx::new();
         let err = Client::open_with(
-            &ctx.server.url(),
+            &ctx.server().url(),
             Settings::default().set_max_lease(Duration::from_millis(i64::MAX as u64)),
         )
         .await

@@ -9,7 +9,7 @@ use crate::helpers::*;
 use crate::{bounded, through_proxy};
 
 /// Instant the lock key of `name` disappears from `server`, polled.
-async fn key_gone(raw: &mut redis::aio::MultiplexedConnection, name: &str) -> Instant {
+async fn key_gone(raw: &mut Raw, name: &str) -> Instant {
     loop {
         let exists: i64 = query(raw, &["EXISTS", &lock_key(name)]).await;
         if exists == 0 {
@@ -94,7 +94,7 @@ async fn after_a_restart_every_hold_is_checked_at_once() {
             ["r1", "r2", "r3"].map(|n| async { client.lock(n).unwrap().lock().await.unwrap() }),
         )
         .await;
-        ctx.server.restart();
+        ctx.server_mut().restart();
         let restarted = Instant::now();
         for guard in &guards {
             guard.lost().await;
@@ -120,8 +120,8 @@ async fn a_killed_connection_is_remade_and_live_holds_survive_the_check() {
         let client = ctx.fast_watchdog_client(Duration::from_millis(900)).await;
         let lock = client.lock("kept").unwrap();
         let guard = lock.lock().await.unwrap();
-        ctx.server.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
-        ctx.server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        ctx.server().cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+        ctx.server().cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert!(!guard.is_lost());
         assert!(lock.is_held_by_me().await.unwrap());

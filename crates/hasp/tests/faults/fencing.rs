@@ -32,7 +32,7 @@ async fn tokens_never_go_back_when_redis_loses_its_data() {
         let held = lock.lock().await.unwrap();
         earlier.push(held.fencing_token());
         assert!(earlier.windows(2).all(|w| w[0] < w[1]), "{earlier:?}");
-        ctx.server.restart();
+        ctx.server_mut().restart();
         let second = ctx.client().await;
         let again = second.lock("fenced").unwrap().lock().await.unwrap();
         let max = *earlier.iter().max().unwrap();
@@ -110,7 +110,7 @@ async fn a_fenced_register_rejects_the_write_of_a_holder_that_was_frozen() {
         let mut child = ChildProcess::spawn(
             "careless",
             &[
-                ("HASP_CHILD_URL", ctx.server.url()),
+                ("HASP_CHILD_URL", ctx.server().url()),
                 ("HASP_CHILD_LOCK", "frozen".into()),
                 ("HASP_CHILD_WATCHDOG_MS", "600".into()),
                 ("HASP_CHILD_REGISTER", register.url()),

@@ -38,7 +38,7 @@ pub async fn bounded<T>(limit: Duration, scenario: impl Future<Output = T>) -> T
 /// scenario's server, with short time-outs and the given watchdog timeout,
 /// its connections made (the batch connection is made on first use).
 pub async fn through_proxy(ctx: &helpers::Ctx, watchdog: Duration) -> (FaultProxy, Client) {
-    let proxy = FaultProxy::start(&ctx.server);
+    let proxy = FaultProxy::start(ctx.server());
     let settings = Settings::default()
         .set_watchdog_timeout(watchdog)
         .set_response_timeout(Duration::from_millis(300))

@@ -19,7 +19,7 @@ async fn a_killed_holder_with_a_lease_frees_the_lock_within_the_lease() {
         let mut child = ChildProcess::spawn(
             "hold",
             &[
-                ("HASP_CHILD_URL", ctx.server.url()),
+                ("HASP_CHILD_URL", ctx.server().url()),
                 ("HASP_CHILD_LOCK", "killed".into()),
                 ("HASP_CHILD_LEASE_MS", "1000".into()),
             ],
@@ -146,7 +146,7 @@ async fn a_redis_pause_shorter_than_the_lease_loses_nothing() {
         let lock = client.lock("nap").unwrap();
         let guard = lock.lock().await.unwrap();
         let napping = {
-            let args = ctx.server.cli_args();
+            let args = ctx.server().cli_args();
             tokio::task::spawn_blocking(move || {
                 std::process::Command::new("redis-cli")
                     .args(args)
@@ -183,7 +183,7 @@ async fn a_client_pause_shorter_than_the_lease_loses_nothing() {
             .await;
         let lock = client.lock("held-up").unwrap();
         let guard = lock.lock().await.unwrap();
-        ctx.server.client_pause(700); // past a renewal period (500 ms)
+        ctx.server().client_pause(700); // past a renewal period (500 ms)
         let paused = Instant::now();
         tokio::time::sleep(Duration::from_millis(300)).await;
         guard.unlock().await.unwrap(); // waits out the pause
@@ -204,7 +204,7 @@ async fn a_redis_pause_longer_than_the_lease_is_a_loss() {
         let ctx = Ctx::new();
         let client = ctx.fast_watchdog_client(Duration::from_millis(600)).await;
         let guard = client.lock("long-nap").unwrap().lock().await.unwrap();
-        let args = ctx.server.cli_args();
+        let args = ctx.server().cli_args();
         tokio::task::spawn_blocking(move || {
             std::process::Command::new("redis-cli")
                 .args(args)
@@ -252,7 +252,7 @@ async fn waiters_whose_pubsub_connection_was_killed_still_get_the_release() {
         })
         .await;
         assert!(subscribed);
-        ctx.server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        ctx.server().cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
         let resubscribed = testkit::eventually(Duration::from_secs(3), || {
             let mut raw = raw.clone();
             async move { subscribers(&mut raw, &channel("subscribed")).await == 1 }

@@ -43,6 +43,24 @@ impl Ctx {
         }
     }
 
+    /// The one server (suites that never run on a cluster: the faults suite).
+    #[allow(dead_code)] // the faults suite shares this file; the spec suite does not call it
+    pub fn server(&self) -> &RedisServer {
+        match &self.deployment {
+            Deployment::Server(server) => server,
+            Deployment::Cluster(_) => panic!("this test needs one server, not a cluster"),
+        }
+    }
+
+    /// The one server, to kill or restart.
+    #[allow(dead_code)] // as `server`
+    pub fn server_mut(&mut self) -> &mut RedisServer {
+        match &mut self.deployment {
+            Deployment::Server(server) => server,
+            Deployment::Cluster(_) => panic!("this test needs one server, not a cluster"),
+        }
+    }
+
     /// The server that holds lock `name`: the one server, or the master of
     /// the lock's slot.
     pub fn server_of(&mut self, name: &str) -> &mut RedisServer {
