@@ -17,11 +17,12 @@
 //!   callgrind for hasp's batch script and for rslock's commands.
 //! * **wait**: what replica acknowledgement (`Settings::set_replica_ack`)
 //!   costs at C = 1 against a master with one replica.
-//! * **m: over several servers**: at C = 1 over 3 servers, MultiLock
-//!   (parts asked at once) beside a one-after-another loop of 3 locks (as
-//!   Redisson's MultiLock takes them), on loopback and with 1 ms added to
-//!   every reply; RedLock over 3 and 5 servers beside rslock's at C = 1, 16,
-//!   64.
+//! * **m: over several servers**: over 3 servers, MultiLock (parts asked
+//!   at once) beside a one-after-another loop of 3 locks (as Redisson's
+//!   MultiLock takes them), at C = 1 on loopback and with 1 ms added to
+//!   every reply, and at C = 64 on loopback; RedLock over 3 and 5 servers
+//!   beside rslock's at C = 1, 16, 64; the single lock on a 3-master Redis
+//!   Cluster beside one server at C = 1, 16, 64.
 //! * **(c) renewal cost**: script calls per renewal period while holding
 //!   10,000 locks.
 //!
@@ -301,6 +302,79 @@ async fn several_servers(duration: Duration) {
         .await;
         let label = delay.map_or("loopback".to_owned(), |d| format!("+{d:?} per reply"));
         println!("| {label} | {m_rate:.0} | {m_p50:.3} ms | {s_rate:.0} | {s_p50:.3} ms |");
+    }
+
+    println!("\n| 3 servers, C = 64, loopback | MultiLock pairs/s | one-after-another pairs/s |");
+    println!("|---|---:|---:|");
+    {
+        let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_tcp()).collect();
+        let mut clients = Vec::new();
+        for server in &servers {
+            clients.push(Client::open(&server.url()).await.unwrap());
+        }
+        let multi = concurrent_pairs(64, duration, |i| {
+            let locks: Vec<hasp::Lock> = clients
+                .iter()
+                .map(|c| c.lock(&format!("m-{i}")).unwrap())
+                .collect();
+            let lock = hasp::MultiLock::new(locks).unwrap();
+            move || {
+                let lock = lock.clone();
+                async move {
+                    lock.lock().await.unwrap().unlock().await.unwrap();
+                }
+            }
+        })
+        .await;
+        let sequential = concurrent_pairs(64, duration, |i| {
+            let locks: Vec<hasp::Lock> = clients
+                .iter()
+                .map(|c| c.lock(&format!("s-{i}")).unwrap())
+                .collect();
+            move || {
+                let locks = locks.clone();
+                async move {
+                    let mut guards = Vec::new();
+                    for lock in &locks {
+                        guards.push(lock.lock().await.unwrap());
+                    }
+                    for guard in guards {
+                        guard.unlock().await.unwrap();
+                    }
+                }
+            }
+        })
+        .await;
+        println!("| loopback | {multi:.0} | {sequential:.0} |");
+    }
+
+    println!("\n| single lock, pairs/s | C | 3-master cluster | one server | cluster / server |");
+    println!("|---|---:|---:|---:|---:|");
+    for c in W1_CONCURRENCY {
+        let cluster = testkit::RedisCluster::start(3);
+        let seeds = cluster.urls();
+        let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
+        let client = Client::open_cluster(&seeds, Settings::default())
+            .await
+            .unwrap();
+        let on_cluster = concurrent_pairs(c, duration, |i| {
+            let lock = client.lock(&format!("c-{i}")).unwrap();
+            move || {
+                let lock = lock.clone();
+                async move {
+                    lock.lock().await.unwrap().unlock().await.unwrap();
+                }
+            }
+        })
+        .await;
+        drop(client);
+        drop(cluster);
+        let server = RedisServer::start_tcp();
+        let on_server = w1_hasp(&server.url(), c, duration).await;
+        println!(
+            "| hasp | {c} | {on_cluster:.0} | {on_server:.0} | {:.2} |",
+            on_cluster / on_server
+        );
     }
 
     println!("\n| RedLock, pairs/s | C | hasp RedLock | rslock | hasp / rslock |");

@@ -211,15 +211,22 @@ impl RedisServer {
             ),
             Err(e) => panic!("failed to start {}: {e}", binary.display()),
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // 10 s to start; loading a large data set on a loaded machine may
+        // take longer, up to a minute.
+        let started = Instant::now();
+        let mut deadline = started + Duration::from_secs(10);
         while !self.answers_ping() {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("redis-server exited with {status}: {}", self.log());
             }
+            if Instant::now() >= deadline && self.is_loading() {
+                deadline = (Instant::now() + Duration::from_secs(1))
+                    .min(started + Duration::from_secs(60));
+            }
             if Instant::now() >= deadline {
                 let _ = child.kill();
                 panic!(
-                    "redis-server did not answer PING within 10 s: {}",
+                    "redis-server did not answer PING in time (10 s; 60 s while loading): {}",
                     self.log()
                 );
             }
@@ -234,22 +241,36 @@ impl RedisServer {
 
     /// Whether the server answers an inline PING right now.
     fn answers_ping(&self) -> bool {
-        fn ping(mut stream: impl Read + Write) -> bool {
+        self.ping_reply()
+            .is_some_and(|r| r.starts_with(b"+PONG") || r.starts_with(b"-NOAUTH"))
+    }
+
+    /// Whether the server is up but still loading its data.
+    fn is_loading(&self) -> bool {
+        self.ping_reply()
+            .is_some_and(|r| r.starts_with(b"-LOADING"))
+    }
+
+    /// The start of the server's answer to an inline PING, if it answers.
+    fn ping_reply(&self) -> Option<Vec<u8>> {
+        fn ping(mut stream: impl Read + Write) -> Option<Vec<u8>> {
             let mut reply = [0u8; 64];
-            stream.write_all(b"PING\r\n").is_ok()
-                && matches!(stream.read(&mut reply), Ok(n) if reply[..n].starts_with(b"+PONG")
-                    || reply[..n].starts_with(b"-NOAUTH"))
+            stream.write_all(b"PING\r\n").ok()?;
+            let n = stream.read(&mut reply).ok()?;
+            Some(reply[..n].to_vec())
         }
         let timeout = Some(Duration::from_millis(200));
         match self.port {
-            Some(port) => match std::net::TcpStream::connect(("127.0.0.1", port)) {
-                Ok(s) => s.set_read_timeout(timeout).is_ok() && ping(s),
-                Err(_) => false,
-            },
-            None => match std::os::unix::net::UnixStream::connect(self.socket_path()) {
-                Ok(s) => s.set_read_timeout(timeout).is_ok() && ping(s),
-                Err(_) => false,
-            },
+            Some(port) => {
+                let s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+                s.set_read_timeout(timeout).ok()?;
+                ping(s)
+            }
+            None => {
+                let s = std::os::unix::net::UnixStream::connect(self.socket_path()).ok()?;
+                s.set_read_timeout(timeout).ok()?;
+                ping(s)
+            }
         }
     }
 

@@ -305,11 +305,47 @@ impl ShardedTask {
                             down = true;
                             self.listener.disconnected();
                         }
+                        // The server dropped a subscription we still want:
+                        // its slot moved to another node.
+                        PushKind::SUnsubscribe => {
+                            let channel = push.data.first().and_then(bytes);
+                            let channel: Option<Arc<str>> =
+                                channel.map(|c| String::from_utf8_lossy(c).into());
+                            if let Some(channel) = channel {
+                                if lock(&self.wanted).contains(&channel) {
+                                    self.follow(channel).await;
+                                }
+                            }
+                        }
                         _ => {}
                     }
                 }
             }
         }
+    }
+
+    /// Subscribes to `channel` again on the node that serves its slot now
+    /// (the first tries may meet the old node: redis-rs refreshes its slot
+    /// map on the redirect), then wakes its waiters: a release may have
+    /// gone by meanwhile.
+    async fn follow(&mut self, channel: Arc<str>) {
+        for _ in 0..100 {
+            if !lock(&self.wanted).contains(&channel) {
+                return;
+            }
+            match self.conn.ssubscribe(&*channel).await {
+                Ok(()) => {
+                    self.listener.subscribed(&channel);
+                    self.listener.message(&channel, b"");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, channel = %channel, "sharded resubscribe failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        tracing::warn!(channel = %channel, "could not subscribe again after a slot move; waiters fall back to the lock's expiry");
     }
 
     async fn apply(&mut self, request: Request) -> redis::RedisResult<()> {

@@ -96,16 +96,39 @@ async fn waiters_are_woken_through_sharded_pubsub() {
     }
 }
 
-/// multi 19: a lock held while its slot migrates to another master keeps
-/// working: it is renewed there, released there, and taken again there.
+/// multi 19: a lock held and waited on while its slot migrates to another
+/// master keeps working: it is renewed there, released there (waking the
+/// waiter, whose sharded subscription moved with the slot), and taken again
+/// there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migration_moves_the_lock_with_it() {
     let cluster = RedisCluster::start(3);
     let client = cluster_client(&cluster).await;
+    let other = cluster_client(&cluster).await;
     let lock = client.lock("moving").unwrap();
     let guard = lock.lock().await.unwrap();
+    let waiter = {
+        let lock = other.lock("moving").unwrap();
+        tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            let at = Instant::now();
+            guard.unlock().await.unwrap();
+            at
+        })
+    };
     let slot = slot_of(&cluster, "moving");
     let from = cluster.master_of(slot).port().unwrap();
+    let channel = format!("{}:released", lock_key("moving"));
+    assert!(
+        testkit::eventually(Duration::from_secs(3), || async {
+            cluster
+                .node(from)
+                .cli(&["PUBSUB", "SHARDNUMSUB", &channel])
+                .ends_with('1')
+        })
+        .await,
+        "the waiter never subscribed"
+    );
     let to = cluster
         .nodes
         .iter()
@@ -114,10 +137,29 @@ async fn a_slot_migration_moves_the_lock_with_it() {
         .unwrap();
     cluster.migrate_slot(slot, to);
     assert_eq!(cluster.master_of(slot).port(), Some(to));
+    assert!(
+        testkit::eventually(Duration::from_secs(3), || async {
+            cluster
+                .node(to)
+                .cli(&["PUBSUB", "SHARDNUMSUB", &channel])
+                .ends_with('1')
+        })
+        .await,
+        "the waiter's subscription did not follow the slot"
+    );
     assert_eq!(cluster.node(to).cli(&["EXISTS", &lock_key("moving")]), "1");
     tokio::time::sleep(Duration::from_millis(2_500)).await; // over a lease: renewed on the new master
     assert!(!guard.is_lost(), "the lock was lost in the migration");
+    assert!(!waiter.is_finished(), "the waiter got a lock that was held");
+    let released = Instant::now();
     guard.unlock().await.unwrap();
+    let woken = waiter.await.unwrap().duration_since(released);
+    // Woken by the release message on the new node (the subscription
+    // followed the slot), not by its own retry at the holder's TTL.
+    assert!(
+        woken < Duration::from_millis(300),
+        "woken {woken:?} after the release"
+    );
     assert_eq!(cluster.node(to).cli(&["EXISTS", &lock_key("moving")]), "0");
     let again = lock
         .try_lock()
