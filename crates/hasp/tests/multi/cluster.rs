@@ -171,7 +171,9 @@ async fn a_slot_migration_moves_the_lock_with_it() {
 }
 
 /// multi 19: after a master failover inside the cluster (`CLUSTER FAILOVER`
-/// on its replica), locks keep working and a replicated hold stays held.
+/// on its replica), locks keep working, a replicated hold stays held, and
+/// a hold the new master lacks (what an asynchronous replica can miss) is
+/// detected by its holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_inside_the_cluster_keeps_locks_working() {
     let cluster = RedisCluster::start_with_replicas(3, 1);
@@ -180,6 +182,12 @@ async fn a_failover_inside_the_cluster_keeps_locks_working() {
     let guard = lock.lock().await.unwrap();
     let slot = slot_of(&cluster, "fo");
     let master = cluster.master_of(slot);
+    // A second lock on the same master.
+    let doomed = (0..)
+        .map(|i| format!("fo-{i}"))
+        .find(|n| cluster.master_of(slot_of(&cluster, n)).port() == master.port())
+        .unwrap();
+    let doomed_guard = client.lock(&doomed).unwrap().lock().await.unwrap();
     assert_eq!(master.cli(&["WAIT", "1", "2000"]), "1");
     let master_port = master.port().unwrap();
     let replica = cluster
@@ -200,6 +208,14 @@ async fn a_failover_inside_the_cluster_keeps_locks_working() {
         .await,
         "the replica was not promoted"
     );
+    cluster.master_of(slot).cli(&["DEL", &lock_key(&doomed)]);
+    tokio::time::timeout(Duration::from_secs(3), doomed_guard.lost())
+        .await
+        .expect("the holder did not learn that the new master lacks its lock");
+    assert!(matches!(
+        doomed_guard.unlock().await,
+        Err(hasp::Error::NotHeld { .. })
+    ));
     tokio::time::sleep(Duration::from_millis(2_000)).await; // over a lease
     assert!(
         !guard.is_lost(),
