@@ -668,6 +668,34 @@ async fn every_route_and_refusal_works_on_sqlite_postgres_and_mariadb() {
     .await;
 }
 
+/// Issue 18: with Redis hanging (paused, so connections stay open and
+/// nothing answers), `/readyz` answers 503 in about a second, naming it,
+/// instead of making the probe time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_answers_in_about_a_second_when_redis_hangs() {
+    let app = spawn_app().await;
+    app.redis.pause();
+    let started = std::time::Instant::now();
+    let r = app
+        .http
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    app.redis.resume();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (body["redis"].as_str(), body["database"].as_str()),
+        (Some("timeout"), Some("ok"))
+    );
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_millis(2_500),
+        "{took:?}"
+    );
+}
+
 /// Issue 11: a Redis that is down is a 503 with `Retry-After` in the JSON
 /// error shape, not a 500; `/readyz` names the failing dependency.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -107,22 +107,38 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// How long `/readyz` waits for each dependency: a readiness probe (with a
+/// timeout of 1–5 s) must get a 503, not a timeout of its own, when one
+/// hangs.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 async fn ready(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> (axum::http::StatusCode, axum::Json<serde_json::Value>) {
-    let redis = state.fast.ping().await;
-    let db = state.db.ping().await;
-    let status = if redis.is_ok() && db.is_ok() {
+    let check = |f| async move {
+        match tokio::time::timeout(READY_TIMEOUT, f).await {
+            Ok(Ok(())) => "ok",
+            Ok(Err(_)) => "unreachable",
+            Err(_) => "timeout",
+        }
+    };
+    let (redis, db) = tokio::join!(
+        check(Box::pin(state.fast.ping()) as BoxedCheck<'_>),
+        check(Box::pin(state.db.ping()) as BoxedCheck<'_>)
+    );
+    let status = if redis == "ok" && db == "ok" {
         axum::http::StatusCode::OK
     } else {
         axum::http::StatusCode::SERVICE_UNAVAILABLE
     };
-    let show = |r: &crate::Result<()>| if r.is_ok() { "ok" } else { "unreachable" };
     (
         status,
-        axum::Json(serde_json::json!({ "redis": show(&redis), "database": show(&db) })),
+        axum::Json(serde_json::json!({ "redis": redis, "database": db })),
     )
 }
+
+type BoxedCheck<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = crate::Result<()>> + Send + 'a>>;
 
 /// Counts every request by route (the pattern, not the raw path) and
 /// outcome, and times it. The outcome is `ok`, or the status class.
