@@ -37,6 +37,10 @@ const RECHECK: Duration = Duration::from_secs(1);
 ///   within the per-server timeout, the call fails with
 ///   [`Error::ServersFailed`] after releasing the rest. A part whose reply
 ///   was lost is released by its client as soon as its server answers.
+///   Because the parts are asked at once, tries that collide can each take
+///   some parts and all fail: [`try_lock`](Self::try_lock) promises that at
+///   most one wins, and a wait ([`try_lock_for`](Self::try_lock_for),
+///   [`lock`](Self::lock)) that one of them does.
 /// * **No deadlock.** A MultiLock never holds some parts while it waits for
 ///   others, so two MultiLocks naming the same locks in different orders
 ///   cannot wait for each other; after a collision each waits a random
