@@ -7,7 +7,7 @@ use crate::config::validate_lease;
 use crate::config::Settings;
 use crate::core::holds::Lease;
 use crate::core::keys::LockKeys;
-use crate::core::{Attempt, Core, Watch};
+use crate::core::{deadline_after, Attempt, Core, Watch};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::owner::Owner;
@@ -195,9 +195,7 @@ impl Lock {
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Self::lock).
     pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<Guard>> {
-        let deadline = Instant::now()
-            .checked_add(wait)
-            .ok_or_else(|| Error::invalid("wait", format!("{wait:?} is too large")))?;
+        let deadline = deadline_after(wait)?;
         self.acquire(Some(deadline), !wait.is_zero()).await
     }
 

@@ -67,12 +67,12 @@ use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
 use keys::LockKeys;
 use pubsub::{Listener, PubSub};
 use reply::{HoldReply, Undo};
-use waiters::{remaining, Waiters, RECHECK};
+use waiters::{Waiters, RECHECK};
 use watchdog::Watchdog;
 use wire::{Op, Reply};
 
 pub(crate) use scripts::BATCH_SOURCE;
-pub(crate) use waiters::{Attempt, Watch};
+pub(crate) use waiters::{deadline_after, remaining, Attempt, Watch};
 
 /// One client's connections, tasks and registries (see the module docs).
 #[derive(Debug)]

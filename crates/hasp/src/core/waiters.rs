@@ -535,6 +535,16 @@ impl Drop for Watch {
     }
 }
 
+/// The deadline of a wait of `wait` from now.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if it is too far to represent.
+pub(crate) fn deadline_after(wait: Duration) -> Result<Instant, Error> {
+    Instant::now()
+        .checked_add(wait)
+        .ok_or_else(|| Error::invalid("wait", format!("{wait:?} is too large")))
+}
+
 /// Time left until `deadline` (`Duration::MAX` without one).
 pub(crate) fn remaining(deadline: Option<Instant>) -> Duration {
     match deadline {

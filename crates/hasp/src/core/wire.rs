@@ -384,20 +384,29 @@ pub(crate) fn encode<'a>(
     client_id: &str,
     ops: impl Iterator<Item = &'a Op> + Clone,
 ) -> Cmd {
-    let (mut keys, mut args, mut bytes) = (0, 1, client_id.len());
-    for op in ops.clone() {
-        let (k, a, b) = op.size();
-        (keys, args, bytes) = (keys + k, args + a, bytes + b);
-    }
+    let (keys, args, bytes) = sizes(client_id, ops.clone());
     let mut cmd = scripts::evalsha(script, keys, keys + args, bytes);
+    write(&mut cmd, client_id, ops);
+    cmd
+}
+
+/// Keys, arguments and bytes of a call carrying `ops`.
+fn sizes<'a>(client_id: &str, ops: impl Iterator<Item = &'a Op>) -> (usize, usize, usize) {
+    ops.fold((0, 1, client_id.len()), |(keys, args, bytes), op| {
+        let (k, a, b) = op.size();
+        (keys + k, args + a, bytes + b)
+    })
+}
+
+/// Appends the keys of `ops`, the client id, then their arguments.
+fn write<'a>(cmd: &mut Cmd, client_id: &str, ops: impl Iterator<Item = &'a Op> + Clone) {
     for op in ops.clone() {
-        op.write_keys(&mut cmd);
+        op.write_keys(cmd);
     }
     cmd.arg(client_id);
     for op in ops {
-        op.write_args(&mut cmd);
+        op.write_args(cmd);
     }
-    cmd
 }
 
 /// One `EVALSHA` of `script` with `ops` whose keys may lie in several slots
@@ -409,20 +418,10 @@ pub(crate) fn encode_spread<'a>(
     client_id: &str,
     ops: impl Iterator<Item = &'a Op> + Clone,
 ) -> Cmd {
-    let (mut keys, mut args, mut bytes) = (0, 1, client_id.len());
-    for op in ops.clone() {
-        let (k, a, b) = op.size();
-        (keys, args, bytes) = (keys + k, args + a, bytes + b);
-    }
+    let (keys, args, bytes) = sizes(client_id, ops.clone());
     let mut cmd = scripts::evalsha(script, 0, keys + args + 2, bytes + 8);
     cmd.arg("#k").arg(keys);
-    for op in ops.clone() {
-        op.write_keys(&mut cmd);
-    }
-    cmd.arg(client_id);
-    for op in ops {
-        op.write_args(&mut cmd);
-    }
+    write(&mut cmd, client_id, ops);
     cmd
 }
 

@@ -10,6 +10,7 @@ use super::holders::{Held, Holders, Step};
 use super::parts::{release_all, servers_failed, Outcome, Parts, Watches};
 use super::{drift, jitter};
 use crate::core::holds::{HoldState, Lease};
+use crate::core::{deadline_after, remaining};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::lock::Lock;
@@ -200,9 +201,7 @@ impl MultiLock {
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Self::lock).
     pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<MultiGuard>> {
-        let deadline = Instant::now()
-            .checked_add(wait)
-            .ok_or_else(|| Error::invalid("wait", format!("{wait:?} is too large")))?;
+        let deadline = deadline_after(wait)?;
         self.acquire(Some(deadline), !wait.is_zero()).await
     }
 
@@ -538,12 +537,5 @@ impl Drop for MultiGuard {
             // Each part's guard releases itself in the background.
             drop(self.hold.take_guards());
         }
-    }
-}
-
-fn remaining(deadline: Option<Instant>) -> Duration {
-    match deadline {
-        Some(d) => d.saturating_duration_since(Instant::now()),
-        None => Duration::MAX,
     }
 }

@@ -14,7 +14,7 @@ use super::parts::{no_answer, release_all, servers_failed, Outcome, Parts, Tried
 use super::{drift, jitter};
 use crate::client::Client;
 use crate::config::validate_lease;
-use crate::core::Attempt;
+use crate::core::{deadline_after, remaining, Attempt};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::owner::Owner;
@@ -276,9 +276,7 @@ impl RedLock {
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Self::lock).
     pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<RedGuard>> {
-        let deadline = Instant::now()
-            .checked_add(wait)
-            .ok_or_else(|| Error::invalid("wait", format!("{wait:?} is too large")))?;
+        let deadline = deadline_after(wait)?;
         self.acquire(Some(deadline), !wait.is_zero()).await
     }
 
@@ -756,13 +754,6 @@ impl Drop for RedGuard {
                 });
             }
         }
-    }
-}
-
-fn remaining(deadline: Option<Instant>) -> Duration {
-    match deadline {
-        Some(d) => d.saturating_duration_since(Instant::now()),
-        None => Duration::MAX,
     }
 }
 
