@@ -322,6 +322,22 @@ impl Database {
         first_column(&rows)
     }
 
+    /// The orders stored for voucher `id`: `(order id, user id)`.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn voucher_orders(&self, voucher_id: i64) -> Result<Vec<(i64, i64)>> {
+        let rows =
+            sqlx::query(self.sql("SELECT id, user_id FROM voucher_order WHERE voucher_id = ?"))
+                .bind(voucher_id)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Error::from)
+    }
+
     /// Number of orders stored for voucher `id`.
     ///
     /// # Errors

@@ -2,6 +2,8 @@
 //! instances on a private Redis and a real database; its JSON report and
 //! PNG charts are read back and its counts compared with the database.
 
+mod support;
+
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
@@ -323,6 +325,66 @@ async fn an_instance_that_goes_away_mid_run_is_counted_reported_and_fails_the_ru
     assert_eq!(db.order_count(1).await.unwrap(), n(&r, "accepted"));
     assert_eq!(n(&r, "requests"), 1200, "the schedule went on: {r}");
     assert_charts(&out_dir);
+}
+
+/// Issue 11: a request whose answer died with its instance has an unknown
+/// outcome; the store checks hold with accepted ⊆ stored ⊆ accepted ∪
+/// unknown, and the report says how many unknowns turned out stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_killed_mid_run_leaves_unknown_outcomes_that_the_store_checks_account_for() {
+    let redis = RedisServer::start();
+    let database = format!("sqlite://{}/bench.db", tempdir("killed-db").display());
+    let mut doomed = support::ServeProcess::start(&redis.url(), &database, "doomed", SECRET).await;
+    let survivor = support::ServeProcess::start(&redis.url(), &database, "survivor", SECRET).await;
+    let out_dir = tempdir("killed");
+    let args = [
+        "--url",
+        &survivor.base,
+        "--rate",
+        "600",
+        "--duration",
+        "4s",
+        "--drain-timeout",
+        "20s",
+    ];
+    let child = bench_under_way(&args, &doomed.base, &redis.url(), &database, &out_dir).await;
+    // Frozen first, so requests are in flight on it when it dies.
+    doomed.signal("STOP");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    doomed.end("KILL");
+    let out = child.wait_with_output().await.unwrap();
+    let log = text(&out);
+    let r = report(&out_dir);
+    let failed: Vec<&str> = r["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["held"] == false)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    // Requests to the dead instance failed; nothing else did.
+    assert_eq!(failed, ["no request failed"], "{log}");
+    let checked: Vec<&str> = r["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        checked.iter().any(|c| c.contains("stored ⊆ accepted ∪ unknown")),
+        "{r}"
+    );
+    let unknown = n(&r, "unknown");
+    let unknown_stored = n(&r, "unknown_stored");
+    assert!(unknown > 0, "no request was in flight at the kill: {r}");
+    assert!(unknown_stored <= unknown, "{r}");
+    let db = Database::connect(&database).await.unwrap();
+    let stored = db.order_count(1).await.unwrap();
+    assert_eq!(stored, n(&r, "accepted") + unknown_stored, "{r}");
+    eprintln!(
+        "{unknown} unknown outcomes, {unknown_stored} stored; {} refused connections",
+        r["outcomes"]["error: connect"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

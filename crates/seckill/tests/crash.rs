@@ -3,8 +3,10 @@
 
 mod support;
 
+use support::ServeProcess;
+
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,48 +17,6 @@ use testkit::RedisServer;
 
 const SECRET: &str = "crash-test-secret-0123";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn serve(redis: &str, database: &str, port: u16, consumer: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_seckill"))
-        .args(["serve", "--redis-url", redis, "--database-url", database])
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--consumer",
-            consumer,
-        ])
-        .args(["--reclaim-idle-ms", "500", "--ip-rate", "0"])
-        .env("SECKILL_TOKEN_SECRET", SECRET)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start seckill serve")
-}
-
-async fn wait_healthy(http: &reqwest::Client, base: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http.get(format!("{base}/healthz")).send().await.is_err() {
-        assert!(Instant::now() < deadline, "service never became healthy");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn signal(child: &Child, sig: &str) {
-    assert!(Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(child.id().to_string())
-        .status()
-        .unwrap()
-        .success());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_service_loses_and_doubles_no_accepted_order() {
     const STOCK: i64 = 1_500;
@@ -66,10 +26,8 @@ async fn a_killed_service_loses_and_doubles_no_accepted_order() {
     let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
     let http = reqwest::Client::new();
 
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut first = serve(&redis.url(), &database, port, "first");
-    wait_healthy(&http, &base).await;
+    let mut first = ServeProcess::start(&redis.url(), &database, "first", SECRET).await;
+    let base = first.base.clone();
     let voucher = support::open_voucher(&http, &base, &tokens, "Crash sale", STOCK).await;
 
     // Buy everything, 64 at a time.
@@ -112,7 +70,7 @@ async fn a_killed_service_loses_and_doubles_no_accepted_order() {
     assert_eq!(accepted.len() as i64, STOCK);
 
     // Freeze the service, confirm orders are still in flight, then kill it.
-    signal(&first, "STOP");
+    first.signal("STOP");
     let mut conn = redis::Client::open(redis.url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -123,16 +81,14 @@ async fn a_killed_service_loses_and_doubles_no_accepted_order() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    signal(&first, "KILL");
-    first.wait().unwrap();
+    first.end("KILL");
     assert!(
         in_stream > 0,
         "the pipeline had already finished: nothing was in flight at the kill"
     );
 
     // A new instance takes over the dead one's pending entries.
-    let mut second = serve(&redis.url(), &database, port, "second");
-    wait_healthy(&http, &base).await;
+    let mut second = ServeProcess::start(&redis.url(), &database, "second", SECRET).await;
     let db = Database::connect(&database).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while db.order_count(voucher).await.unwrap() < STOCK {
@@ -142,8 +98,7 @@ async fn a_killed_service_loses_and_doubles_no_accepted_order() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    signal(&second, "TERM");
-    second.wait().unwrap();
+    second.end("TERM");
 
     // Exactly once: every accepted id stored, nothing else, stock consistent.
     assert_eq!(db.order_count(voucher).await.unwrap(), STOCK);

@@ -1,3 +1,5 @@
+#![allow(dead_code)] // each test binary uses its own share of the helpers
+
 //! Helpers shared by the integration tests that drive a live service over
 //! HTTP.
 
@@ -32,4 +34,119 @@ pub async fn open_voucher(
         .await
         .unwrap();
     voucher["id"].as_i64().unwrap()
+}
+
+/// A `seckill serve` process on a free port of 127.0.0.1, killed when
+/// dropped.
+pub struct ServeProcess {
+    child: std::process::Child,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    port: u16,
+    args: Vec<String>,
+    secret: String,
+}
+
+impl ServeProcess {
+    /// Starts `seckill serve` on `redis` and `database` as pipeline
+    /// consumer `consumer`, signing tokens with `secret`; dead consumers'
+    /// entries are taken over after 500 ms; no per-IP limit. Returns once
+    /// it answers `/healthz`.
+    pub async fn start(redis: &str, database: &str, consumer: &str, secret: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let args: Vec<String> = [
+            "serve",
+            "--redis-url",
+            redis,
+            "--database-url",
+            database,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--consumer",
+            consumer,
+            "--reclaim-idle-ms",
+            "500",
+            "--ip-rate",
+            "0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let child = Self::spawn(&args, secret);
+        let serve = Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            port,
+            args,
+            secret: secret.to_owned(),
+        };
+        serve.wait_healthy().await;
+        serve
+    }
+
+    fn spawn(args: &[String], secret: &str) -> std::process::Child {
+        std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+            .args(args)
+            .env("SECKILL_TOKEN_SECRET", secret)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start seckill serve")
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Waits (up to 30 s) until it answers `/healthz`.
+    pub async fn wait_healthy(&self) {
+        let http = reqwest::Client::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while http
+            .get(format!("{}/healthz", self.base))
+            .send()
+            .await
+            .is_err()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "service never became healthy"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends signal `sig` (`STOP`, `KILL`, `TERM`, ...).
+    pub fn signal(&self, sig: &str) {
+        assert!(std::process::Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap()
+            .success());
+    }
+
+    /// Sends `sig` and waits for the process to end.
+    pub fn end(&mut self, sig: &str) {
+        self.signal(sig);
+        self.child.wait().unwrap();
+    }
+
+    /// Starts it again on the same port, after [`ServeProcess::end`].
+    pub async fn restart(&mut self) {
+        self.child = Self::spawn(&self.args, &self.secret);
+        self.wait_healthy().await;
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

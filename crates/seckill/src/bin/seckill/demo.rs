@@ -157,9 +157,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         record.orders.len() as i64 == args.stock.min(args.users),
     ));
     let stores = Stores::connect(Some(&redis_url), Some(&database_url), PREFIX).await?;
-    let (stored, differences) = stores.verify(sale, Duration::from_secs(5), 0).await?;
-    all.extend(stored);
-    let ok = checks::print(&all, &differences);
+    let verified = stores.verify(sale, Duration::from_secs(5), 0).await?;
+    all.extend(verified.checks);
+    let ok = checks::print(&all, &verified.differences);
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(ok)
 }

@@ -42,10 +42,13 @@ pub struct Sale<'a> {
     pub record: &'a Record,
 }
 
-/// What the answers alone prove or disprove.
+/// What the answers alone prove or disprove. A request whose answer was
+/// lost ([`Record::unknown_users`](super::load::Record)) may have bought:
+/// it counts as possibly sold, never as certainly either.
 pub fn from_answers(sale: Sale<'_>) -> Vec<Check> {
     let record = sale.record;
     let accepted = record.orders.len() as i64;
+    let unknown = record.unknown_users.len() as i64;
     let users: HashSet<i64> = record.orders.iter().map(|o| o.user_id).collect();
     let ids: HashSet<i64> = record.orders.iter().map(|o| o.order_id).collect();
     vec![
@@ -54,10 +57,64 @@ pub fn from_answers(sale: Sale<'_>) -> Vec<Check> {
         Check::new("one order per user", users.len() as i64 == accepted),
         Check::new("order ids are unique", ids.len() as i64 == accepted),
         Check::new(
-            "sold out only once the stock was gone",
-            record.count("sold_out") == 0 || accepted == sale.stock,
+            "sold out only once the stock may have been gone (accepted + unknown >= stock)",
+            record.count("sold_out") == 0 || accepted + unknown >= sale.stock,
         ),
     ]
+}
+
+/// The orders the database holds for the sale, `(order id, user id)`,
+/// against the answers: accepted ⊆ stored ⊆ accepted ∪ unknown. Also
+/// returns how many stored orders had an unknown outcome.
+pub fn stored_checks(sale: Sale<'_>, stored: &[(i64, i64)]) -> (Vec<Check>, u64) {
+    let record = sale.record;
+    let accepted: HashSet<i64> = record.orders.iter().map(|o| o.order_id).collect();
+    let unknown: HashSet<i64> = record.unknown_users.iter().copied().collect();
+    let stored_ids: HashSet<i64> = stored.iter().map(|(id, _)| *id).collect();
+    let stored_users: HashSet<i64> = stored.iter().map(|(_, user)| *user).collect();
+    let not_accepted: Vec<&(i64, i64)> = stored
+        .iter()
+        .filter(|(id, _)| !accepted.contains(id))
+        .collect();
+    let unknown_stored = not_accepted
+        .iter()
+        .filter(|(_, user)| unknown.contains(user))
+        .count();
+    let count = stored.len() as i64;
+    let mut checks = vec![
+        Check::new(
+            "every accepted order is stored (accepted ⊆ stored)",
+            accepted.is_subset(&stored_ids),
+        ),
+        Check::new(
+            "every stored order was accepted or its answer was lost (stored ⊆ accepted ∪ unknown)",
+            unknown_stored == not_accepted.len(),
+        ),
+        Check::new("no oversell: stored <= stock", count <= sale.stock),
+        Check::new(
+            "one stored order per user",
+            stored_users.len() == stored.len(),
+        ),
+    ];
+    if record.count("sold_out") > 0 {
+        checks.push(Check::new(
+            "sold out only once the stock was gone (stored = stock)",
+            count == sale.stock,
+        ));
+    }
+    (checks, unknown_stored as u64)
+}
+
+/// What the stores showed.
+#[derive(Debug, Clone, Default)]
+pub struct Verified {
+    /// The invariants checked against the stores.
+    pub checks: Vec<Check>,
+    /// Where Redis and the database disagree, for people.
+    pub differences: Vec<String>,
+    /// Requests with an unknown outcome whose order turned out stored
+    /// (`None`: no database to look in).
+    pub unknown_stored: Option<u64>,
 }
 
 /// Redis and the database, when the run was given them.
@@ -111,25 +168,45 @@ impl Stores {
     /// Waits (up to `drain_timeout`) for the accepted orders to reach the
     /// database, then checks the stores against the answers.
     /// `dead_letters_before` is [`Stores::dead_letters`] before the run.
-    /// Also returns the reconciliation's differences, for people.
+    ///
+    /// A store that fails meanwhile (restarted, failing over) is asked
+    /// again until the deadline: its connection reconnects.
     ///
     /// # Errors
-    /// If a store fails (a failed invariant is a [`Check`], not an error).
+    /// If a store still fails at the deadline (a failed invariant is a
+    /// [`Check`], not an error).
     pub async fn verify(
         &self,
         sale: Sale<'_>,
         drain_timeout: Duration,
         dead_letters_before: i64,
-    ) -> anyhow::Result<(Vec<Check>, Vec<String>)> {
+    ) -> anyhow::Result<Verified> {
+        let deadline = tokio::time::Instant::now() + drain_timeout;
+        loop {
+            match self.try_verify(sale, deadline, dead_letters_before).await {
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "a store failed; asking again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn try_verify(
+        &self,
+        sale: Sale<'_>,
+        deadline: tokio::time::Instant,
+        dead_letters_before: i64,
+    ) -> anyhow::Result<Verified> {
         let Some(db) = &self.db else {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(Verified::default());
         };
         let accepted: HashSet<i64> = sale.record.orders.iter().map(|o| o.order_id).collect();
         // The async path answers before the database has the order.
         let pipelined = sale.record.orders.iter().any(|o| o.pending);
-        let deadline = tokio::time::Instant::now() + drain_timeout;
         let (stored, found) = loop {
-            let stored: HashSet<i64> = db.order_ids(sale.voucher).await?.into_iter().collect();
+            let stored = db.voucher_orders(sale.voucher).await?;
             let found = match &self.redis {
                 Some(conn) if pipelined => {
                     Some(reconcile(conn, db, &self.prefix, sale.voucher).await?)
@@ -137,31 +214,30 @@ impl Stores {
                 _ => None,
             };
             let drained = found.as_ref().is_none_or(|f| f.in_stream == 0);
-            if (drained && stored.len() >= accepted.len())
-                || tokio::time::Instant::now() >= deadline
-            {
+            let all_in = stored.iter().filter(|(id, _)| accepted.contains(id)).count();
+            if (drained && all_in == accepted.len()) || tokio::time::Instant::now() >= deadline {
                 break (stored, found);
             }
             // The pipeline is another process: there is no event to await.
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
+        let (mut checks, unknown_stored) = stored_checks(sale, &stored);
         let db_stock = db.voucher_stock(sale.voucher).await?;
-        let mut checks = vec![
-            Check::new(
-                "the database holds exactly the accepted orders (same ids)",
-                stored == accepted,
-            ),
-            Check::new(
-                "database stock = stock - orders",
-                db_stock == Some(sale.stock - stored.len() as i64),
-            ),
-        ];
-        let Some(found) = found else {
-            return Ok((checks, Vec::new()));
+        checks.push(Check::new(
+            "database stock = stock - orders",
+            db_stock == Some(sale.stock - stored.len() as i64),
+        ));
+        let mut verified = Verified {
+            checks,
+            differences: Vec::new(),
+            unknown_stored: Some(unknown_stored),
         };
-        let dead_letters = self.dead_letters().await? - dead_letters_before;
-        checks.extend(redis_checks(&found, dead_letters));
-        Ok((checks, found.differences()))
+        if let Some(found) = found {
+            let dead_letters = self.dead_letters().await? - dead_letters_before;
+            verified.checks.extend(redis_checks(&found, dead_letters));
+            verified.differences = found.differences();
+        }
+        Ok(verified)
     }
 }
 
@@ -205,4 +281,89 @@ pub fn print(checks: &[Check], differences: &[String]) -> bool {
         }
     );
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::load::AcceptedOrder;
+    use super::*;
+
+    fn order(user_id: i64, order_id: i64) -> AcceptedOrder {
+        AcceptedOrder {
+            user_id,
+            order_id,
+            pending: true,
+        }
+    }
+
+    fn failed(checks: &[Check]) -> Vec<&str> {
+        checks
+            .iter()
+            .filter(|c| !c.held)
+            .map(|c| c.name.as_str())
+            .collect()
+    }
+
+    /// Users 1 and 2 were accepted (orders 11, 12); users 3 and 4 lost
+    /// their answers; the stock of 3 sold out.
+    fn record() -> Record {
+        Record::of(
+            vec![order(1, 11), order(2, 12)],
+            vec![3, 4],
+            &[("accepted", 2), ("error: transport", 2), ("sold_out", 5)],
+        )
+    }
+
+    fn sale(record: &Record) -> Sale<'_> {
+        Sale {
+            voucher: 1,
+            stock: 3,
+            record,
+        }
+    }
+
+    #[test]
+    fn an_unknown_outcome_that_turned_out_stored_is_counted_not_failed() {
+        let record = record();
+        let (checks, unknown_stored) = stored_checks(sale(&record), &[(11, 1), (12, 2), (13, 3)]);
+        assert_eq!(failed(&checks), Vec::<&str>::new());
+        assert_eq!(unknown_stored, 1);
+        // From the answers alone: 2 accepted + 2 unknown may be the stock.
+        assert_eq!(failed(&from_answers(sale(&record))), ["no request failed"]);
+    }
+
+    #[test]
+    fn an_accepted_order_missing_from_the_database_fails() {
+        let record = record();
+        // Order 12 was deleted behind the bench's back.
+        let (checks, _) = stored_checks(sale(&record), &[(11, 1), (13, 3), (14, 4)]);
+        assert_eq!(
+            failed(&checks),
+            ["every accepted order is stored (accepted ⊆ stored)"]
+        );
+    }
+
+    #[test]
+    fn a_stored_order_nobody_was_told_of_fails() {
+        let record = record();
+        // User 5 asked nothing that could have bought.
+        let (checks, unknown_stored) = stored_checks(sale(&record), &[(11, 1), (12, 2), (15, 5)]);
+        assert_eq!(
+            failed(&checks),
+            ["every stored order was accepted or its answer was lost (stored ⊆ accepted ∪ unknown)"]
+        );
+        assert_eq!(unknown_stored, 0);
+    }
+
+    #[test]
+    fn sold_out_before_the_stock_was_gone_fails() {
+        let record = Record::of(vec![order(1, 11)], vec![3], &[("sold_out", 1)]);
+        let (checks, _) = stored_checks(sale(&record), &[(11, 1)]);
+        assert_eq!(
+            failed(&checks),
+            ["sold out only once the stock was gone (stored = stock)"]
+        );
+        assert!(failed(&from_answers(sale(&record)))
+            .contains(&"sold out only once the stock may have been gone (accepted + unknown >= stock)"));
+    }
 }

@@ -84,8 +84,13 @@ pub enum Outcome {
     Refused(String),
     /// 429.
     RateLimited,
-    /// No usable answer: transport failure, timeout, 5xx, unreadable body.
+    /// No usable answer, and the request may have been made: a timeout, a
+    /// connection broken after sending, a 5xx, an unreadable body. The
+    /// purchase may or may not have happened (an unknown outcome).
     Failed(String),
+    /// The request never reached the service (connection refused): the
+    /// purchase certainly did not happen.
+    NotSent(String),
 }
 
 impl Outcome {
@@ -95,7 +100,7 @@ impl Outcome {
             Outcome::Accepted(_) => "accepted".into(),
             Outcome::Refused(code) => code.clone(),
             Outcome::RateLimited => "rate_limited".into(),
-            Outcome::Failed(why) => format!("error: {why}"),
+            Outcome::Failed(why) | Outcome::NotSent(why) => format!("error: {why}"),
         }
     }
 }
@@ -165,6 +170,9 @@ pub struct Record {
     pub timeline: Vec<Second>,
     /// The accepted purchases.
     pub orders: Vec<AcceptedOrder>,
+    /// Users whose purchase has an unknown outcome ([`Outcome::Failed`]):
+    /// each may or may not have bought.
+    pub unknown_users: Vec<i64>,
 }
 
 impl Record {
@@ -190,6 +198,27 @@ impl Record {
     /// Refused requests (any refusal code).
     pub fn refused(&self) -> u64 {
         self.requests() - self.orders.len() as u64 - self.count("rate_limited") - self.errors()
+    }
+
+    /// A record of `orders` accepted, `unknown_users` with lost answers and
+    /// `outcomes` counted, for tests of the checks.
+    #[cfg(test)]
+    pub fn of(
+        orders: Vec<AcceptedOrder>,
+        unknown_users: Vec<i64>,
+        outcomes: &[(&str, u64)],
+    ) -> Self {
+        Self {
+            arrival: Arrival::Closed { concurrency: 1 },
+            elapsed: Duration::from_secs(1),
+            outcomes: outcomes.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
+            per_target: Vec::new(),
+            latency: histogram(),
+            service_time: histogram(),
+            timeline: Vec::new(),
+            orders,
+            unknown_users,
+        }
     }
 
     /// Requests per second over the run.
@@ -236,6 +265,7 @@ struct Tallies {
     service_time: Histogram<u64>,
     timeline: Vec<Second>,
     orders: Vec<AcceptedOrder>,
+    unknown_users: Vec<i64>,
 }
 
 /// Shared by every request of a run.
@@ -255,7 +285,7 @@ impl Run {
         let sent = Instant::now();
         let outcome = self.purchase(target, user).await;
         let done = Instant::now();
-        self.record(target, due, sent, done, outcome);
+        self.record(target, due, sent, done, user as i64 + 1, outcome);
     }
 
     async fn purchase(&self, target: usize, user: usize) -> Outcome {
@@ -277,7 +307,7 @@ impl Run {
         {
             Ok(response) => response,
             Err(e) if e.is_timeout() => return Outcome::Failed("timeout".into()),
-            Err(e) if e.is_connect() => return Outcome::Failed("connect".into()),
+            Err(e) if e.is_connect() => return Outcome::NotSent("connect".into()),
             Err(_) => return Outcome::Failed("transport".into()),
         };
         let status = response.status();
@@ -308,7 +338,15 @@ impl Run {
         Outcome::Failed(format!("HTTP {}", status.as_u16()))
     }
 
-    fn record(&self, target: usize, due: Instant, sent: Instant, done: Instant, outcome: Outcome) {
+    fn record(
+        &self,
+        target: usize,
+        due: Instant,
+        sent: Instant,
+        done: Instant,
+        user_id: i64,
+        outcome: Outcome,
+    ) {
         let latency = done.duration_since(due).as_micros() as u64;
         let service_time = done.duration_since(sent).as_micros() as u64;
         let second = done.duration_since(self.started).as_secs() as usize;
@@ -333,7 +371,10 @@ impl Run {
             }
             Outcome::Refused(_) => t.timeline[second].refused += 1,
             Outcome::RateLimited => t.timeline[second].rate_limited += 1,
-            Outcome::Failed(_) => {
+            Outcome::Failed(_) | Outcome::NotSent(_) => {
+                if matches!(outcome, Outcome::Failed(_)) {
+                    t.unknown_users.push(user_id);
+                }
                 t.per_target[target].errors += 1;
                 t.timeline[second].errors += 1;
                 progress.errors.fetch_add(1, Ordering::Relaxed);
@@ -357,6 +398,7 @@ impl Run {
             service_time: t.service_time,
             timeline: t.timeline,
             orders: t.orders,
+            unknown_users: t.unknown_users,
         }
     }
 }
@@ -370,6 +412,7 @@ impl Tallies {
             service_time: histogram(),
             timeline: Vec::new(),
             orders: Vec::new(),
+            unknown_users: Vec::new(),
         }
     }
 }

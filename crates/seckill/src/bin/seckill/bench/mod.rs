@@ -208,26 +208,33 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     let mut all = checks::from_answers(sale);
     // A store failing now must not lose the run: it becomes a failed
     // check, and the report is still written.
-    let differences = match stores
+    let verified = match stores
         .verify(sale, args.drain_timeout, dead_letters_before)
         .await
     {
-        Ok((stored, differences)) => {
-            all.extend(stored);
-            differences
-        }
-        Err(e) => {
-            all.push(checks::Check::new(
+        Ok(verified) => verified,
+        Err(e) => checks::Verified {
+            checks: vec![checks::Check::new(
                 format!("the stores could be checked ({e:#})"),
                 false,
-            ));
-            Vec::new()
-        }
+            )],
+            ..Default::default()
+        },
     };
+    all.extend(verified.checks);
+    let differences = verified.differences;
+    report::print_unknowns(&record, verified.unknown_stored);
     if args.redis_url.is_none() || args.database_url.is_none() {
         println!("(give --redis-url and --database-url to check the stores too)");
     }
-    let report = report::Report::new(&record, &bases, (voucher, args.stock), args.users, all);
+    let report = report::Report::new(
+        &record,
+        &bases,
+        (voucher, args.stock),
+        args.users,
+        all,
+        verified.unknown_stored,
+    );
     let json_path = args.out.join("report.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("writing {}", json_path.display()))?;

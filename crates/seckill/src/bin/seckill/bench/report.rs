@@ -103,6 +103,11 @@ pub struct Report {
     pub throughput_rps: f64,
     /// Accepted purchases.
     pub accepted: u64,
+    /// Requests whose outcome is unknown (timed out, broken, 5xx): each
+    /// may or may not have bought.
+    pub unknown: u64,
+    /// Of those, how many turned out stored (`None`: no database given).
+    pub unknown_stored: Option<u64>,
     /// Requests by outcome: `accepted`, a refusal code, `rate_limited`,
     /// `error: ...`.
     pub outcomes: BTreeMap<String, u64>,
@@ -127,6 +132,7 @@ impl Report {
         sale: (i64, i64),
         users: u64,
         checks: Vec<Check>,
+        unknown_stored: Option<u64>,
     ) -> Self {
         let (model, concurrency, rate, max_in_flight) = match record.arrival {
             Arrival::Closed { concurrency } => ("closed", Some(concurrency), None, None),
@@ -158,6 +164,8 @@ impl Report {
             elapsed_s: record.elapsed.as_secs_f64(),
             throughput_rps: record.throughput(),
             accepted: record.orders.len() as u64,
+            unknown: record.unknown_users.len() as u64,
+            unknown_stored,
             outcomes: record.outcomes.clone(),
             latency_ms: Percentiles::of(&record.latency),
             service_time_ms: Percentiles::of(&record.service_time),
@@ -180,6 +188,23 @@ impl Report {
             invariants_hold: checks.iter().all(|c| c.held),
             checks,
         }
+    }
+}
+
+/// Prints how many requests had an unknown outcome, and how many of those
+/// the database shows bought (when it was given).
+pub fn print_unknowns(record: &Record, stored: Option<u64>) {
+    let unknown = record.unknown_users.len();
+    if unknown == 0 {
+        return;
+    }
+    match stored {
+        Some(stored) => println!(
+            "unknown outcomes: {unknown} (answer lost: timeout, broken connection, 5xx); {stored} of them turned out stored"
+        ),
+        None => println!(
+            "unknown outcomes: {unknown} (answer lost: timeout, broken connection, 5xx)"
+        ),
     }
 }
 
