@@ -219,6 +219,20 @@ impl Database {
         first_column(&rows)
     }
 
+    /// Ids of the vouchers whose sale has not ended at `now_ms` (Unix ms):
+    /// those whose Redis state still matters.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn open_voucher_ids(&self, now_ms: i64) -> Result<Vec<i64>> {
+        let rows =
+            sqlx::query(self.sql("SELECT id FROM seckill_voucher WHERE end_ms > ? ORDER BY id"))
+                .bind(now_ms)
+                .fetch_all(&self.pool)
+                .await?;
+        first_column(&rows)
+    }
+
     /// Every voucher, newest first, at most `limit`.
     ///
     /// # Errors

@@ -34,6 +34,11 @@ pub enum Error {
     /// A lock operation failed (Redis unreachable, lock wait timed out).
     #[error("lock error: {0}")]
     Lock(#[from] hasp::Error),
+    /// Redis restarted (it no longer knows the purchase script) and the
+    /// sale state it holds has not been checked against the database since;
+    /// nothing was bought. Retry once the repair is done.
+    #[error("redis restarted; the sale state is being verified")]
+    SaleUnverified,
     /// Redis answered something unexpected.
     #[error("unexpected reply from redis: {0}")]
     Protocol(String),

@@ -20,6 +20,8 @@
 //!   Redis sequence), allocated in blocks so an order costs no extra round
 //!   trip.
 //! * [`reconcile`]: Redis and the database compared, safe repairs applied.
+//! * [`repair::SaleRepair`]: the service repairing itself when Redis lost
+//!   or rolled back a sale's state (restart without data, old snapshot).
 //!
 //! ```
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -55,6 +57,7 @@ pub mod http;
 pub mod metrics;
 pub mod pipeline;
 pub mod reconcile;
+pub mod repair;
 pub mod service;
 pub mod status;
 pub mod store;

@@ -19,6 +19,9 @@ pub struct Metrics {
     pub orders_stored: IntCounter,
     /// Orders this instance dead-lettered.
     pub dead_letters: IntCounter,
+    /// Sales whose Redis state this instance restored (`kind="restored"`)
+    /// or repaired (`kind="repaired"`) from the database.
+    pub sale_repairs: IntCounterVec,
 }
 
 impl Metrics {
@@ -49,6 +52,14 @@ impl Metrics {
             "pipeline_dead_letters_total",
             "orders dead-lettered by this instance",
         )?;
+        let sale_repairs = IntCounterVec::new(
+            Opts::new(
+                "sale_repairs_total",
+                "sales whose Redis state was restored or repaired from the database",
+            ),
+            &["kind"],
+        )?;
+        registry.register(Box::new(sale_repairs.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(pipeline_lag.clone()))?;
@@ -61,6 +72,7 @@ impl Metrics {
             pipeline_lag,
             orders_stored,
             dead_letters,
+            sale_repairs,
         })
     }
 

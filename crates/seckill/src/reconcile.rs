@@ -43,11 +43,14 @@ pub struct Reconciliation {
     pub db_orders: usize,
     /// Orders accepted and still in the stream.
     pub in_stream: usize,
+    /// The users of those orders.
+    pub in_stream_users: Vec<i64>,
     /// Buyers in Redis with no order in the database nor in the stream.
     pub lost_orders: Vec<i64>,
     /// Users with a database order that Redis does not list as buyers.
     pub missing_buyers: Vec<i64>,
-    /// What Redis' stock should be: database stock minus orders in flight.
+    /// What Redis' stock should be: database stock minus the orders in the
+    /// stream the database does not have yet.
     pub expected_redis_stock: Option<i64>,
 }
 
@@ -120,6 +123,9 @@ pub async fn reconcile(
     let mut missing_buyers: Vec<i64> = db_users.difference(&buyers).copied().collect();
     missing_buyers.sort_unstable();
     let in_stream = stream.ids.len();
+    // An entry whose order the database already has (stored, not yet
+    // acknowledged) took its unit there already.
+    let in_flight = streamed.difference(&db_users).count() as i64;
     Ok(Reconciliation {
         voucher_id,
         redis_stock,
@@ -127,9 +133,14 @@ pub async fn reconcile(
         redis_buyers: buyers.len(),
         db_orders: db_users.len(),
         in_stream,
+        in_stream_users: {
+            let mut users: Vec<i64> = streamed.iter().copied().collect();
+            users.sort_unstable();
+            users
+        },
         lost_orders,
         missing_buyers,
-        expected_redis_stock: db_stock.map(|s| s - in_stream as i64),
+        expected_redis_stock: db_stock.map(|s| s - in_flight),
     })
 }
 

@@ -12,6 +12,7 @@ use crate::db::Database;
 use crate::error::Result;
 use crate::http::{router, AppState, Limit, PurchasePath, RateLimits};
 use crate::pipeline::{OrderPipeline, PipelineSettings, StepReport};
+use crate::repair::SaleRepair;
 use crate::store::{FastPath, OrderIdGenerator};
 use crate::sync_path::SyncPath;
 
@@ -102,17 +103,30 @@ impl Service {
             config.prefix.clone(),
             OrderIdGenerator::new(conn.clone(), config.prefix.clone(), 1000)?,
         ));
+        let locks = crate::store::lock_client(&config.redis_url, hasp::Settings::default()).await?;
         let purchases = match config.mode {
             Mode::Async => PurchasePath::Async(fast.clone()),
             Mode::Sync => PurchasePath::Sync(Arc::new(SyncPath::new(
                 db.clone(),
-                crate::store::lock_client(&config.redis_url, hasp::Settings::default()).await?,
+                locks.clone(),
                 OrderIdGenerator::new(conn.clone(), config.prefix.clone(), 1000)?,
                 Duration::from_secs(5),
             ))),
         };
         let metrics =
             crate::metrics::Metrics::new().map_err(|e| anyhow::anyhow!("metrics registry: {e}"))?;
+        let repair = Arc::new(SaleRepair::new(
+            fast.clone(),
+            db.clone(),
+            locks,
+            Some(metrics.sale_repairs.clone()),
+        ));
+        if config.mode == Mode::Async {
+            // Redis may have restarted while no instance was running.
+            if let Some(report) = repair.ensure_verified(None).await? {
+                tracing::info!(?report, "sale state verified at start");
+            }
+        }
         let state = AppState {
             db: db.clone(),
             fast,
@@ -120,6 +134,7 @@ impl Service {
             tokens: Tokens::new(config.token_secret.as_bytes())?,
             limits: RateLimits::new(config.user_limit, config.ip_limit),
             metrics: metrics.clone(),
+            repair,
         };
         let pipeline = Arc::new(OrderPipeline::new(
             conn,

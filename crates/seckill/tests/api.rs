@@ -7,6 +7,7 @@ use reqwest::StatusCode;
 use seckill::auth::{Principal, Tokens};
 use seckill::db::Database;
 use seckill::http::{router, AppState, Limit, PurchasePath, RateLimits};
+use seckill::repair::SaleRepair;
 use seckill::store::{FastPath, OrderIdGenerator};
 use serde_json::{json, Value};
 use testkit::RedisServer;
@@ -95,6 +96,12 @@ async fn spawn_app_on(database_url: Option<String>, limits: Arc<RateLimits>) -> 
         tokens: tokens.clone(),
         limits,
         metrics: seckill::metrics::Metrics::new().unwrap(),
+        repair: Arc::new(SaleRepair::new(
+            fast.clone(),
+            db.clone(),
+            hasp::Client::open(&redis.url()).await.unwrap(),
+            None,
+        )),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

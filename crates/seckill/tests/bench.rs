@@ -371,7 +371,9 @@ async fn an_instance_killed_mid_run_leaves_unknown_outcomes_that_the_store_check
         .map(|c| c["name"].as_str().unwrap())
         .collect();
     assert!(
-        checked.iter().any(|c| c.contains("stored ⊆ accepted ∪ unknown")),
+        checked
+            .iter()
+            .any(|c| c.contains("stored ⊆ accepted ∪ unknown")),
         "{r}"
     );
     let unknown = n(&r, "unknown");

@@ -13,11 +13,14 @@ async fn conn(server: &RedisServer) -> RedisConn {
     seckill::store::connect(&server.url()).await.unwrap()
 }
 
-/// One service instance's view: its own connection and id generator.
+/// One service instance's view: its own connection and id generator, on a
+/// Redis with nothing to verify (the purchase script loaded at once).
 async fn instance(server: &RedisServer) -> FastPath {
     let conn = conn(server).await;
     let ids = OrderIdGenerator::new(conn.clone(), "seckill", 100).unwrap();
-    FastPath::new(conn, "seckill", ids)
+    let path = FastPath::new(conn, "seckill", ids);
+    path.arm(0).await.unwrap();
+    path
 }
 
 fn open_sale(stock: i64) -> SaleTerms {
@@ -254,6 +257,7 @@ async fn on_a_redis_cluster_vouchers_spread_and_never_oversell() {
     let vouchers: Vec<i64> = (1..=6).collect();
     for v in &vouchers {
         path.load_voucher(*v, &open_sale(STOCK)).await.unwrap();
+        path.arm(*v).await.unwrap(); // on each voucher's node
     }
     let mut masters = HashSet::new();
     for v in &vouchers {

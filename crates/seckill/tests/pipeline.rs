@@ -62,6 +62,7 @@ async fn sale(stock: i64) -> Sale {
         OrderIdGenerator::new(c, "seckill", 100).unwrap(),
     );
     fast.load_voucher(voucher, &terms).await.unwrap();
+    fast.arm(voucher).await.unwrap();
     Sale {
         server,
         db,

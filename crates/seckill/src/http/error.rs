@@ -34,6 +34,9 @@ pub enum ApiError {
     /// 503 with `Retry-After`: a dependency is down, loading or too slow;
     /// names which. The request may be retried.
     Unavailable(Dependency),
+    /// 503 with `Retry-After`: Redis lost this sale's state and it is being
+    /// restored from the database; nothing was bought.
+    Repairing,
     /// 500: infrastructure failure; logged, never shown to the client.
     Internal(crate::Error),
 }
@@ -87,6 +90,7 @@ impl From<crate::Error> for ApiError {
             crate::Error::Lock(
                 ref l @ (hasp::Error::Redis(_) | hasp::Error::NotReplicated { .. }),
             ) if l.is_retryable() => ApiError::Unavailable(Dependency::Redis),
+            crate::Error::SaleUnverified => ApiError::Repairing,
             crate::Error::Database(ref d) if database_unavailable(d) => {
                 ApiError::Unavailable(Dependency::Database)
             }
@@ -149,6 +153,12 @@ impl IntoResponse for ApiError {
                     None,
                 )
             }
+            ApiError::Repairing => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "sale_repairing",
+                "the sale's state is being restored after a Redis failure; retry shortly".into(),
+                None,
+            ),
             ApiError::Refused(refusal) => {
                 let (status, code, message) = match refusal {
                     Refusal::NotStarted => (

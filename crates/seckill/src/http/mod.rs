@@ -59,6 +59,8 @@ pub struct AppState {
     pub limits: Arc<RateLimits>,
     /// Metrics.
     pub metrics: crate::metrics::Metrics,
+    /// Self-repair of lost sale state in Redis (the async path's).
+    pub repair: Arc<crate::repair::SaleRepair>,
 }
 
 /// The API's OpenAPI document (kept beside the routes; a test checks that

@@ -11,7 +11,8 @@ use crate::domain::voucher::SaleTerms;
 use crate::http::error::ApiError;
 use crate::http::extract::{Admin, ApiJson, PathId, User};
 use crate::http::{AppState, PurchasePath};
-use crate::store::Purchase;
+use crate::repair::Scope;
+use crate::store::{Purchase, Refusal};
 
 /// Body of `POST /api/vouchers`.
 #[derive(Debug, Deserialize)]
@@ -42,6 +43,11 @@ pub(crate) async fn create(
     let terms = SaleTerms::new(body.stock, at(body.begin_ms), at(body.end_ms))?;
     let id = state.db.create_voucher(&body.title, &terms).await?;
     state.fast.load_voucher(id, &terms).await?;
+    // A Redis that restarted since its state was last verified is verified
+    // now, before this sale can be bought from (see `repair`).
+    if matches!(state.purchases, PurchasePath::Async(_)) {
+        state.repair.ensure_verified(Some(id)).await?;
+    }
     Ok((
         StatusCode::CREATED,
         Json(VoucherView {
@@ -126,7 +132,22 @@ pub(crate) async fn purchase(
 ) -> Result<Json<Accepted>, ApiError> {
     state.limits.check_user(user)?;
     let (outcome, stored) = match &state.purchases {
-        PurchasePath::Async(fast) => (fast.purchase(voucher, user).await?, "pending"),
+        PurchasePath::Async(fast) => match fast.purchase(voucher, user).await {
+            Err(crate::Error::SaleUnverified) => {
+                state.repair.start(Scope::Restarted {
+                    voucher: Some(voucher),
+                });
+                return Err(ApiError::Repairing);
+            }
+            Ok(Purchase::Refused(Refusal::UnknownVoucher))
+                if state.db.voucher_window(voucher).await?.is_some() =>
+            {
+                // Redis lost this sale's state; the database has it.
+                state.repair.start(Scope::Voucher(voucher));
+                return Err(ApiError::Repairing);
+            }
+            outcome => (outcome?, "pending"),
+        },
         PurchasePath::Sync(sync) => (sync.purchase(voucher, user).await?, "created"),
     };
     match outcome {

@@ -14,12 +14,19 @@
 -- The sale window is judged by the Redis server's clock (TIME), the one
 -- clock every service instance shares.
 --
--- Returns  0  accepted (stock decremented, buyer recorded, order appended)
+-- Called without arguments (to load it after a restart), it changes
+-- nothing and returns -1.
+--
+-- Returns -1  no arguments: nothing done
+--          0  accepted (stock decremented, buyer recorded, order appended)
 --          1  the sale has not started
 --          2  the sale has ended
 --          3  sold out
 --          4  this user already bought this voucher
 --          5  unknown voucher
+if #ARGV == 0 then
+  return -1
+end
 local v = redis.call('hmget', KEYS[1], 'stock', 'begin_ms', 'end_ms')
 if not v[1] then
   return 5

@@ -1,6 +1,8 @@
 //! The atomic Redis purchase (seed 002's fast path).
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::store::RedisConn;
 use redis::Script;
@@ -38,7 +40,24 @@ pub enum Purchase {
     Refused(Refusal),
 }
 
+/// How long an instance answers "sold out" for a voucher from memory after
+/// Redis last said so, without asking again. Sold out stays sold out in a
+/// sale, except after a repair that gives back units of orders Redis lost
+/// (`repair`): an instance that did not run it learns within this time.
+pub const SOLD_OUT_MEMORY: Duration = Duration::from_secs(1);
+
 /// Purchases decided entirely in Redis, one script call each.
+///
+/// The purchase script is sent by hash (`EVALSHA`) and never loaded
+/// implicitly: Redis forgets its scripts when it restarts, so a purchase
+/// answered `NOSCRIPT` means Redis restarted (and may have lost or rolled
+/// back the sale's state). It fails with [`Error::SaleUnverified`] until
+/// someone has checked the state against the database and called
+/// [`FastPath::arm`] (the service does both: `repair`).
+///
+/// A voucher Redis called sold out is answered from memory for
+/// [`SOLD_OUT_MEMORY`], at no Redis round trip (a buyer asking again then
+/// hears `SoldOut`, not `AlreadyBought`).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -53,6 +72,7 @@ pub enum Purchase {
 ///
 /// let now = SystemTime::now();
 /// shop.load_voucher(1, &SaleTerms::new(1, now, now + Duration::from_secs(60))?).await?;
+/// shop.arm(1).await?; // a fresh Redis: no state to verify first
 /// assert!(matches!(shop.purchase(1, 42).await?, Purchase::Accepted(_)));
 /// assert_eq!(shop.purchase(1, 42).await?, Purchase::Refused(Refusal::AlreadyBought));
 /// assert_eq!(shop.purchase(1, 43).await?, Purchase::Refused(Refusal::SoldOut));
@@ -64,6 +84,8 @@ pub struct FastPath {
     conn: RedisConn,
     prefix: String,
     ids: OrderIdGenerator,
+    /// Vouchers Redis called sold out, and when.
+    sold_out: Mutex<HashMap<i64, Instant>>,
 }
 
 impl FastPath {
@@ -74,6 +96,7 @@ impl FastPath {
             conn,
             prefix: prefix.into(),
             ids,
+            sold_out: Mutex::new(HashMap::new()),
         }
     }
 
@@ -97,37 +120,153 @@ impl FastPath {
         Ok(())
     }
 
+    /// Puts back the sale state of voucher `id` that Redis lost: `buyers`
+    /// first, then the terms with `stock`, the stock only if the voucher's
+    /// hash is still missing (a purchase needs the hash, so none can slip
+    /// between the two). Returns whether the hash was written.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable (then retry: it is
+    /// idempotent).
+    pub async fn restore_sale(
+        &self,
+        id: i64,
+        stock: i64,
+        (begin_ms, end_ms): (i64, i64),
+        buyers: &[i64],
+    ) -> Result<bool> {
+        let keys = VoucherKeys::new(&self.prefix, id);
+        let mut conn = self.conn.clone();
+        for chunk in buyers.chunks(1_000) {
+            let _: i64 = redis::cmd("SADD")
+                .arg(&keys.buyers)
+                .arg(chunk)
+                .query_async(&mut conn)
+                .await?;
+        }
+        let (created,): (bool,) = redis::pipe()
+            .atomic()
+            .hset_nx(&keys.voucher, "stock", stock)
+            .hset(&keys.voucher, "begin_ms", begin_ms)
+            .ignore()
+            .hset(&keys.voucher, "end_ms", end_ms)
+            .ignore()
+            .query_async(&mut conn)
+            .await?;
+        Ok(created)
+    }
+
+    /// Whether the purchase script is loaded: on a cluster, on every node.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable.
+    pub async fn is_armed(&self) -> Result<bool> {
+        let exists: Vec<bool> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(PURCHASE.get_hash())
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(exists.first().copied().unwrap_or(false))
+    }
+
     /// Tries to buy voucher `voucher_id` for `user_id`.
     ///
     /// # Errors
-    /// [`Error::Redis`] if Redis is unreachable (then nothing was bought:
-    /// the script either ran whole or not at all).
+    /// [`Error::Redis`] if Redis is unreachable (if the connection broke
+    /// after sending, the purchase may have been made: the outcome is
+    /// unknown); [`Error::SaleUnverified`] if Redis restarted and the sale
+    /// state has not been verified since (nothing was bought).
     ///
     /// # Cancel safety
     /// Not cancel safe: once sent, the purchase takes effect even if this
     /// future is dropped, and its order id is lost to the caller (the order
     /// is still in the stream).
     pub async fn purchase(&self, voucher_id: i64, user_id: i64) -> Result<Purchase> {
+        if self.known_sold_out(voucher_id) {
+            return Ok(Purchase::Refused(Refusal::SoldOut));
+        }
         let order = self.ids.next_id().await?;
         let keys = VoucherKeys::new(&self.prefix, voucher_id);
-        let code: i64 = PURCHASE
-            .key(&keys.voucher)
-            .key(&keys.buyers)
-            .key(&keys.orders)
+        let code: redis::RedisResult<i64> = redis::cmd("EVALSHA")
+            .arg(PURCHASE.get_hash())
+            .arg(3)
+            .arg(&keys.voucher)
+            .arg(&keys.buyers)
+            .arg(&keys.orders)
             .arg(user_id)
             .arg(order.as_i64())
             .arg(voucher_id)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+            .query_async(&mut self.conn.clone())
+            .await;
+        let code = match code {
+            Ok(code) => code,
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                return Err(Error::SaleUnverified)
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(match code {
             0 => Purchase::Accepted(order),
             1 => Purchase::Refused(Refusal::NotStarted),
             2 => Purchase::Refused(Refusal::Ended),
-            3 => Purchase::Refused(Refusal::SoldOut),
+            3 => {
+                self.remember_sold_out(voucher_id);
+                Purchase::Refused(Refusal::SoldOut)
+            }
             4 => Purchase::Refused(Refusal::AlreadyBought),
             5 => Purchase::Refused(Refusal::UnknownVoucher),
             other => return Err(Error::Protocol(format!("purchase script returned {other}"))),
         })
+    }
+
+    /// Loads the purchase script on the server holding voucher
+    /// `voucher_id` (on a cluster, each node needs it), so purchases go on
+    /// after a restart. Call it only once the sale state on that server is
+    /// verified (see the type's docs).
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable.
+    pub async fn arm(&self, voucher_id: i64) -> Result<()> {
+        let keys = VoucherKeys::new(&self.prefix, voucher_id);
+        // EVAL caches the script on the node the key routes to; with no
+        // arguments the script changes nothing.
+        let _: i64 = redis::cmd("EVAL")
+            .arg(include_str!("../scripts/purchase.lua"))
+            .arg(3)
+            .arg(&keys.voucher)
+            .arg(&keys.buyers)
+            .arg(&keys.orders)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets every sold-out voucher (after a repair that may have given
+    /// units back).
+    pub fn forget_sold_out(&self) {
+        self.sold_out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    fn known_sold_out(&self, voucher_id: i64) -> bool {
+        let mut sold_out = self.sold_out.lock().unwrap_or_else(|p| p.into_inner());
+        match sold_out.get(&voucher_id) {
+            Some(at) if at.elapsed() < SOLD_OUT_MEMORY => true,
+            Some(_) => {
+                sold_out.remove(&voucher_id);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn remember_sold_out(&self, voucher_id: i64) {
+        self.sold_out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(voucher_id, Instant::now());
     }
 
     /// The Redis connection (shared, cheap to clone).

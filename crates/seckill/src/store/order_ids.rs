@@ -2,6 +2,8 @@
 
 use std::time::SystemTime;
 
+use std::sync::LazyLock;
+
 use crate::store::RedisConn;
 use tokio::sync::Mutex;
 
@@ -13,6 +15,9 @@ use crate::store::keys::order_sequence;
 /// ids never depend on an old day's counter.
 const SEQUENCE_TTL_SECS: i64 = 7 * 86_400;
 
+static NEXT_BLOCK: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../scripts/next_block.lua")));
+
 /// Hands out [`OrderId`]s unique across instances and restarts.
 ///
 /// Sequence numbers come from one Redis counter per UTC day, taken
@@ -20,6 +25,12 @@ const SEQUENCE_TTL_SECS: i64 = 7 * 86_400;
 /// belongs to its day: at midnight the rest of it is dropped, never reused
 /// under the new day's timestamps. Numbers of a block not used before a
 /// restart are skipped, never repeated.
+///
+/// The counter never falls below the day's time floor (seconds elapsed ×
+/// 49,710, the 32-bit sequence spread over the day, by Redis' clock), so a
+/// counter Redis lost starts again above what was handed out before: ids
+/// stay unique across a Redis restart without data as long as a day's ids
+/// average at most 49,710 per second (`next_block.lua`).
 #[derive(Debug)]
 pub struct OrderIdGenerator {
     conn: RedisConn,
@@ -66,12 +77,12 @@ impl OrderIdGenerator {
         let mut block = self.state.lock().await;
         if block.day != day || block.next >= block.end {
             let key = order_sequence(&self.prefix, &civil_date(day));
-            let (last,): (u64,) = redis::pipe()
-                .atomic()
-                .incr(&key, self.block)
-                .expire(&key, SEQUENCE_TTL_SECS)
-                .ignore()
-                .query_async(&mut self.conn.clone())
+            let last: u64 = NEXT_BLOCK
+                .key(&key)
+                .arg(self.block)
+                .arg(day * 86_400)
+                .arg(SEQUENCE_TTL_SECS)
+                .invoke_async(&mut self.conn.clone())
                 .await?;
             *block = Block {
                 day,

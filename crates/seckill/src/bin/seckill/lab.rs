@@ -207,6 +207,7 @@ async fn run_one(strategy: Strategy, stock: i64, buyers: i64) -> anyhow::Result<
             )?,
         )
         .await?;
+        fast.arm(1).await?; // a fresh Redis: nothing to verify
         instances.push(Arc::new(Instance {
             conn: client.get_multiplexed_async_connection().await?,
             local: tokio::sync::Mutex::new(()),

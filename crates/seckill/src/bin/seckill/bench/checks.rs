@@ -214,7 +214,10 @@ impl Stores {
                 _ => None,
             };
             let drained = found.as_ref().is_none_or(|f| f.in_stream == 0);
-            let all_in = stored.iter().filter(|(id, _)| accepted.contains(id)).count();
+            let all_in = stored
+                .iter()
+                .filter(|(id, _)| accepted.contains(id))
+                .count();
             if (drained && all_in == accepted.len()) || tokio::time::Instant::now() >= deadline {
                 break (stored, found);
             }
@@ -363,7 +366,8 @@ mod tests {
             failed(&checks),
             ["sold out only once the stock was gone (stored = stock)"]
         );
-        assert!(failed(&from_answers(sale(&record)))
-            .contains(&"sold out only once the stock may have been gone (accepted + unknown >= stock)"));
+        assert!(failed(&from_answers(sale(&record))).contains(
+            &"sold out only once the stock may have been gone (accepted + unknown >= stock)"
+        ));
     }
 }

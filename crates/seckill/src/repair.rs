@@ -1,0 +1,227 @@
+//! Self-repair of a sale's Redis state after Redis lost it.
+//!
+//! Redis can lose or roll back the fast path's state: a restart without
+//! persistence, a restart from an older snapshot, a failover to a replica
+//! that had not seen the last writes, an eviction. Left alone, the sale
+//! answers `unknown_voucher` for a voucher that exists, or sells again units
+//! and buyers the database already has. Two signs reach the service:
+//!
+//! * a purchase answered `NOSCRIPT`: Redis restarted (it does not persist
+//!   scripts), so every open sale is verified ([`Scope::Restarted`]);
+//! * a purchase of a voucher Redis does not know while the database does:
+//!   that sale is verified ([`Scope::Voucher`]).
+//!
+//! Verifying a sale, under the `hasp` lock `<prefix>:repair` so that one
+//! instance does it at a time:
+//!
+//! * its hash missing: restored from the database, buyers first (users with
+//!   a stored order, and those still in the stream), then the terms, with
+//!   stock = database stock − orders in the stream the database does not
+//!   have yet ([`FastPath::restore_sale`]);
+//! * its hash present: [`reconcile`]'s safe repairs (buyers the database
+//!   knows added, a stock above what the database allows lowered).
+//!
+//! Then the purchase script is loaded again ([`FastPath::arm`]): its
+//! presence is what tells every instance that the state was verified since
+//! Redis started. Purchases answer 503 `sale_repairing` until then.
+//!
+//! What no repair can bring back: orders Redis accepted and lost before the
+//! pipeline stored them (their stream entries are gone). How many a crash
+//! can lose depends on Redis' persistence (README, "Durability").
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::db::Database;
+use crate::error::Result;
+use crate::reconcile::{reconcile, repair};
+use crate::store::FastPath;
+
+/// How long an instance waits for another's repair before giving up this
+/// attempt (the next purchase that needs one starts another).
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// Which sales to verify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Redis restarted: every sale not yet ended, and `voucher` (the one a
+    /// purchase was refused for, open or not).
+    Restarted {
+        /// The voucher that revealed the restart.
+        voucher: Option<i64>,
+    },
+    /// One voucher Redis no longer knows.
+    Voucher(i64),
+}
+
+/// What a repair did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RepairReport {
+    /// Sales checked.
+    pub verified: usize,
+    /// Sales whose Redis state was missing and was restored.
+    pub restored: usize,
+    /// Sales whose Redis state was behind and was repaired.
+    pub repaired: usize,
+}
+
+/// Verifies and repairs sale state in Redis against the database.
+#[derive(Debug)]
+pub struct SaleRepair {
+    fast: Arc<FastPath>,
+    db: Database,
+    locks: hasp::Client,
+    running: AtomicBool,
+    repairs: Option<prometheus::IntCounterVec>,
+}
+
+impl SaleRepair {
+    /// Repairs for `fast`'s sales from `db`, one instance at a time by a
+    /// lock of `locks`; each repaired sale counted in `repairs` (label
+    /// `kind`: `restored` or `repaired`) when given.
+    pub fn new(
+        fast: Arc<FastPath>,
+        db: Database,
+        locks: hasp::Client,
+        repairs: Option<prometheus::IntCounterVec>,
+    ) -> Self {
+        Self {
+            fast,
+            db,
+            locks,
+            running: AtomicBool::new(false),
+            repairs,
+        }
+    }
+
+    /// Starts a repair of `scope` in the background unless one is running
+    /// on this instance; returns at once.
+    pub fn start(self: &Arc<Self>, scope: Scope) {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = this.run(scope).await {
+                tracing::warn!(error = %e, ?scope, "sale repair failed; the next purchase that needs it retries");
+            }
+            this.running.store(false, Ordering::Release);
+        });
+    }
+
+    /// Whether a repair started by [`SaleRepair::start`] is running.
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// Verifies every open sale, and `voucher`, unless Redis has the
+    /// purchase script (then someone did since Redis started). For a
+    /// service starting, or a voucher just put on sale.
+    ///
+    /// # Errors
+    /// As [`SaleRepair::run`].
+    pub async fn ensure_verified(&self, voucher: Option<i64>) -> Result<Option<RepairReport>> {
+        if self.fast.is_armed().await? {
+            return Ok(None);
+        }
+        Ok(Some(self.run(Scope::Restarted { voucher }).await?))
+    }
+
+    /// Verifies `scope` now (see the module docs), under the repair lock.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] or [`Error::Database`] if either fails,
+    /// [`Error::Lock`] if the lock cannot be taken within 30 s.
+    pub async fn run(&self, scope: Scope) -> Result<RepairReport> {
+        let lock = self.locks.lock(&format!("{}:repair", self.fast.prefix()))?;
+        let guard = lock.lock_within(LOCK_WAIT).await?;
+        let outcome = self.run_locked(scope).await;
+        if let Err(e) = guard.unlock().await {
+            tracing::debug!(error = %e, "repair lock release failed; it expires");
+        }
+        outcome
+    }
+
+    async fn run_locked(&self, scope: Scope) -> Result<RepairReport> {
+        let vouchers = match scope {
+            Scope::Voucher(id) => vec![id],
+            Scope::Restarted { voucher } => {
+                // Another instance may have verified while we waited.
+                if self.fast.is_armed().await? {
+                    return Ok(RepairReport::default());
+                }
+                let mut ids = self.db.open_voucher_ids(now_ms()).await?;
+                ids.extend(voucher.filter(|v| !ids.contains(v)));
+                ids
+            }
+        };
+        let mut report = RepairReport::default();
+        for &id in &vouchers {
+            self.verify(id, &mut report).await?;
+        }
+        // Purchases go on only now (see the module docs).
+        for &id in &vouchers {
+            self.fast.arm(id).await?;
+        }
+        if report.restored + report.repaired > 0 {
+            // Units of lost orders may be back on sale.
+            self.fast.forget_sold_out();
+        }
+        tracing::warn!(
+            ?scope,
+            verified = report.verified,
+            restored = report.restored,
+            repaired = report.repaired,
+            "sale state verified against the database"
+        );
+        Ok(report)
+    }
+
+    async fn verify(&self, id: i64, report: &mut RepairReport) -> Result<()> {
+        let Some((_, begin_ms, end_ms)) = self.db.voucher_window(id).await? else {
+            return Ok(()); // unknown to the database too: nothing to restore
+        };
+        let found = reconcile(self.fast.connection(), &self.db, self.fast.prefix(), id).await?;
+        report.verified += 1;
+        if found.redis_stock.is_none() {
+            let stock = found.expected_redis_stock.unwrap_or(0).max(0);
+            let mut buyers = self.db.order_users(id).await?;
+            buyers.extend(found.in_stream_users.iter().copied());
+            if self
+                .fast
+                .restore_sale(id, stock, (begin_ms, end_ms), &buyers)
+                .await?
+            {
+                report.restored += 1;
+                self.count("restored");
+                tracing::warn!(
+                    voucher = id,
+                    stock,
+                    buyers = buyers.len(),
+                    "sale state was missing in Redis; restored from the database"
+                );
+            }
+        } else if !found.is_consistent() {
+            let changes = repair(self.fast.connection(), self.fast.prefix(), &found).await?;
+            if changes > 0 {
+                report.repaired += 1;
+                self.count("repaired");
+                tracing::warn!(voucher = id, changes, differences = ?found.differences(), "sale state in Redis was behind the database; repaired");
+            }
+        }
+        Ok(())
+    }
+
+    fn count(&self, kind: &str) {
+        if let Some(repairs) = &self.repairs {
+            repairs.with_label_values(&[kind]).inc();
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
