@@ -39,6 +39,16 @@ pub enum Error {
     /// nothing was bought. Retry once the repair is done.
     #[error("redis restarted; the sale state is being verified")]
     SaleUnverified,
+    /// A purchase was accepted by the Redis primary, but fewer replicas than
+    /// asked for confirmed it in time: it stands unless the primary fails
+    /// before replicating it (an unknown outcome for the buyer).
+    #[error("accepted by the primary but confirmed by {acked} of {wanted} replicas")]
+    NotReplicated {
+        /// Replicas that confirmed.
+        acked: u32,
+        /// Replicas asked for.
+        wanted: u32,
+    },
     /// Redis answered something unexpected.
     #[error("unexpected reply from redis: {0}")]
     Protocol(String),

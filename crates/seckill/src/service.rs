@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::http::{router, AppState, Limit, PurchasePath, RateLimits};
 use crate::pipeline::{OrderPipeline, PipelineSettings, StepReport};
 use crate::repair::SaleRepair;
-use crate::store::{FastPath, OrderIdGenerator};
+use crate::store::{FastPath, OrderIdGenerator, ReplicaAck};
 use crate::sync_path::SyncPath;
 
 /// Which purchase path the service uses.
@@ -50,6 +50,9 @@ pub struct ServiceConfig {
     pub user_limit: Option<Limit>,
     /// Requests per second per client IP (`None`: unlimited).
     pub ip_limit: Option<Limit>,
+    /// Answer `accepted` only once this many Redis replicas have the order
+    /// (`None`: once the primary has it). See README, "Durability".
+    pub replica_ack: Option<ReplicaAck>,
 }
 
 impl ServiceConfig {
@@ -74,6 +77,7 @@ impl ServiceConfig {
             reclaim_idle: Duration::from_secs(30),
             user_limit: None,
             ip_limit: None,
+            replica_ack: None,
         }
     }
 }
@@ -98,11 +102,15 @@ impl Service {
         let db = Database::connect(&config.database_url).await?;
         db.migrate().await?;
         let conn = crate::store::connect(&config.redis_url).await?;
-        let fast = Arc::new(FastPath::new(
+        let mut fast = FastPath::new(
             conn.clone(),
             config.prefix.clone(),
             OrderIdGenerator::new(conn.clone(), config.prefix.clone(), 1000)?,
-        ));
+        );
+        if let Some(ack) = config.replica_ack {
+            fast = fast.with_replica_ack(ack)?;
+        }
+        let fast = Arc::new(fast);
         let locks = crate::store::lock_client(&config.redis_url, hasp::Settings::default()).await?;
         let purchases = match config.mode {
             Mode::Async => PurchasePath::Async(fast.clone()),

@@ -322,3 +322,76 @@ async fn order_ids_stay_unique_when_redis_loses_the_sequence() {
         assert!(all.insert(before.next_id().await.unwrap()), "repeated id");
     }
 }
+
+/// Issue 11 (chosen durability): with replica confirmation on, `accepted`
+/// means a replica has the order; a replica that does not confirm in time
+/// makes the purchase `NotReplicated` (it stands on the primary: an
+/// unknown outcome for the buyer), not `Accepted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replica_ack_accepted_means_a_replica_has_the_order() {
+    use seckill::store::ReplicaAck;
+    let primary = RedisServer::start_tcp();
+    let replica = RedisServer::start_replica_of(&primary);
+    let conn = conn(&primary).await;
+    let ack = ReplicaAck {
+        replicas: 1,
+        timeout: Duration::from_millis(200),
+    };
+    let path = FastPath::new(
+        conn.clone(),
+        "seckill",
+        OrderIdGenerator::new(conn.clone(), "seckill", 100).unwrap(),
+    )
+    .with_replica_ack(ack)
+    .unwrap();
+    path.arm(0).await.unwrap();
+    path.load_voucher(1, &open_sale(10)).await.unwrap();
+    assert!(matches!(
+        path.purchase(1, 1).await.unwrap(),
+        Purchase::Accepted(_)
+    ));
+    let key = VoucherKeys::new("seckill", 1);
+    assert_eq!(
+        replica.cli(&["XLEN", &key.orders]),
+        "1",
+        "the replica has it"
+    );
+
+    replica.pause();
+    let unconfirmed = path.purchase(1, 2).await;
+    replica.resume();
+    assert!(
+        matches!(
+            unconfirmed,
+            Err(seckill::Error::NotReplicated {
+                acked: 0,
+                wanted: 1
+            })
+        ),
+        "{unconfirmed:?}"
+    );
+    assert_eq!(
+        primary.cli(&["XLEN", &key.orders]),
+        "2",
+        "it stands on the primary"
+    );
+    // A refusal is answered as it is: it changed nothing to confirm.
+    assert_eq!(
+        path.purchase(1, 1).await.unwrap(),
+        Purchase::Refused(Refusal::AlreadyBought)
+    );
+
+    let bad = |replicas, ms| {
+        FastPath::new(
+            conn.clone(),
+            "seckill",
+            OrderIdGenerator::new(conn.clone(), "seckill", 1).unwrap(),
+        )
+        .with_replica_ack(ReplicaAck {
+            replicas,
+            timeout: Duration::from_millis(ms),
+        })
+        .is_err()
+    };
+    assert!(bad(0, 100) && bad(1, 0));
+}

@@ -37,6 +37,10 @@ pub enum ApiError {
     /// 503 with `Retry-After`: Redis lost this sale's state and it is being
     /// restored from the database; nothing was bought.
     Repairing,
+    /// 503 with `Retry-After`: accepted by the Redis primary but not
+    /// confirmed by enough replicas in time; the order may stand (check the
+    /// order status before buying again).
+    NotReplicated,
     /// 500: infrastructure failure; logged, never shown to the client.
     Internal(crate::Error),
 }
@@ -91,6 +95,7 @@ impl From<crate::Error> for ApiError {
                 ref l @ (hasp::Error::Redis(_) | hasp::Error::NotReplicated { .. }),
             ) if l.is_retryable() => ApiError::Unavailable(Dependency::Redis),
             crate::Error::SaleUnverified => ApiError::Repairing,
+            crate::Error::NotReplicated { .. } => ApiError::NotReplicated,
             crate::Error::Database(ref d) if database_unavailable(d) => {
                 ApiError::Unavailable(Dependency::Database)
             }
@@ -157,6 +162,12 @@ impl IntoResponse for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "sale_repairing",
                 "the sale's state is being restored after a Redis failure; retry shortly".into(),
+                None,
+            ),
+            ApiError::NotReplicated => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_replicated",
+                "the purchase reached Redis but its replicas did not confirm it in time; it may stand: check your order before retrying".into(),
                 None,
             ),
             ApiError::Refused(refusal) => {
@@ -234,6 +245,22 @@ mod tests {
             ApiError::from(pool),
             ApiError::Unavailable(Dependency::Database)
         ));
+        assert!(matches!(
+            ApiError::from(crate::Error::SaleUnverified),
+            ApiError::Repairing
+        ));
+        assert!(matches!(
+            ApiError::from(crate::Error::NotReplicated {
+                acked: 0,
+                wanted: 1
+            }),
+            ApiError::NotReplicated
+        ));
+        for e in [ApiError::Repairing, ApiError::NotReplicated] {
+            let response = e.into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert!(response.headers().contains_key("retry-after"));
+        }
         let bug = crate::Error::Protocol("?".into());
         assert!(matches!(ApiError::from(bug), ApiError::Internal(_)));
     }

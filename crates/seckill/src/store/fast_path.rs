@@ -86,6 +86,19 @@ pub struct FastPath {
     ids: OrderIdGenerator,
     /// Vouchers Redis called sold out, and when.
     sold_out: Mutex<HashMap<i64, Instant>>,
+    /// Replicas that must confirm an accepted purchase, and how long to
+    /// wait for them (`None`: the primary's word is enough).
+    replica_ack: Option<ReplicaAck>,
+}
+
+/// How many replicas must have an accepted purchase before it is answered
+/// `accepted`, and how long to wait for them (Redis `WAIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaAck {
+    /// Replicas that must confirm (at least 1).
+    pub replicas: u32,
+    /// Longest wait for them (at least 1 ms).
+    pub timeout: Duration,
 }
 
 impl FastPath {
@@ -97,7 +110,38 @@ impl FastPath {
             prefix: prefix.into(),
             ids,
             sold_out: Mutex::new(HashMap::new()),
+            replica_ack: None,
         }
+    }
+
+    /// Answers a purchase `accepted` only once `ack.replicas` replicas have
+    /// it (the script and `WAIT` sent together, one round trip); an order
+    /// they did not confirm in `ack.timeout` fails with
+    /// [`Error::NotReplicated`]. What this buys: a failover to one of those
+    /// replicas keeps every order answered `accepted`. Redis 7.0 has no
+    /// `WAITAOF` (7.2): a replica's own disk is not waited for.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for 0 replicas, a zero timeout, or a Redis
+    /// Cluster connection (`WAIT` names no key to route by).
+    pub fn with_replica_ack(mut self, ack: ReplicaAck) -> Result<Self> {
+        if ack.replicas == 0 {
+            return Err(Error::invalid("replica_ack", "must be at least 1"));
+        }
+        if ack.timeout.as_millis() == 0 {
+            return Err(Error::invalid(
+                "replica_ack_timeout",
+                "must be at least 1 ms",
+            ));
+        }
+        if matches!(self.conn, RedisConn::Cluster(_)) {
+            return Err(Error::invalid(
+                "replica_ack",
+                "not available on a Redis Cluster connection",
+            ));
+        }
+        self.replica_ack = Some(ack);
+        Ok(self)
     }
 
     /// Puts voucher `id` on sale with `terms`. Loading again updates the
@@ -175,7 +219,10 @@ impl FastPath {
     /// [`Error::Redis`] if Redis is unreachable (if the connection broke
     /// after sending, the purchase may have been made: the outcome is
     /// unknown); [`Error::SaleUnverified`] if Redis restarted and the sale
-    /// state has not been verified since (nothing was bought).
+    /// state has not been verified since (nothing was bought);
+    /// [`Error::NotReplicated`] if replica confirmation is on and too few
+    /// replicas confirmed (the order stands on the primary, and is lost
+    /// only if it fails before replicating: an unknown outcome).
     ///
     /// # Cancel safety
     /// Not cancel safe: once sent, the purchase takes effect even if this
@@ -187,7 +234,8 @@ impl FastPath {
         }
         let order = self.ids.next_id().await?;
         let keys = VoucherKeys::new(&self.prefix, voucher_id);
-        let code: redis::RedisResult<i64> = redis::cmd("EVALSHA")
+        let mut script = redis::cmd("EVALSHA");
+        script
             .arg(PURCHASE.get_hash())
             .arg(3)
             .arg(&keys.voucher)
@@ -195,16 +243,34 @@ impl FastPath {
             .arg(&keys.orders)
             .arg(user_id)
             .arg(order.as_i64())
-            .arg(voucher_id)
-            .query_async(&mut self.conn.clone())
-            .await;
-        let code = match code {
-            Ok(code) => code,
+            .arg(voucher_id);
+        let mut conn = self.conn.clone();
+        let answer: redis::RedisResult<(i64, Option<u32>)> = match self.replica_ack {
+            None => script.query_async(&mut conn).await.map(|code| (code, None)),
+            Some(ack) => redis::pipe()
+                .add_command(script)
+                .cmd("WAIT")
+                .arg(ack.replicas)
+                .arg(ack.timeout.as_millis() as u64)
+                .query_async(&mut conn)
+                .await
+                .map(|(code, acked)| (code, Some(acked))),
+        };
+        let (code, acked) = match answer {
+            Ok(answer) => answer,
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 return Err(Error::SaleUnverified)
             }
             Err(e) => return Err(e.into()),
         };
+        if let (0, Some(acked), Some(ack)) = (code, acked, self.replica_ack) {
+            if acked < ack.replicas {
+                return Err(Error::NotReplicated {
+                    acked,
+                    wanted: ack.replicas,
+                });
+            }
+        }
         Ok(match code {
             0 => Purchase::Accepted(order),
             1 => Purchase::Refused(Refusal::NotStarted),

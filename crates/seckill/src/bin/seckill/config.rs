@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use seckill::http::Limit;
 use seckill::service::{Mode, ServiceConfig};
+use seckill::store::ReplicaAck;
 use serde::Deserialize;
 
 /// Flags (and their environment variables) of `seckill serve`.
@@ -44,6 +45,12 @@ pub struct ServeArgs {
     /// Requests per second per client IP, burst twice that, 0 = unlimited [default: 2000].
     #[arg(long, env = "SECKILL_IP_RATE")]
     pub ip_rate: Option<u32>,
+    /// Answer `accepted` only once this many Redis replicas confirmed the order (WAIT), 0 = off [default: 0].
+    #[arg(long, env = "SECKILL_REPLICA_ACK")]
+    pub replica_ack: Option<u32>,
+    /// How long to wait for those replicas before answering 503 `not_replicated` [default: 100].
+    #[arg(long, env = "SECKILL_REPLICA_ACK_TIMEOUT_MS")]
+    pub replica_ack_timeout_ms: Option<u64>,
 }
 
 /// The same settings, from the file.
@@ -59,6 +66,8 @@ struct FileSettings {
     reclaim_idle_ms: Option<u64>,
     user_rate: Option<u32>,
     ip_rate: Option<u32>,
+    replica_ack: Option<u32>,
+    replica_ack_timeout_ms: Option<u64>,
 }
 
 impl ServeArgs {
@@ -103,6 +112,17 @@ impl ServeArgs {
             ),
             user_limit: Limit::per_second(self.user_rate.or(file.user_rate).unwrap_or(5)),
             ip_limit: Limit::per_second(self.ip_rate.or(file.ip_rate).unwrap_or(2_000)),
+            replica_ack: match self.replica_ack.or(file.replica_ack).unwrap_or(0) {
+                0 => None,
+                replicas => Some(ReplicaAck {
+                    replicas,
+                    timeout: Duration::from_millis(
+                        self.replica_ack_timeout_ms
+                            .or(file.replica_ack_timeout_ms)
+                            .unwrap_or(100),
+                    ),
+                }),
+            },
         })
     }
 }
