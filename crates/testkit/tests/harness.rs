@@ -175,3 +175,28 @@ mod faults {
         assert!(!register.write("r", "a", 5).await);
     }
 }
+
+/// The chaos run's database fault: PostgreSQL killed (SIGKILL) or stopped,
+/// then started again on its data.
+#[test]
+fn postgres_restarts_on_its_data_after_a_crash_and_a_stop() {
+    let mut pg = testkit::PostgresServer::start();
+    let psql = |pg: &testkit::PostgresServer, sql: &str| {
+        let url = pg.url();
+        let host = url.split("host=").nth(1).unwrap().to_owned();
+        let out = Command::new("psql")
+            .args([
+                "-h", &host, "-U", "postgres", "-d", "test", "-tA", "-c", sql,
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    psql(&pg, "CREATE TABLE t (n int); INSERT INTO t VALUES (7)");
+    for crash in [true, false] {
+        pg.stop(crash);
+        assert_eq!(psql(&pg, "SELECT n FROM t"), "", "answered while stopped");
+        pg.try_restart().unwrap();
+        assert_eq!(psql(&pg, "SELECT n FROM t"), "7", "crash: {crash}");
+    }
+}

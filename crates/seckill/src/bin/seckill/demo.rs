@@ -70,7 +70,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     let redis_url = match &args.redis_url {
         Some(url) => url.clone(),
         None if args.cluster => {
-            private_cluster = testkit::RedisCluster::start(3);
+            private_cluster = launcher::RedisCluster::try_start(3)?;
             let nodes: Vec<String> = private_cluster
                 .nodes
                 .iter()
@@ -82,7 +82,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
             url
         }
         None => {
-            private_redis = testkit::RedisServer::start();
+            private_redis =
+                launcher::RedisServer::try_start_with(launcher::ServerOptions::default())?;
             println!("redis: private redis-server at {}", private_redis.url());
             private_redis.url()
         }

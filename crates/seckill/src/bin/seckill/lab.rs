@@ -181,7 +181,7 @@ struct Instance {
 }
 
 async fn run_one(strategy: Strategy, stock: i64, buyers: i64) -> anyhow::Result<Row> {
-    let server = testkit::RedisServer::start();
+    let server = launcher::RedisServer::try_start_with(launcher::ServerOptions::default())?;
     let client = redis::Client::open(server.url())?;
     let mut setup = client.get_multiplexed_async_connection().await?;
     let _: () = redis::cmd("SET")

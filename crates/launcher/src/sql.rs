@@ -1,5 +1,6 @@
-//! Private PostgreSQL and MariaDB servers for tests, on unix sockets in a
-//! temporary directory, with no network listener; stopped on drop.
+//! Private PostgreSQL and MariaDB servers, on unix sockets in a temporary
+//! directory, with no network listener; stopped on drop. (MariaDB is for
+//! tests only: its constructor panics on failure.)
 //!
 //! PostgreSQL refuses to run as root, so when the tests run as root the
 //! server runs as the `postgres` user that Debian's package creates.
@@ -9,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn temp_dir(kind: &str) -> PathBuf {
+use crate::LaunchError;
+
+fn temp_dir(kind: &str) -> Result<PathBuf, LaunchError> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -18,29 +21,35 @@ fn temp_dir(kind: &str) -> PathBuf {
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
+    std::fs::create_dir_all(&dir).map_err(|e| LaunchError::io("creating a server directory", e))?;
+    Ok(dir)
 }
 
-fn missing(what: &str) -> ! {
-    panic!("{what} not found: the tests need it. Run `scripts/ensure-deps.sh` (installs it with apt-get)")
+fn missing(what: &str) -> LaunchError {
+    LaunchError::Missing(format!(
+        "{what} not found. Run `scripts/ensure-deps.sh` (installs it with apt-get)"
+    ))
 }
 
-fn wait_for(path: &Path, child: &mut Child, what: &str, log: &Path) {
+fn wait_for(path: &Path, child: &mut Child, what: &str, log: &Path) -> Result<(), LaunchError> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !path.exists() {
         if let Ok(Some(status)) = child.try_wait() {
-            panic!(
+            return Err(LaunchError::Failed(format!(
                 "{what} exited with {status}: {}",
                 std::fs::read_to_string(log).unwrap_or_default()
-            );
+            )));
         }
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not start within 30 s"
-        );
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(LaunchError::Failed(format!(
+                "{what} did not start within 30 s"
+            )));
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(())
 }
 
 fn stop(child: &mut Option<Child>) {
@@ -79,14 +88,24 @@ fn user_ids(name: &str) -> Option<(u32, u32)> {
 pub struct PostgresServer {
     child: Option<Child>,
     dir: PathBuf,
+    bin: PathBuf,
 }
 
 impl PostgresServer {
     /// Initialises a cluster in a temporary directory and starts it.
     ///
     /// # Panics
-    /// If PostgreSQL is not installed or does not start.
+    /// As [`PostgresServer::try_start`] fails (for tests).
     pub fn start() -> Self {
+        Self::try_start().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Initialises a cluster in a temporary directory (`fsync` off: the
+    /// server survives its own crash, not the machine's) and starts it.
+    ///
+    /// # Errors
+    /// [`LaunchError`] if PostgreSQL is not installed or does not start.
+    pub fn try_start() -> Result<Self, LaunchError> {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .ok()
             .and_then(|versions| {
@@ -96,42 +115,52 @@ impl PostgresServer {
                     .filter(|b| b.join("initdb").exists())
                     .max()
             })
-            .unwrap_or_else(|| missing("PostgreSQL (initdb)"));
-        let dir = temp_dir("postgres");
-        let as_user = |cmd: &mut Command| {
-            if running_as_root() {
-                let (uid, gid) =
-                    user_ids("postgres").unwrap_or_else(|| missing("the postgres user"));
-                cmd.uid(uid).gid(gid);
-            }
-        };
+            .ok_or_else(|| missing("PostgreSQL (initdb)"))?;
+        let dir = temp_dir("postgres")?;
         if running_as_root() {
             let status = Command::new("chown")
                 .arg("-R")
                 .arg("postgres:")
                 .arg(&dir)
                 .status()
-                .expect("chown");
-            assert!(status.success(), "chown of the PostgreSQL directory failed");
+                .map_err(|e| LaunchError::io("running chown", e))?;
+            if !status.success() {
+                return Err(LaunchError::Failed(
+                    "chown of the PostgreSQL directory failed".into(),
+                ));
+            }
         }
-        let log = dir.join("postgres.log");
         let mut init = Command::new(bin.join("initdb"));
         init.arg("-D")
             .arg(dir.join("data"))
             .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync"])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        as_user(&mut init);
-        assert!(
-            init.status().expect("run initdb").success(),
-            "initdb failed"
-        );
-        let mut server = Command::new(bin.join("postgres"));
+        as_postgres(&mut init)?;
+        let initialised = init
+            .status()
+            .map_err(|e| LaunchError::io("running initdb", e))?;
+        if !initialised.success() {
+            return Err(LaunchError::Failed("initdb failed".into()));
+        }
+        let mut this = Self {
+            child: None,
+            dir,
+            bin,
+        };
+        this.spawn()?;
+        this.wait_ready("CREATE DATABASE test")?;
+        Ok(this)
+    }
+
+    fn spawn(&mut self) -> Result<(), LaunchError> {
+        let log = self.dir.join("postgres.log");
+        let mut server = Command::new(self.bin.join("postgres"));
         server
             .arg("-D")
-            .arg(dir.join("data"))
+            .arg(self.dir.join("data"))
             .arg("-k")
-            .arg(&dir)
+            .arg(&self.dir)
             .args([
                 "-c",
                 "listen_addresses=",
@@ -142,24 +171,40 @@ impl PostgresServer {
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"));
-        as_user(&mut server);
-        let mut child = server.spawn().expect("start postgres");
-        wait_for(&dir.join(".s.PGSQL.5432"), &mut child, "postgres", &log);
-        let this = Self {
-            child: Some(child),
-            dir,
-        };
-        // The socket appears a moment before connections are accepted.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !this.psql("CREATE DATABASE test") {
-            assert!(
-                Instant::now() < deadline,
-                "postgres never accepted connections"
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .map_err(|e| LaunchError::io("opening postgres.log", e))?,
             );
+        as_postgres(&mut server)?;
+        let mut child = server
+            .spawn()
+            .map_err(|e| LaunchError::io("starting postgres", e))?;
+        let ready = wait_for(
+            &self.dir.join(".s.PGSQL.5432"),
+            &mut child,
+            "postgres",
+            &log,
+        );
+        self.child = Some(child);
+        ready
+    }
+
+    /// Runs `sql` until it succeeds (the socket appears a moment before
+    /// connections are accepted), for up to 30 s.
+    fn wait_ready(&self, sql: &str) -> Result<(), LaunchError> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.psql(sql) {
+            if Instant::now() >= deadline {
+                return Err(LaunchError::Failed(
+                    "postgres never accepted connections".into(),
+                ));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
-        this
+        Ok(())
     }
 
     fn psql(&self, sql: &str) -> bool {
@@ -173,6 +218,34 @@ impl PostgresServer {
             .is_ok_and(|s| s.success())
     }
 
+    /// Stops the server: `SIGKILL` when `crash`, else a fast shutdown. Its
+    /// data stays for [`PostgresServer::try_restart`].
+    pub fn stop(&mut self, crash: bool) {
+        match (crash, self.child.as_mut()) {
+            (true, Some(child)) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                self.child = None;
+            }
+            _ => stop(&mut self.child),
+        }
+        // A killed postmaster leaves its socket and lock file behind.
+        let _ = std::fs::remove_file(self.dir.join(".s.PGSQL.5432"));
+    }
+
+    /// Starts the server again on its data after [`PostgresServer::stop`]
+    /// (stopping it first if it runs); returns once it accepts connections.
+    ///
+    /// # Errors
+    /// [`LaunchError`] if it does not start.
+    pub fn try_restart(&mut self) -> Result<(), LaunchError> {
+        if self.child.is_some() {
+            self.stop(false);
+        }
+        self.spawn()?;
+        self.wait_ready("SELECT 1")
+    }
+
     /// URL of the `test` database (sqlx form, unix socket).
     pub fn url(&self) -> String {
         format!(
@@ -180,6 +253,16 @@ impl PostgresServer {
             self.dir.display()
         )
     }
+}
+
+/// Runs `cmd` as the `postgres` user when this process is root (PostgreSQL
+/// refuses to run as root).
+fn as_postgres(cmd: &mut Command) -> Result<(), LaunchError> {
+    if running_as_root() {
+        let (uid, gid) = user_ids("postgres").ok_or_else(|| missing("the postgres user"))?;
+        cmd.uid(uid).gid(gid);
+    }
+    Ok(())
 }
 
 impl Drop for PostgresServer {
@@ -202,7 +285,7 @@ impl MariaDbServer {
     /// # Panics
     /// If MariaDB is not installed or does not start.
     pub fn start() -> Self {
-        let dir = temp_dir("mariadb");
+        let dir = temp_dir("mariadb").unwrap_or_else(|e| panic!("{e}"));
         let data = dir.join("data");
         let log = dir.join("mariadb.log");
         // A private temporary directory: installs running at once in the
@@ -227,7 +310,7 @@ impl MariaDbServer {
                 "mariadb-install-db failed ({s}):\n{}",
                 std::fs::read_to_string(&install_log).unwrap_or_default()
             ),
-            Err(_) => missing("MariaDB (mariadb-install-db)"),
+            Err(_) => panic!("{}", missing("MariaDB (mariadb-install-db)")),
         }
         let socket = dir.join("mysqld.sock");
         let mut child = Command::new("mariadbd")
@@ -243,8 +326,8 @@ impl MariaDbServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|_| missing("MariaDB (mariadbd)"));
-        wait_for(&socket, &mut child, "mariadbd", &log);
+            .unwrap_or_else(|_| panic!("{}", missing("MariaDB (mariadbd)")));
+        wait_for(&socket, &mut child, "mariadbd", &log).unwrap_or_else(|e| panic!("{e}"));
         let this = Self {
             child: Some(child),
             dir,

@@ -5,9 +5,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{
-    free_tcp_port, redis_server_binary, unique_dir, RedisServer, ServerOptions, Transport,
-};
+use crate::redis::{free_tcp_port, redis_server_binary, unique_dir};
+use crate::{RedisServer, ServerOptions, Transport};
 
 /// The service name the sentinels of a [`SentinelGroup`] watch.
 pub const SERVICE: &str = "hasp";
@@ -22,7 +21,7 @@ pub struct Sentinel {
 
 impl Sentinel {
     fn start(master_port: u16, quorum: usize) -> Self {
-        let dir = unique_dir();
+        let dir = unique_dir().expect("create a directory for a sentinel");
         let port = free_tcp_port();
         let config = dir.join("sentinel.conf");
         std::fs::write(

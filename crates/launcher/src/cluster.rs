@@ -1,0 +1,210 @@
+//! A private Redis Cluster.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::redis::free_tcp_port;
+use crate::{LaunchError, RedisServer, ServerOptions, Transport};
+
+/// One line of `CLUSTER NODES`: port, whether a master, slot ranges.
+type NodeView = (u16, bool, Vec<(u16, u16)>);
+
+/// A Redis Cluster of private servers on free TCP ports, every slot
+/// assigned, no replicas; stopped when dropped.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The nodes, each a master of a share of the slots.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `masters` nodes (at least 3, as Redis requires) and joins them
+    /// with `redis-cli --cluster create`; returns once the cluster is ok.
+    ///
+    /// # Panics
+    /// As [`RedisCluster::try_start`] fails (for tests).
+    pub fn start(masters: usize) -> Self {
+        Self::start_with_replicas(masters, 0)
+    }
+
+    /// As [`start`](Self::start), with `replicas` replicas per master;
+    /// returns once the cluster is ok and every replica is linked.
+    ///
+    /// # Panics
+    /// As [`RedisCluster::try_start_with_replicas`] fails (for tests).
+    pub fn start_with_replicas(masters: usize, replicas: usize) -> Self {
+        Self::try_start_with_replicas(masters, replicas).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As [`start`](Self::start).
+    ///
+    /// # Errors
+    /// As [`RedisCluster::try_start_with_replicas`].
+    pub fn try_start(masters: usize) -> Result<Self, LaunchError> {
+        Self::try_start_with_replicas(masters, 0)
+    }
+
+    /// As [`start_with_replicas`](Self::start_with_replicas).
+    ///
+    /// # Errors
+    /// [`LaunchError`] for fewer than 3 masters, a node that does not start,
+    /// a failed `redis-cli --cluster create`, or a cluster not ok in 20 s.
+    pub fn try_start_with_replicas(masters: usize, replicas: usize) -> Result<Self, LaunchError> {
+        if masters < 3 {
+            return Err(LaunchError::Failed(
+                "a Redis Cluster needs at least 3 masters".into(),
+            ));
+        }
+        let nodes = (0..masters * (1 + replicas))
+            .map(|_| {
+                RedisServer::try_start_with(ServerOptions {
+                    transport: Transport::Tcp,
+                    extra_args: vec![
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-config-file".into(),
+                        "nodes.conf".into(),
+                        "--cluster-node-timeout".into(),
+                        "2000".into(),
+                        // The bus port defaults to port + 10000, which may
+                        // be taken, or past 65535 for a high free port.
+                        "--cluster-port".into(),
+                        free_tcp_port().to_string(),
+                    ],
+                    ..ServerOptions::default()
+                })
+            })
+            .collect::<Result<Vec<RedisServer>, LaunchError>>()?;
+        let addresses: Vec<String> = nodes
+            .iter()
+            .filter_map(RedisServer::port)
+            .map(|port| format!("127.0.0.1:{port}"))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .map_err(|e| LaunchError::io("running redis-cli --cluster create", e))?;
+        if !out.status.success() {
+            return Err(LaunchError::Failed(format!(
+                "cluster create failed: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )));
+        }
+        let cluster = Self { nodes };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cluster.nodes.iter().all(|n| {
+            n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
+                && (n.cli(&["ROLE"]).starts_with("master")
+                    || n.cli(&["INFO", "replication"])
+                        .contains("master_link_status:up"))
+        }) {
+            if Instant::now() >= deadline {
+                return Err(LaunchError::Failed("cluster never reached state ok".into()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(cluster)
+    }
+
+    /// The node that is master of `slot` now (as the first answering node
+    /// sees it).
+    pub fn master_of(&self, slot: u16) -> &RedisServer {
+        let port = self
+            .nodes_view()
+            .into_iter()
+            .find(|(_, master, slots)| {
+                *master && slots.iter().any(|(a, b)| (*a..=*b).contains(&slot))
+            })
+            .map(|(port, _, _)| port)
+            .expect("every slot has a master");
+        self.node(port)
+    }
+
+    /// The node listening on `port`.
+    pub fn node(&self, port: u16) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|n| n.port() == Some(port))
+            .expect("a node of this cluster")
+    }
+
+    /// `CLUSTER NODES` as (port, is master, slot ranges), read from the first
+    /// node that answers.
+    fn nodes_view(&self) -> Vec<NodeView> {
+        let text = self
+            .nodes
+            .iter()
+            .map(|n| n.cli(&["CLUSTER", "NODES"]))
+            .find(|t| !t.is_empty())
+            .unwrap_or_default();
+        text.lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let port = fields.get(1)?.split(['@', ':']).nth(1)?.parse().ok()?;
+                let master = fields.get(2)?.contains("master");
+                let slots = fields
+                    .iter()
+                    .skip(8)
+                    .filter(|f| !f.starts_with('['))
+                    .filter_map(|range| {
+                        let mut ends = range.split('-');
+                        let a: u16 = ends.next()?.parse().ok()?;
+                        let b: u16 = ends.next().map_or(Some(a), |b| b.parse().ok())?;
+                        Some((a, b))
+                    })
+                    .collect();
+                Some((port, master, slots))
+            })
+            .collect()
+    }
+
+    /// The node id of the node on `port`.
+    fn id_of(&self, port: u16) -> String {
+        self.node(port).cli(&["CLUSTER", "MYID"])
+    }
+
+    /// Moves `slot` (with its keys) from its master to the master on
+    /// `to_port`, the way `redis-cli --cluster reshard` does: IMPORTING,
+    /// MIGRATING, `MIGRATE` of every key, then `SETSLOT ... NODE` everywhere.
+    pub fn migrate_slot(&self, slot: u16, to_port: u16) {
+        let from = self.master_of(slot);
+        let from_port = from.port().expect("tcp");
+        let to = self.node(to_port);
+        let (from_id, to_id) = (self.id_of(from_port), self.id_of(to_port));
+        let slot_s = slot.to_string();
+        to.cli(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &from_id]);
+        from.cli(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &to_id]);
+        loop {
+            let keys = from.cli(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "100"]);
+            let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let mut args = vec![
+                "MIGRATE".to_owned(),
+                "127.0.0.1".to_owned(),
+                to_port.to_string(),
+                String::new(),
+                "0".to_owned(),
+                "5000".to_owned(),
+                "KEYS".to_owned(),
+            ];
+            args.extend(keys.iter().map(|k| (*k).to_owned()));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            from.cli(&args);
+        }
+        for node in &self.nodes {
+            if node.cli(&["ROLE"]).starts_with("master") {
+                node.cli(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &to_id]);
+            }
+        }
+    }
+
+    /// `redis://` URLs of every node (seed list for a cluster client).
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}

@@ -1,0 +1,59 @@
+//! # launcher — private database servers as child processes
+//!
+//! Starts `redis-server` (alone, as a replica, as a Redis Cluster or a
+//! Sentinel group), PostgreSQL and MariaDB as child processes of the caller,
+//! each in a private temporary directory (its data, socket and log), on a
+//! unix socket or a free TCP port of 127.0.0.1, and stops them when dropped.
+//! `seckill demo` and `seckill chaos` run on them; the test suites too
+//! (through `testkit`). A server can also be paused (`SIGSTOP`), resumed,
+//! killed (`SIGKILL`) and restarted on the same address and data: the
+//! faults a chaos run or a fault test needs.
+//!
+//! The `try_*` constructors return a [`LaunchError`]; the short ones
+//! (`start`, `restart`) panic with the same message, for tests.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), launcher::LaunchError> {
+//! let redis = launcher::RedisServer::try_start_with(launcher::ServerOptions::default())?;
+//! println!("{}", redis.url()); // redis+unix:///tmp/hasp-redis-…/redis.sock
+//! # Ok(())
+//! # }
+//! ```
+
+#![warn(missing_docs)]
+
+mod cluster;
+mod redis;
+mod sentinel;
+mod sql;
+
+pub use cluster::RedisCluster;
+pub use redis::{free_tcp_port, RedisServer, ServerOptions, Transport};
+pub use sentinel::{Sentinel, SentinelGroup, SERVICE as SENTINEL_SERVICE};
+pub use sql::{MariaDbServer, PostgresServer};
+
+/// Why a server could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The server's program is not installed.
+    #[error("{0}")]
+    Missing(String),
+    /// It started but failed, exited or did not become ready in time.
+    #[error("{0}")]
+    Failed(String),
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl LaunchError {
+    pub(crate) fn io(what: &'static str, source: std::io::Error) -> Self {
+        LaunchError::Io { what, source }
+    }
+}
