@@ -9,6 +9,7 @@ use seckill::auth::{Principal, Tokens};
 use seckill::service::Service;
 
 mod bench;
+mod chaos;
 mod config;
 mod demo;
 mod lab;
@@ -58,6 +59,10 @@ enum Command {
     Demo(DemoArgs),
     /// Load-test running service instances: report, charts, invariants.
     Bench(bench::BenchArgs),
+    /// A private deployment under load while faults strike (instances
+    /// killed, Redis and the database restarted, Redis paused); then
+    /// nothing may be lost, duplicated or oversold.
+    Chaos(chaos::ChaosArgs),
     /// Seed 003's oversell walk: the same sale against seven strategies.
     Lab(lab::LabArgs),
     /// Apply the database migrations and exit.
@@ -126,6 +131,13 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Bench(args) => {
             if bench::run(args).await? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
+        Command::Chaos(args) => {
+            if chaos::run(args).await? {
                 Ok(())
             } else {
                 std::process::exit(1)

@@ -149,6 +149,18 @@ impl Stores {
         })
     }
 
+    /// The orders stored for `voucher`, `(order id, user id)` (none without
+    /// a database).
+    ///
+    /// # Errors
+    /// If the database fails.
+    pub async fn orders(&self, voucher: i64) -> anyhow::Result<Vec<(i64, i64)>> {
+        Ok(match &self.db {
+            Some(db) => db.voucher_orders(voucher).await?,
+            None => Vec::new(),
+        })
+    }
+
     /// Entries in the dead-letter stream (0 without Redis).
     ///
     /// # Errors
