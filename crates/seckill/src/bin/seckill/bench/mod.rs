@@ -9,6 +9,7 @@
 //! and the database ([`checks`]); write `report.json` and three PNG charts
 //! ([`report`], [`charts`]).
 
+pub mod ceiling;
 pub mod charts;
 pub mod checks;
 pub mod load;
@@ -75,6 +76,10 @@ pub struct BenchArgs {
     /// Per-request timeout (a timed-out request counts as an error).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub timeout: Duration,
+    /// Closed loop: first measure the HTTP ceiling for this long (the same
+    /// loop on `GET /healthz`) and report purchases against it.
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "rate")]
+    pub ceiling: Option<Duration>,
     /// How long to wait after the load for the order pipeline to drain.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     pub drain_timeout: Duration,
@@ -172,6 +177,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     .await?;
     let dead_letters_before = stores.dead_letters().await?;
 
+    let ceiling = match (args.ceiling, arrival) {
+        (Some(length), Arrival::Closed { concurrency }) => {
+            let rps = ceiling::measure(&http, &bases, concurrency, length).await;
+            println!("HTTP ceiling: {rps:.0} requests/s on GET /healthz, closed loop, {concurrency} in flight");
+            Some(rps)
+        }
+        _ => None,
+    };
     let voucher = create_voucher(&http, &bases[0], &tokens, args.stock).await?;
     println!(
         "bench: voucher {voucher} with {} units, {} users, {} instance(s), {}",
@@ -199,6 +212,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     let record = load::run(http, plan, progress).await;
     display.finish();
     report::print_summary(&record);
+    let sold_out_rps = report::sold_out_rate(&record);
+    report::print_against_ceiling(&record, ceiling, sold_out_rps);
 
     let sale = checks::Sale {
         voucher,
@@ -234,7 +249,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         args.users,
         all,
         verified.unknown_stored,
-    );
+    )
+    .with_ceiling(ceiling, sold_out_rps);
     let json_path = args.out.join("report.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("writing {}", json_path.display()))?;

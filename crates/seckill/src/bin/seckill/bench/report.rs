@@ -108,6 +108,10 @@ pub struct Report {
     pub unknown: u64,
     /// Of those, how many turned out stored (`None`: no database given).
     pub unknown_stored: Option<u64>,
+    /// Requests/s of the same closed loop on `GET /healthz` (`--ceiling`).
+    pub ceiling_rps: Option<f64>,
+    /// Requests/s over the whole seconds after the sale sold out.
+    pub sold_out_rps: Option<f64>,
     /// Requests by outcome: `accepted`, a refusal code, `rate_limited`,
     /// `error: ...`.
     pub outcomes: BTreeMap<String, u64>,
@@ -166,6 +170,8 @@ impl Report {
             accepted: record.orders.len() as u64,
             unknown: record.unknown_users.len() as u64,
             unknown_stored,
+            ceiling_rps: None,
+            sold_out_rps: None,
             outcomes: record.outcomes.clone(),
             latency_ms: Percentiles::of(&record.latency),
             service_time_ms: Percentiles::of(&record.service_time),
@@ -188,6 +194,53 @@ impl Report {
             invariants_hold: checks.iter().all(|c| c.held),
             checks,
         }
+    }
+}
+
+impl Report {
+    /// This report with the HTTP ceiling and the sold-out phase's rate.
+    pub fn with_ceiling(mut self, ceiling: Option<f64>, sold_out: Option<f64>) -> Self {
+        self.ceiling_rps = ceiling;
+        self.sold_out_rps = sold_out;
+        self
+    }
+}
+
+/// Requests per second over the whole seconds after the sale sold out (the
+/// first second with no acceptance and a `sold_out` refusal onwards, its
+/// first and the run's last second left out as partial); `None` if the
+/// sale did not sell out at least two whole seconds before the end.
+pub fn sold_out_rate(record: &Record) -> Option<f64> {
+    if record.count("sold_out") == 0 {
+        return None;
+    }
+    let last_sale = record.timeline.iter().rposition(|s| s.accepted > 0)?;
+    let whole = record
+        .timeline
+        .get(last_sale + 1..record.timeline.len().saturating_sub(1))?;
+    if whole.is_empty() {
+        return None;
+    }
+    let completed: u64 = whole.iter().map(|s| s.completed()).sum();
+    Some(completed as f64 / whole.len() as f64)
+}
+
+/// Prints purchases/s, and the sold-out phase's, against the HTTP ceiling.
+pub fn print_against_ceiling(record: &Record, ceiling: Option<f64>, sold_out: Option<f64>) {
+    let share = |rps: f64| {
+        ceiling.map_or(String::new(), |c| {
+            format!(" ({:.0}% of the ceiling)", 100.0 * rps / c)
+        })
+    };
+    if ceiling.is_some() {
+        println!(
+            "purchases: {:.0} requests/s{}",
+            record.throughput(),
+            share(record.throughput())
+        );
+    }
+    if let Some(rps) = sold_out {
+        println!("sold-out phase: {rps:.0} requests/s{}", share(rps));
     }
 }
 
