@@ -156,6 +156,8 @@ async fn a_closed_loop_bench_over_two_instances_agrees_with_the_database() {
             "200",
             "--stock",
             "40",
+            "--ceiling",
+            "300ms",
         ],
         &redis.url(),
         &pg.url(),
@@ -169,6 +171,8 @@ async fn a_closed_loop_bench_over_two_instances_agrees_with_the_database() {
     let r = report(&out_dir);
     assert_eq!(r["model"], "closed", "{r}");
     assert_eq!(n(&r, "requests"), 600);
+    assert!(r["ceiling_rps"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(log.contains("of the ceiling"), "{log}");
     // Spread round-robin: each instance got half.
     let targets = r["targets"].as_array().unwrap();
     assert_eq!(targets.len(), 2);

@@ -371,6 +371,20 @@ mod tests {
     }
 
     #[test]
+    fn the_sold_out_phase_rate_counts_whole_seconds_after_the_last_sale() {
+        use super::super::report::sold_out_rate;
+        let mut record = Record::of(vec![], vec![], &[("sold_out", 1)]);
+        // Seconds: selling, selling (sells out), 3 whole sold-out seconds,
+        // a partial last one.
+        for (accepted, refused) in [(5, 0), (3, 4), (0, 10), (0, 12), (0, 14), (0, 1)] {
+            record.push_second(accepted, refused);
+        }
+        assert_eq!(sold_out_rate(&record), Some(12.0));
+        record.timeline.truncate(3); // sold out at the very end
+        assert_eq!(sold_out_rate(&record), None);
+    }
+
+    #[test]
     fn sold_out_before_the_stock_was_gone_fails() {
         let record = Record::of(vec![order(1, 11)], vec![3], &[("sold_out", 1)]);
         let (checks, _) = stored_checks(sale(&record), &[(11, 1)]);

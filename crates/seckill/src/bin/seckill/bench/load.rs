@@ -221,6 +221,15 @@ impl Record {
         }
     }
 
+    /// Appends a second with `accepted` and `refused` completions, for tests.
+    #[cfg(test)]
+    pub fn push_second(&mut self, accepted: u64, refused: u64) {
+        let mut second = Second::new();
+        second.accepted = accepted;
+        second.refused = refused;
+        self.timeline.push(second);
+    }
+
     /// Requests per second over the run.
     pub fn throughput(&self) -> f64 {
         self.requests() as f64 / self.elapsed.as_secs_f64().max(1e-9)
