@@ -108,7 +108,8 @@ impl Service {
             OrderIdGenerator::new(conn.clone(), config.prefix.clone(), 1000)?,
         );
         if let Some(ack) = config.replica_ack {
-            fast = fast.with_replica_ack(ack)?;
+            // WAIT blocks its connection: confirmation gets its own.
+            fast = fast.with_replica_ack(ack, crate::store::connect(&config.redis_url).await?)?;
         }
         let fast = Arc::new(fast);
         let locks = crate::store::lock_client(&config.redis_url, hasp::Settings::default()).await?;

@@ -342,7 +342,7 @@ async fn with_replica_ack_accepted_means_a_replica_has_the_order() {
         "seckill",
         OrderIdGenerator::new(conn.clone(), "seckill", 100).unwrap(),
     )
-    .with_replica_ack(ack)
+    .with_replica_ack(ack, conn.clone())
     .unwrap();
     path.arm(0).await.unwrap();
     path.load_voucher(1, &open_sale(10)).await.unwrap();
@@ -387,10 +387,13 @@ async fn with_replica_ack_accepted_means_a_replica_has_the_order() {
             "seckill",
             OrderIdGenerator::new(conn.clone(), "seckill", 1).unwrap(),
         )
-        .with_replica_ack(ReplicaAck {
-            replicas,
-            timeout: Duration::from_millis(ms),
-        })
+        .with_replica_ack(
+            ReplicaAck {
+                replicas,
+                timeout: Duration::from_millis(ms),
+            },
+            conn.clone(),
+        )
         .is_err()
     };
     assert!(bad(0, 100) && bad(1, 0));

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::store::replica_ack::Acker;
 use crate::store::RedisConn;
 use redis::Script;
 
@@ -86,9 +87,9 @@ pub struct FastPath {
     ids: OrderIdGenerator,
     /// Vouchers Redis called sold out, and when.
     sold_out: Mutex<HashMap<i64, Instant>>,
-    /// Replicas that must confirm an accepted purchase, and how long to
-    /// wait for them (`None`: the primary's word is enough).
-    replica_ack: Option<ReplicaAck>,
+    /// Confirms accepted purchases on replicas (`None`: the primary's word
+    /// is enough).
+    acker: Option<Acker>,
 }
 
 /// How many replicas must have an accepted purchase before it is answered
@@ -110,21 +111,22 @@ impl FastPath {
             prefix: prefix.into(),
             ids,
             sold_out: Mutex::new(HashMap::new()),
-            replica_ack: None,
+            acker: None,
         }
     }
 
     /// Answers a purchase `accepted` only once `ack.replicas` replicas have
-    /// it (the script and `WAIT` sent together, one round trip); an order
-    /// they did not confirm in `ack.timeout` fails with
-    /// [`Error::NotReplicated`]. What this buys: a failover to one of those
-    /// replicas keeps every order answered `accepted`. Redis 7.0 has no
-    /// `WAITAOF` (7.2): a replica's own disk is not waited for.
+    /// it; an order they did not confirm in `ack.timeout` fails with
+    /// [`Error::NotReplicated`]. Confirmation is asked on `acks`, a
+    /// connection of its own, for many purchases at once (`replica_ack`).
+    /// What this buys: a failover to one of those replicas keeps every order
+    /// answered `accepted`. Redis 7.0 has no `WAITAOF` (7.2): a replica's
+    /// own disk is not waited for.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for 0 replicas, a zero timeout, or a Redis
-    /// Cluster connection (`WAIT` names no key to route by).
-    pub fn with_replica_ack(mut self, ack: ReplicaAck) -> Result<Self> {
+    /// [`Error::Invalid`] for 0 replicas, a zero timeout, a Redis Cluster
+    /// connection (`WAIT` names no key to route by), or no tokio runtime.
+    pub fn with_replica_ack(mut self, ack: ReplicaAck, acks: RedisConn) -> Result<Self> {
         if ack.replicas == 0 {
             return Err(Error::invalid("replica_ack", "must be at least 1"));
         }
@@ -134,13 +136,14 @@ impl FastPath {
                 "must be at least 1 ms",
             ));
         }
-        if matches!(self.conn, RedisConn::Cluster(_)) {
+        if matches!(self.conn, RedisConn::Cluster(_)) || matches!(acks, RedisConn::Cluster(_)) {
             return Err(Error::invalid(
                 "replica_ack",
                 "not available on a Redis Cluster connection",
             ));
         }
-        self.replica_ack = Some(ack);
+        let marker = crate::store::keys::replica_ack_marker(&self.prefix);
+        self.acker = Some(Acker::start(acks, marker, ack)?);
         Ok(self)
     }
 
@@ -244,32 +247,15 @@ impl FastPath {
             .arg(user_id)
             .arg(order.as_i64())
             .arg(voucher_id);
-        let mut conn = self.conn.clone();
-        let answer: redis::RedisResult<(i64, Option<u32>)> = match self.replica_ack {
-            None => script.query_async(&mut conn).await.map(|code| (code, None)),
-            Some(ack) => redis::pipe()
-                .add_command(script)
-                .cmd("WAIT")
-                .arg(ack.replicas)
-                .arg(ack.timeout.as_millis() as u64)
-                .query_async(&mut conn)
-                .await
-                .map(|(code, acked)| (code, Some(acked))),
-        };
-        let (code, acked) = match answer {
+        let code = match script.query_async::<i64>(&mut self.conn.clone()).await {
             Ok(answer) => answer,
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 return Err(Error::SaleUnverified)
             }
             Err(e) => return Err(e.into()),
         };
-        if let (0, Some(acked), Some(ack)) = (code, acked, self.replica_ack) {
-            if acked < ack.replicas {
-                return Err(Error::NotReplicated {
-                    acked,
-                    wanted: ack.replicas,
-                });
-            }
+        if let (0, Some(acker)) = (code, &self.acker) {
+            acker.confirm().await?;
         }
         Ok(match code {
             0 => Purchase::Accepted(order),

@@ -7,6 +7,7 @@
 //! | `P:{v<id>}:orders` | stream | accepted orders: `order`, `user`, `voucher` |
 //! | `P:order-seq:YYYYMMDD` | string | the day's order sequence counter |
 //! | `P:orders:dead` | stream | dead-lettered orders, with `stream`, `entry`, `reason` |
+//! | `P:replica-ack` | string | a counter written before each group `WAIT` (`--replica-ack`) |
 //!
 //! `{v<id>}` is the hash tag: one purchase touches one Redis Cluster slot.
 
@@ -41,4 +42,9 @@ pub(crate) fn order_sequence(prefix: &str, yyyymmdd: &str) -> String {
 /// The dead-letter stream of all vouchers.
 pub fn dead_letter_stream(prefix: &str) -> String {
     format!("{prefix}:orders:dead")
+}
+
+/// The marker written before each group `WAIT` of replica confirmation.
+pub(crate) fn replica_ack_marker(prefix: &str) -> String {
+    format!("{prefix}:replica-ack")
 }

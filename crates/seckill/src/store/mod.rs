@@ -4,6 +4,7 @@ mod connect;
 mod fast_path;
 mod keys;
 mod order_ids;
+mod replica_ack;
 
 pub use connect::{
     cluster_seeds, connect, lock_client, RedisConn, CLUSTER_SCHEME, CONNECTION_TIMEOUT,
