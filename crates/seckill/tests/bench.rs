@@ -121,6 +121,17 @@ async fn sqlite_service(what: &str, mode: Mode) -> (RedisServer, String, Service
     (redis, database, service)
 }
 
+/// The names of the report's checks: those that `held` as given, or all.
+fn check_names(report: &Value, held: Option<bool>) -> Vec<&str> {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| held.is_none_or(|h| c["held"] == h))
+        .map(|c| c["name"].as_str().unwrap())
+        .collect()
+}
+
 fn n(report: &Value, field: &str) -> i64 {
     report[field]
         .as_i64()
@@ -282,12 +293,7 @@ async fn a_bench_of_the_locked_sync_path_checks_the_database_alone() {
     assert!(out.status.success(), "{log}");
     let r = report(&out_dir);
     assert_eq!(n(&r, "accepted"), 20, "{r}");
-    let checks: Vec<&str> = r["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let checks = check_names(&r, None);
     // Orders are stored before the answer: the database is the whole truth,
     // and the Redis-side checks of the pipeline do not apply.
     assert!(checks.contains(&"every accepted order is stored (accepted ⊆ stored)"));
@@ -316,13 +322,7 @@ async fn an_instance_that_goes_away_mid_run_is_counted_reported_and_fails_the_ru
     let refused_connections = r["outcomes"]["error: connect"].as_i64().unwrap_or(0);
     assert!(refused_connections > 0, "{r}");
     assert_eq!(r["invariants_hold"], false);
-    let failed: Vec<&str> = r["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["held"] == false)
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let failed = check_names(&r, Some(false));
     assert_eq!(failed, ["no request failed"], "{r}");
     // What was accepted before the stop was drained into the database.
     let db = Database::connect(&database).await.unwrap();
@@ -359,21 +359,10 @@ async fn an_instance_killed_mid_run_leaves_unknown_outcomes_that_the_store_check
     let out = child.wait_with_output().await.unwrap();
     let log = text(&out);
     let r = report(&out_dir);
-    let failed: Vec<&str> = r["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["held"] == false)
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let failed = check_names(&r, Some(false));
     // Requests to the dead instance failed; nothing else did.
     assert_eq!(failed, ["no request failed"], "{log}");
-    let checked: Vec<&str> = r["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let checked = check_names(&r, None);
     assert!(
         checked
             .iter()

@@ -83,7 +83,9 @@ async fn commit_groups(
                 purchases = group.len(),
                 "replicas did not confirm a group of purchases in time"
             ),
-            Err(e) => tracing::warn!(error = %e, purchases = group.len(), "replica confirmation failed"),
+            Err(e) => {
+                tracing::warn!(error = %e, purchases = group.len(), "replica confirmation failed")
+            }
             _ => {}
         }
         for waiter in group.drain(..) {

@@ -476,19 +476,9 @@ async fn create_voucher(
 /// The phase's row: answers against the stores.
 async fn account(stores: &Stores, sale: Sale<'_>, fault: Fault, dead_letters_before: i64) -> Row {
     let record: &Record = sale.record;
-    let verified = match stores
-        .verify(sale, Duration::from_secs(60), dead_letters_before)
-        .await
-    {
-        Ok(verified) => verified,
-        Err(e) => checks::Verified {
-            checks: vec![checks::Check::new(
-                format!("the stores could be checked ({e:#})"),
-                false,
-            )],
-            ..Default::default()
-        },
-    };
+    let verified = stores
+        .verify_or_report(sale, Duration::from_secs(60), dead_letters_before)
+        .await;
     let stored = stores.orders(sale.voucher).await.unwrap_or_default();
     let stored_ids: std::collections::HashSet<i64> = stored.iter().map(|(id, _)| *id).collect();
     let users: std::collections::HashSet<i64> = stored.iter().map(|(_, u)| *u).collect();

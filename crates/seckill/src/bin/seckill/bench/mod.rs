@@ -223,19 +223,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     let mut all = checks::from_answers(sale);
     // A store failing now must not lose the run: it becomes a failed
     // check, and the report is still written.
-    let verified = match stores
-        .verify(sale, args.drain_timeout, dead_letters_before)
-        .await
-    {
-        Ok(verified) => verified,
-        Err(e) => checks::Verified {
-            checks: vec![checks::Check::new(
-                format!("the stores could be checked ({e:#})"),
-                false,
-            )],
-            ..Default::default()
-        },
-    };
+    let verified = stores
+        .verify_or_report(sale, args.drain_timeout, dead_letters_before)
+        .await;
     all.extend(verified.checks);
     let differences = verified.differences;
     report::print_unknowns(&record, verified.unknown_stored);
