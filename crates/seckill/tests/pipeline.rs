@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use seckill::db::Database;
-use seckill::domain::voucher::SaleTerms;
+use seckill::domain::voucher::{SaleTerms, Title};
 use seckill::pipeline::{OrderPipeline, PipelineSettings, StepReport};
 use seckill::store::RedisConn;
 use seckill::store::{FastPath, OrderIdGenerator, Purchase, VoucherKeys};
@@ -51,7 +51,7 @@ async fn sale(stock: i64) -> Sale {
     )
     .unwrap();
     let voucher = db
-        .create_voucher("Half-price hotpot", &terms)
+        .create_voucher(&Title::parse("Half-price hotpot").unwrap(), &terms)
         .await
         .unwrap();
     let server = RedisServer::start();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use seckill::db::Database;
-use seckill::domain::voucher::SaleTerms;
+use seckill::domain::voucher::{SaleTerms, Title};
 use seckill::store::{OrderIdGenerator, Purchase, Refusal};
 use seckill::sync_path::SyncPath;
 use testkit::{PostgresServer, RedisServer};
@@ -28,7 +28,10 @@ async fn two_instances_sell_exactly_the_stock(db: Database) {
         now + Duration::from_secs(3600),
     )
     .unwrap();
-    let voucher = db.create_voucher("Locked path", &terms).await.unwrap();
+    let voucher = db
+        .create_voucher(&Title::parse("Locked path").unwrap(), &terms)
+        .await
+        .unwrap();
     let redis = RedisServer::start();
     let a = Arc::new(instance(&redis, &db).await);
     let b = Arc::new(instance(&redis, &db).await);
@@ -88,14 +91,14 @@ async fn the_sale_window_is_enforced() {
     let hour = Duration::from_secs(3600);
     let future = db
         .create_voucher(
-            "Later",
+            &Title::parse("Later").unwrap(),
             &SaleTerms::new(5, now + hour, now + 2 * hour).unwrap(),
         )
         .await
         .unwrap();
     let past = db
         .create_voucher(
-            "Over",
+            &Title::parse("Over").unwrap(),
             &SaleTerms::new(5, now - 2 * hour, now - hour).unwrap(),
         )
         .await

@@ -1,4 +1,4 @@
-//! A flash-sale voucher's sale terms.
+//! A flash-sale voucher: its title and its sale terms.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -6,6 +6,53 @@ use crate::error::{Error, Result};
 
 /// Largest stock one voucher may offer.
 pub const MAX_STOCK: i64 = 100_000_000;
+
+/// Longest title, in characters.
+pub const MAX_TITLE_CHARS: usize = 200;
+
+/// A voucher's title, the same on every database: 1 to 200 characters, no
+/// control characters (PostgreSQL cannot store U+0000 in text; the rule is
+/// the same everywhere so every backend answers alike), no whitespace at
+/// either end (refused, not trimmed: what is stored is what was sent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Title(String);
+
+impl Title {
+    /// A checked title.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] (field `title`) for a title breaking the rule.
+    pub fn parse(title: &str) -> Result<Self> {
+        let chars = title.chars().count();
+        if !(1..=MAX_TITLE_CHARS).contains(&chars) {
+            return Err(Error::invalid(
+                "title",
+                format!("must be 1 to {MAX_TITLE_CHARS} characters, not {chars}"),
+            ));
+        }
+        if let Some(c) = title.chars().find(|c| c.is_control()) {
+            return Err(Error::invalid(
+                "title",
+                format!(
+                    "must not contain control characters (found U+{:04X})",
+                    c as u32
+                ),
+            ));
+        }
+        if title.trim() != title {
+            return Err(Error::invalid(
+                "title",
+                "must not begin or end with whitespace",
+            ));
+        }
+        Ok(Self(title.to_owned()))
+    }
+
+    /// The title.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
 
 /// The terms of a flash sale: how many, from when, until when.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +116,29 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn titles_follow_one_rule() {
+        for bad in [
+            "",
+            " padded",
+            "padded ",
+            "nul\0inside",
+            "tab\there",
+            "bell\u{7}",
+        ] {
+            assert!(Title::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(Title::parse(&"x".repeat(MAX_TITLE_CHARS + 1)).is_err());
+        for good in [
+            "Hotpot for two",
+            "火锅双人套餐",
+            "a",
+            &"é".repeat(MAX_TITLE_CHARS),
+        ] {
+            assert_eq!(Title::parse(good).unwrap().as_str(), good);
+        }
+    }
 
     #[test]
     fn bad_terms_name_their_field() {

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use crate::domain::voucher::SaleTerms;
+use crate::domain::voucher::{SaleTerms, Title};
 use crate::http::error::ApiError;
 use crate::http::extract::{Admin, ApiJson, PathId, User};
 use crate::http::{AppState, PurchasePath};
@@ -40,8 +40,9 @@ pub(crate) async fn create(
     ApiJson(body): ApiJson<NewVoucher>,
 ) -> Result<(StatusCode, Json<VoucherView>), ApiError> {
     let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+    let title = Title::parse(&body.title)?;
     let terms = SaleTerms::new(body.stock, at(body.begin_ms), at(body.end_ms))?;
-    let id = state.db.create_voucher(&body.title, &terms).await?;
+    let id = state.db.create_voucher(&title, &terms).await?;
     state.fast.load_voucher(id, &terms).await?;
     // A Redis that restarted since its state was last verified is verified
     // now, before this sale can be bought from (see `repair`).
@@ -52,7 +53,7 @@ pub(crate) async fn create(
         StatusCode::CREATED,
         Json(VoucherView {
             id,
-            title: body.title.trim().to_owned(),
+            title: body.title,
             stock_left: terms.stock(),
             begin_ms: terms.begin_ms(),
             end_ms: terms.end_ms(),
