@@ -904,3 +904,37 @@ async fn a_stopped_database_is_a_fast_503_and_purchases_go_on() {
     .await;
     assert!(back, "reads never recovered");
 }
+
+/// Issue 18: a voucher created while Redis is down is not left half made:
+/// it is created (the database is the record, so a retrying client does not
+/// make it twice) and becomes sellable once Redis is back, its sale restored
+/// from the database by the first purchase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voucher_created_while_redis_is_down_becomes_sellable_when_it_returns() {
+    let mut app = spawn_app().await;
+    app.redis.kill();
+    let (status, v) = app.create_voucher(open_voucher(1)).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_i64().unwrap();
+    let (status, e) = app.buy(id, 1).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{e}");
+
+    app.redis.restart(); // without data, as after the outage
+    let mut answers = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = app.buy(id, 1).await;
+        answers.push(body["code"].as_str().unwrap_or("accepted").to_owned());
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never sellable: {answers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(answers.iter().any(|c| c == "sale_repairing"), "{answers:?}");
+    assert_eq!(app.buy(id, 2).await.1["code"], "sold_out");
+    assert_eq!(app.db.voucher_ids().await.unwrap(), [id], "created once");
+}

@@ -18,6 +18,7 @@ const SECRET: &str = "repair-test-secret-0001";
 struct Shop {
     redis: RedisServer,
     db: Database,
+    db_url: String,
     instances: [Service; 2],
     tokens: Tokens,
     http: reqwest::Client,
@@ -47,6 +48,7 @@ async fn shop(what: &str, redis: RedisServer) -> Shop {
     let b = Service::start(config("b")).await.unwrap();
     Shop {
         db: Database::connect(&database).await.unwrap(),
+        db_url: database,
         redis,
         instances: [a, b],
         tokens: Tokens::new(SECRET.as_bytes()).unwrap(),
@@ -293,5 +295,45 @@ async fn a_sale_whose_keys_vanished_is_restored_on_the_next_purchase() {
     // A voucher nobody created is still a plain 404.
     let (status, code, _) = shop.buy_once(0, voucher + 100, 1).await;
     assert_eq!((status, code.as_str()), (404, "unknown_voucher"));
+    shop.stop().await;
+}
+
+/// Issue 18: `seckill reconcile --repair` restores a sale Redis lost (it
+/// applied 0 repairs and exited 1 on every run), and exits 0 after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_repair_restores_a_sale_redis_lost() {
+    let shop = shop("reconcile", RedisServer::start()).await;
+    let voucher = shop.open_voucher(4).await;
+    let (codes, _) = shop.buy_all(voucher, 1..=2).await;
+    assert_eq!(count(&codes, "accepted"), 2);
+    shop.wait_stored(voucher, 2).await;
+    shop.redis.cli(&["FLUSHALL"]);
+    let database = shop.db_url.clone();
+    let reconcile = |repair: bool| {
+        let (redis, database) = (shop.redis.url(), database.clone());
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
+        command.args([
+            "reconcile",
+            "--redis-url",
+            &redis,
+            "--database-url",
+            &database,
+        ]);
+        if repair {
+            command.arg("--repair");
+        }
+        command.output().unwrap()
+    };
+    assert!(
+        !reconcile(false).status.success(),
+        "the loss goes unreported"
+    );
+    let repaired = reconcile(true);
+    let text = String::from_utf8_lossy(&repaired.stdout);
+    assert!(repaired.status.success(), "{text}");
+    assert!(text.contains("1 restored"), "{text}");
+    assert!(reconcile(false).status.success());
+    let (code, _) = shop.buy(0, voucher, 1).await;
+    assert_eq!(code, "already_bought");
     shop.stop().await;
 }

@@ -42,12 +42,20 @@ pub(crate) async fn create(
     let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
     let title = Title::parse(&body.title)?;
     let terms = SaleTerms::new(body.stock, at(body.begin_ms), at(body.end_ms))?;
+    // The database is the record; Redis holds the sale's live state. With
+    // Redis failing the voucher is still created: its first purchase finds
+    // the sale missing in Redis and restores it from the database (see
+    // `repair`), so nothing is left half made and a client that retries
+    // does not create it twice.
     let id = state.db.create_voucher(&title, &terms).await?;
-    state.fast.load_voucher(id, &terms).await?;
-    // A Redis that restarted since its state was last verified is verified
-    // now, before this sale can be bought from (see `repair`).
-    if matches!(state.purchases, PurchasePath::Async(_)) {
-        state.repair.ensure_verified(Some(id)).await?;
+    if let Err(e) = state.fast.load_voucher(id, &terms).await {
+        tracing::warn!(voucher = id, error = %e, "voucher created; Redis will get its sale on the first purchase");
+    } else if matches!(state.purchases, PurchasePath::Async(_)) {
+        // A Redis that restarted since its state was last verified is
+        // verified now, before this sale can be bought from.
+        if let Err(e) = state.repair.ensure_verified(Some(id)).await {
+            tracing::warn!(voucher = id, error = %e, "sale state not verified; the first purchase will");
+        }
     }
     Ok((
         StatusCode::CREATED,

@@ -192,14 +192,31 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// Reconciles every voucher; true if all agree (after repairs, if asked).
 async fn reconcile_all(redis_url: &str, database_url: &str, repair: bool) -> anyhow::Result<bool> {
     use seckill::reconcile;
+    use seckill::repair::{SaleRepair, Scope};
+    use seckill::store::{FastPath, OrderIdGenerator};
     let db = seckill::db::Database::connect(database_url).await?;
     let conn = seckill::store::connect(redis_url).await?;
+    // The service's own repair: restores a sale Redis lost, repairs one
+    // behind the database, under the lock the instances use.
+    let repairs = SaleRepair::new(
+        std::sync::Arc::new(FastPath::new(
+            conn.clone(),
+            "seckill",
+            OrderIdGenerator::new(conn.clone(), "seckill", 1)?,
+        )),
+        db.clone(),
+        seckill::store::lock_client(redis_url, hasp::Settings::default()).await?,
+        None,
+    );
     let mut consistent = true;
     for voucher in db.voucher_ids().await? {
         let mut found = reconcile::reconcile(&conn, &db, "seckill", voucher).await?;
         if repair && !found.is_consistent() {
-            let changes = reconcile::repair(&conn, "seckill", &found).await?;
-            println!("voucher {voucher}: {changes} repairs applied");
+            let done = repairs.run(Scope::Voucher(voucher)).await?;
+            println!(
+                "voucher {voucher}: {} restored, {} repaired",
+                done.restored, done.repaired
+            );
             found = reconcile::reconcile(&conn, &db, "seckill", voucher).await?;
         }
         for difference in found.differences() {
