@@ -938,3 +938,44 @@ async fn a_voucher_created_while_redis_is_down_becomes_sellable_when_it_returns(
     assert_eq!(app.buy(id, 2).await.1["code"], "sold_out");
     assert_eq!(app.db.voucher_ids().await.unwrap(), [id], "created once");
 }
+
+/// Issue 18: the purchase route reads no body and refuses a large one (it
+/// used to accept and ignore 10 MB); `/metrics` and `/openapi.json` are
+/// rate-limited per IP like the API, the probes are not.
+#[tokio::test]
+async fn per_route_body_limits_and_rate_limits_on_every_public_route() {
+    let app = spawn_app_with(RateLimits::new(None, Limit::per_second(1))).await;
+    let (_, v) = app.create_voucher(open_voucher(1)).await;
+    let id = v["id"].as_i64().unwrap();
+    let r = app
+        .http
+        .post(format!("{}/api/vouchers/{id}/seckill", app.base))
+        .bearer_auth(app.token(Principal::User(1)))
+        .body(vec![b'x'; 10 * 1024 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "payload_too_large");
+
+    for route in ["/metrics", "/openapi.json"] {
+        let statuses: Vec<StatusCode> = futures_util::future::join_all(
+            (0..6).map(|_| app.http.get(format!("{}{route}", app.base)).send()),
+        )
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().status())
+        .collect();
+        assert!(
+            statuses.contains(&StatusCode::TOO_MANY_REQUESTS),
+            "{route}: {statuses:?}"
+        );
+    }
+    for probe in ["/healthz", "/readyz"] {
+        for _ in 0..6 {
+            let r = app.http.get(format!("{}{probe}", app.base)).send().await;
+            assert_eq!(r.unwrap().status(), StatusCode::OK, "{probe}");
+        }
+    }
+}

@@ -94,3 +94,21 @@ pub(crate) async fn per_ip(
     }
     next.run(request).await
 }
+
+/// The largest body the purchase route takes: it reads none, and a client
+/// sending megabytes to it is refused at once, not ignored.
+pub(crate) const PURCHASE_BODY_LIMIT: u64 = 1024;
+
+/// Middleware for routes that read no body: a declared body over
+/// [`PURCHASE_BODY_LIMIT`] is a 413 before the handler runs.
+pub(crate) async fn small_body(request: Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > PURCHASE_BODY_LIMIT) {
+        return ApiError::PayloadTooLarge.into_response();
+    }
+    next.run(request).await
+}

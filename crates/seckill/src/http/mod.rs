@@ -67,7 +67,8 @@ pub struct AppState {
 /// both list the same paths).
 pub const OPENAPI: &str = include_str!("openapi.json");
 
-/// Request bodies above this are refused (413) before parsing.
+/// Request bodies above this are refused (413) before parsing (the
+/// purchase route, which reads none, takes at most 1 KiB).
 const BODY_LIMIT: usize = 16 * 1024;
 
 /// The API's router.
@@ -75,24 +76,28 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
-        .route(
-            "/openapi.json",
-            get(|| async {
-                (
-                    [(axum::http::header::CONTENT_TYPE, "application/json")],
-                    OPENAPI,
-                )
-            }),
-        )
-        .route(
-            "/metrics",
-            get(|State(state): State<AppState>| async move { state.metrics.render() }),
-        )
+        // Probes above are never limited; everything below is, per IP.
         .merge(
             Router::new()
+                .route(
+                    "/openapi.json",
+                    get(|| async {
+                        (
+                            [(axum::http::header::CONTENT_TYPE, "application/json")],
+                            OPENAPI,
+                        )
+                    }),
+                )
+                .route(
+                    "/metrics",
+                    get(|State(state): State<AppState>| async move { state.metrics.render() }),
+                )
                 .route("/api/vouchers", post(vouchers::create).get(vouchers::list))
                 .route("/api/vouchers/{id}", get(vouchers::show))
-                .route("/api/vouchers/{id}/seckill", post(vouchers::purchase))
+                .route(
+                    "/api/vouchers/{id}/seckill",
+                    post(vouchers::purchase).layer(axum::middleware::from_fn(limits::small_body)),
+                )
                 .route("/api/vouchers/{id}/order", get(orders::for_voucher))
                 .route("/api/orders", get(orders::mine))
                 .layer(axum::middleware::from_fn_with_state(
