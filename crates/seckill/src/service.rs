@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use crate::auth::Tokens;
 use crate::db::Database;
 use crate::error::Result;
-use crate::http::{router, AppState, Limit, PurchasePath, RateLimits};
+use crate::http::{router, AppState, ConnectionLimits, Limit, PurchasePath, RateLimits};
 use crate::pipeline::{OrderPipeline, PipelineSettings, StepReport};
 use crate::repair::SaleRepair;
 use crate::store::{FastPath, OrderIdGenerator, ReplicaAck};
@@ -53,6 +53,8 @@ pub struct ServiceConfig {
     /// Answer `accepted` only once this many Redis replicas have the order
     /// (`None`: once the primary has it). See README, "Durability".
     pub replica_ack: Option<ReplicaAck>,
+    /// Connection cap and header, idle and body timeouts of the HTTP server.
+    pub connections: ConnectionLimits,
 }
 
 impl ServiceConfig {
@@ -78,6 +80,7 @@ impl ServiceConfig {
             user_limit: None,
             ip_limit: None,
             replica_ack: None,
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -156,17 +159,13 @@ impl Service {
         )?);
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
-        let (shutdown, mut stop) = watch::channel(false);
-        let server = tokio::spawn(async move {
-            axum::serve(
-                listener,
-                router(state).into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
-        });
+        let (shutdown, stop) = watch::channel(false);
+        let server = tokio::spawn(crate::http::server::serve(
+            listener,
+            router(state),
+            config.connections,
+            stop,
+        ));
         let worker = tokio::spawn(work(
             pipeline.clone(),
             db.clone(),

@@ -25,6 +25,8 @@ pub enum ApiError {
     },
     /// 413: the body exceeds the size limit.
     PayloadTooLarge,
+    /// 408: the body did not arrive within the server's body timeout.
+    RequestTimeout,
     /// 429: over the per-user or per-IP rate limit (names which).
     RateLimited(&'static str),
     /// 409 (404 for an unknown voucher): the sale refused the purchase.
@@ -135,6 +137,12 @@ impl IntoResponse for ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
                 "request body too large".into(),
+                None,
+            ),
+            ApiError::RequestTimeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the request body did not arrive in time".into(),
                 None,
             ),
             ApiError::RateLimited(which) => (

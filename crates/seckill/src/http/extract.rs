@@ -110,6 +110,14 @@ fn bad_json(rejection: JsonRejection) -> ApiError {
     if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
         return ApiError::PayloadTooLarge;
     }
+    // The body did not arrive in time (the server's body timeout).
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&rejection);
+    while let Some(e) = cause {
+        if e.is::<tower_http::timeout::TimeoutError>() {
+            return ApiError::RequestTimeout;
+        }
+        cause = e.source();
+    }
     let message = rejection.body_text();
     let field = match rejection {
         JsonRejection::JsonDataError(_) => field_of(&message),

@@ -17,6 +17,7 @@ mod error;
 mod extract;
 mod limits;
 mod orders;
+pub(crate) mod server;
 mod vouchers;
 
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use axum::Router;
 
 pub use error::ApiError;
 pub use limits::{Limit, RateLimits};
+pub use server::ConnectionLimits;
 
 use crate::auth::Tokens;
 use crate::db::Database;

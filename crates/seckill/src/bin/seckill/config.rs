@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use seckill::http::Limit;
+use seckill::http::{ConnectionLimits, Limit};
 use seckill::service::{Mode, ServiceConfig};
 use seckill::store::ReplicaAck;
 use serde::Deserialize;
@@ -51,6 +51,15 @@ pub struct ServeArgs {
     /// How long to wait for those replicas before answering 503 `not_replicated` [default: 100].
     #[arg(long, env = "SECKILL_REPLICA_ACK_TIMEOUT_MS")]
     pub replica_ack_timeout_ms: Option<u64>,
+    /// Open HTTP connections at most; more get a 503 and are closed [default: 10000].
+    #[arg(long, env = "SECKILL_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// A request's head must arrive within this, from the connection's start or the previous response (also the idle timeout) [default: 10000].
+    #[arg(long, env = "SECKILL_HEADER_TIMEOUT_MS")]
+    pub header_timeout_ms: Option<u64>,
+    /// A request's body must arrive within this [default: 10000].
+    #[arg(long, env = "SECKILL_BODY_TIMEOUT_MS")]
+    pub body_timeout_ms: Option<u64>,
 }
 
 /// The same settings, from the file.
@@ -68,6 +77,9 @@ struct FileSettings {
     ip_rate: Option<u32>,
     replica_ack: Option<u32>,
     replica_ack_timeout_ms: Option<u64>,
+    max_connections: Option<usize>,
+    header_timeout_ms: Option<u64>,
+    body_timeout_ms: Option<u64>,
 }
 
 impl ServeArgs {
@@ -85,7 +97,39 @@ impl ServeArgs {
             }
             None => FileSettings::default(),
         };
+        let defaults = ConnectionLimits::default();
+        let ms = |flag: Option<u64>, file: Option<u64>, default: Duration, name: &str| {
+            let ms = flag.or(file).map_or(default.as_millis() as u64, |ms| ms);
+            anyhow::ensure!(
+                (1..=3_600_000).contains(&ms),
+                "{name} must be between 1 and 3,600,000 ms"
+            );
+            Ok(Duration::from_millis(ms))
+        };
+        let connections = ConnectionLimits {
+            max_connections: self
+                .max_connections
+                .or(file.max_connections)
+                .unwrap_or(defaults.max_connections),
+            header_timeout: ms(
+                self.header_timeout_ms,
+                file.header_timeout_ms,
+                defaults.header_timeout,
+                "header_timeout_ms",
+            )?,
+            body_timeout: ms(
+                self.body_timeout_ms,
+                file.body_timeout_ms,
+                defaults.body_timeout,
+                "body_timeout_ms",
+            )?,
+        };
+        anyhow::ensure!(
+            connections.max_connections >= 1,
+            "max_connections must be at least 1"
+        );
         Ok(ServiceConfig {
+            connections,
             redis_url: self
                 .redis_url
                 .or(file.redis_url)

@@ -1,0 +1,154 @@
+//! The HTTP server loop: the router on hyper, with the connection limits a
+//! public service needs.
+//!
+//! `axum::serve` sets none: an idle or trickling connection was held
+//! forever, and 20,000 of them filled the process' file limit (issue 18).
+//! Here:
+//!
+//! * **header timeout**: a request's head must arrive whole within
+//!   [`ConnectionLimits::header_timeout`] of the connection opening or of
+//!   the previous response (hyper's `header_read_timeout`, which runs on idle
+//!   keep-alive connections too): slowloris and idle connections are closed;
+//! * **body timeout**: a request body must arrive whole within
+//!   [`ConnectionLimits::body_timeout`] (408);
+//! * **connection cap**: past [`ConnectionLimits::max_connections`] open
+//!   connections, a new one gets a short 503 and is closed at once, so the
+//!   process keeps file descriptors for its Redis, its database and the
+//!   connections it serves;
+//! * graceful shutdown: no new connections; idle ones are closed, requests
+//!   in flight finish.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tower::Service;
+
+/// Connection-level limits of the HTTP server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections open at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// Time for a request's head to arrive, counted from the connection's
+    /// start or the previous response: also the idle timeout.
+    pub header_timeout: Duration,
+    /// Time for a request's body to arrive.
+    pub body_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    /// 10,000 connections (the process needs descriptors for Redis, the
+    /// database and its files too: keep this below `ulimit -n`), 10 s for a
+    /// request's head or an idle connection, 10 s for a body.
+    fn default() -> Self {
+        Self {
+            max_connections: 10_000,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The answer a connection past the cap gets before it is closed.
+const OVERLOADED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+content-type: application/json\r\n\
+retry-after: 1\r\n\
+connection: close\r\n\
+content-length: 67\r\n\r\n\
+{\"code\":\"overloaded\",\"message\":\"too many connections; retry later\"}";
+
+/// Serves `router` on `listener` under `limits` until `stop` turns true,
+/// then lets requests in flight finish.
+///
+/// # Errors
+/// None today: accept errors (such as running out of descriptors) are
+/// logged and retried.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let router = router.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+        limits.body_timeout,
+    ));
+    let mut make_service = router.into_make_service_with_connect_info::<SocketAddr>();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    // HTTP/1 only: the protocol sniffing of hyper-util's `auto` builder
+    // waits for a client's first bytes with no timeout, so an idle
+    // connection never reached the header timeout.
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let stopped = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    tokio::pin!(stopped);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors (EMFILE) is the usual one: wait
+                    // for connections to close rather than spin.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stopped => break,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(service) = make_service.call(peer).await;
+        let connection = graceful.watch(
+            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                // Timeouts and clients going away end up here: routine.
+                tracing::debug!(error = %e, %peer, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// Answers a connection past the cap with a 503 and closes it.
+async fn refuse(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(OVERLOADED).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_overload_answer_is_well_formed() {
+        let text = std::str::from_utf8(OVERLOADED).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let json: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(json["code"], "overloaded");
+    }
+}

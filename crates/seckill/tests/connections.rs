@@ -1,0 +1,213 @@
+//! Issue 18: connection-level limits. Idle and slowloris connections are
+//! closed within the header timeout while purchases on other connections go
+//! on; a body that does not arrive in time is a 408; past the connection cap
+//! a new connection gets a 503 at once.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use seckill::auth::{Principal, Tokens};
+use seckill::http::ConnectionLimits;
+use seckill::service::{Service, ServiceConfig};
+use testkit::RedisServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SECRET: &str = "connections-secret-0001";
+
+async fn service(
+    what: &str,
+    limits: ConnectionLimits,
+) -> (RedisServer, Service, std::path::PathBuf) {
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("seckill-conn-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let database = format!("sqlite://{}/shop.db", dir.display());
+    let service = Service::start(ServiceConfig {
+        connections: limits,
+        ..ServiceConfig::new(redis.url(), database, SECRET)
+    })
+    .await
+    .unwrap();
+    (redis, service, dir)
+}
+
+/// Reads until the server closes (`true`), or `limit` passes (`false`).
+async fn closed_within(stream: &mut TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {} // an answer (such as a 408) before the close
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slowloris_connections_are_closed_while_purchases_go_on() {
+    let header_timeout = Duration::from_secs(1);
+    let (_redis, service, dir) = service(
+        "slow",
+        ConnectionLimits {
+            header_timeout,
+            ..ConnectionLimits::default()
+        },
+    )
+    .await;
+    let addr = service.addr();
+    let base = format!("http://{addr}");
+    let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
+    let http = reqwest::Client::new();
+    let voucher = support::open_voucher(&http, &base, &tokens, "Slow sale", 1_000).await;
+
+    let opened = Instant::now();
+    let mut idle = Vec::new();
+    for _ in 0..2_000 {
+        idle.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let mut slow = Vec::new();
+    for _ in 0..200 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("POST /api/vouchers/{voucher}/seckill HTTP/1.1\r\n").as_bytes())
+            .await
+            .unwrap();
+        slow.push(s);
+    }
+    // The slowloris keep trickling header lines; purchases go on meanwhile
+    // on connections of their own.
+    let trickle = tokio::spawn(async move {
+        for _ in 0..10 {
+            for s in slow.iter_mut() {
+                let _ = s.write_all(b"X-Slow: 1\r\n").await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        slow
+    });
+    let mut worst = Duration::ZERO;
+    for user in 1..=50 {
+        let started = Instant::now();
+        let r = http
+            .post(format!("{base}/api/vouchers/{voucher}/seckill"))
+            .bearer_auth(tokens.mint(Principal::User(user), Duration::from_secs(60)))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        worst = worst.max(started.elapsed());
+    }
+    let mut slow = trickle.await.unwrap();
+
+    // Everything is closed within the timeout (plus slack for a loaded
+    // machine), counted from when the connections were opened.
+    let limit = header_timeout + Duration::from_secs(3);
+    for s in idle.iter_mut().chain(slow.iter_mut()) {
+        let left = limit.saturating_sub(opened.elapsed());
+        assert!(
+            closed_within(s, left).await,
+            "a connection outlived {limit:?}"
+        );
+    }
+    assert!(worst < Duration::from_secs(1), "a purchase took {worst:?}");
+    eprintln!(
+        "2,200 idle/slow connections closed within {:?}; slowest purchase {worst:?}",
+        opened.elapsed()
+    );
+    service.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_does_not_arrive_in_time_is_a_408() {
+    let (_redis, service, dir) = service(
+        "body",
+        ConnectionLimits {
+            body_timeout: Duration::from_millis(500),
+            ..ConnectionLimits::default()
+        },
+    )
+    .await;
+    let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
+    let mut s = TcpStream::connect(service.addr()).await.unwrap();
+    let admin = tokens.mint(Principal::Admin, Duration::from_secs(60));
+    s.write_all(
+        format!(
+            "POST /api/vouchers HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {admin}\r\n\
+             content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"title\":"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no answer within 5 s");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("request_timeout"), "{text}");
+    service.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_cap_a_connection_gets_a_503_at_once() {
+    let (_redis, service, dir) = service(
+        "cap",
+        ConnectionLimits {
+            max_connections: 20,
+            header_timeout: Duration::from_secs(1),
+            ..ConnectionLimits::default()
+        },
+    )
+    .await;
+    let addr = service.addr();
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        held.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // Each accepted connection is counted once the server took it: give
+    // the accept loop its turn by a request on one of them.
+    held[0]
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = held[0].read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+
+    let started = Instant::now();
+    let mut extra = TcpStream::connect(addr).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), extra.read_to_end(&mut answer))
+        .await
+        .expect("the extra connection was not refused at once")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(
+        text.contains("overloaded") && text.contains("retry-after: 1"),
+        "{text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Once the held connections time out, there is room again.
+    drop(held);
+    let http = reqwest::Client::new();
+    let back = testkit::eventually(Duration::from_secs(5), || async {
+        http.get(format!("http://{addr}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    assert!(back);
+    service.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
