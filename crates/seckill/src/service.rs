@@ -122,7 +122,9 @@ impl Service {
                 db.clone(),
                 locks.clone(),
                 OrderIdGenerator::new(conn.clone(), config.prefix.clone(), 1000)?,
-                Duration::from_secs(5),
+                // A double click waits this long for the first click's
+                // purchase (milliseconds), then is a 409.
+                Duration::from_secs(1),
             ))),
         };
         let metrics =

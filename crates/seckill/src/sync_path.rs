@@ -27,7 +27,7 @@ pub struct SyncPath {
 
 impl SyncPath {
     /// A sync path; a user's concurrent attempts wait at most `lock_wait`
-    /// for each other.
+    /// for each other, then are refused [`Refusal::InProgress`].
     pub fn new(
         db: Database,
         locks: hasp::Client,
@@ -44,10 +44,14 @@ impl SyncPath {
 
     /// Tries to buy voucher `voucher_id` for `user_id`.
     ///
+    /// A user's own second attempt (a double click) waits for the first up
+    /// to `lock_wait`, then hears [`Refusal::InProgress`]: a busy user is a
+    /// refusal, not a server error.
+    ///
     /// # Errors
-    /// [`Error::Lock`](crate::Error::Lock) if the user's lock is not had
-    /// within `lock_wait` or Redis fails; [`Error::Database`](crate::Error::Database)
-    /// on database failure (nothing committed).
+    /// [`Error::Lock`](crate::Error::Lock) if Redis fails;
+    /// [`Error::Database`](crate::Error::Database) on database failure
+    /// (nothing committed).
     pub async fn purchase(&self, voucher_id: i64, user_id: i64) -> Result<Purchase> {
         let Some((_, begin_ms, end_ms)) = self.db.voucher_window(voucher_id).await? else {
             return Ok(Purchase::Refused(Refusal::UnknownVoucher));
@@ -60,7 +64,9 @@ impl SyncPath {
             return Ok(Purchase::Refused(Refusal::Ended));
         }
         let lock = self.locks.lock(&format!("seckill:user:{user_id}"))?;
-        let guard = lock.lock_within(self.lock_wait).await?;
+        let Some(guard) = lock.try_lock_for(self.lock_wait).await? else {
+            return Ok(Purchase::Refused(Refusal::InProgress));
+        };
         let outcome = self.purchase_locked(voucher_id, user_id).await;
         // Release before reporting, whatever the outcome; a failed release
         // only delays the user's next attempt until the lease ends.

@@ -116,3 +116,58 @@ async fn the_sale_window_is_enforced() {
     assert_eq!(db.voucher_stock(future).await.unwrap(), Some(5));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Issue 16: a user whose lock stays busy (another purchase of theirs is
+/// being decided) is refused `InProgress` after the bounded wait: a 409,
+/// not the server error a lock timeout used to become.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_user_is_refused_in_progress_not_an_error() {
+    let dir = std::env::temp_dir().join(format!("seckill-sync-busy-{}", std::process::id()));
+    let db = Database::connect(&format!("sqlite://{}/busy.db", dir.display()))
+        .await
+        .unwrap();
+    db.migrate().await.unwrap();
+    let now = SystemTime::now();
+    let voucher = db
+        .create_voucher(
+            &Title::parse("Busy").unwrap(),
+            &SaleTerms::new(
+                5,
+                now - Duration::from_secs(1),
+                now + Duration::from_secs(600),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let redis = RedisServer::start();
+    let locks = hasp::Client::open(&redis.url()).await.unwrap();
+    let conn = seckill::store::connect(&redis.url()).await.unwrap();
+    let path = SyncPath::new(
+        db.clone(),
+        locks.clone(),
+        OrderIdGenerator::new(conn, "seckill", 100).unwrap(),
+        Duration::from_millis(300),
+    );
+    // Another purchase of user 7 holds the user's lock (another owner: a
+    // lock's default owner is the task, and this one buys below).
+    let held = locks
+        .lock("seckill:user:7")
+        .unwrap()
+        .with_owner(hasp::Owner::new())
+        .lock()
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    assert_eq!(
+        path.purchase(voucher, 7).await.unwrap(),
+        Purchase::Refused(Refusal::InProgress)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    held.unlock().await.unwrap();
+    assert!(matches!(
+        path.purchase(voucher, 7).await.unwrap(),
+        Purchase::Accepted(_)
+    ));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -192,6 +192,11 @@ impl IntoResponse for ApiError {
                         "already_bought",
                         "one order per user and voucher",
                     ),
+                    Refusal::InProgress => (
+                        StatusCode::CONFLICT,
+                        "purchase_in_progress",
+                        "another purchase of yours is being decided; check your order, then retry",
+                    ),
                     Refusal::UnknownVoucher => (
                         StatusCode::NOT_FOUND,
                         "unknown_voucher",
@@ -231,6 +236,55 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every code an answer can carry is in the OpenAPI document's enum
+    /// (and `overloaded`, which the server loop writes itself).
+    #[test]
+    fn the_openapi_document_lists_every_error_code() {
+        let doc: serde_json::Value = serde_json::from_str(crate::http::OPENAPI).unwrap();
+        let listed = doc["components"]["schemas"]["Error"]["properties"]["code"]["enum"]
+            .as_array()
+            .expect("the Error schema's code enum")
+            .clone();
+        let field = |f: &str| ApiError::BadRequest {
+            field: f.into(),
+            message: String::new(),
+        };
+        let every = [
+            ApiError::Unauthorized("x"),
+            ApiError::Forbidden,
+            ApiError::NotFound("x"),
+            field("x"),
+            ApiError::PayloadTooLarge,
+            ApiError::RequestTimeout,
+            ApiError::RateLimited("ip"),
+            ApiError::MethodNotAllowed,
+            ApiError::Unavailable(Dependency::Redis),
+            ApiError::Repairing,
+            ApiError::NotReplicated,
+            ApiError::Internal(crate::Error::Protocol("x".into())),
+            ApiError::Refused(Refusal::NotStarted),
+            ApiError::Refused(Refusal::Ended),
+            ApiError::Refused(Refusal::SoldOut),
+            ApiError::Refused(Refusal::AlreadyBought),
+            ApiError::Refused(Refusal::UnknownVoucher),
+            ApiError::Refused(Refusal::InProgress),
+        ];
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for error in every {
+            let body = runtime
+                .block_on(axum::body::to_bytes(
+                    error.into_response().into_body(),
+                    1 << 16,
+                ))
+                .unwrap();
+            let code = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["code"].clone();
+            assert!(listed.contains(&code), "{code} is not in the OpenAPI enum");
+        }
+        assert!(listed.contains(&serde_json::json!("overloaded")));
+    }
 
     #[test]
     fn a_redis_that_is_down_or_loading_is_unavailable_not_internal() {

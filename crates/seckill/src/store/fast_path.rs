@@ -30,6 +30,9 @@ pub enum Refusal {
     AlreadyBought,
     /// No such voucher is on sale.
     UnknownVoucher,
+    /// Another purchase of this user is being decided (the locked path's
+    /// per-user lock stayed busy for its whole wait); nothing changed.
+    InProgress,
 }
 
 /// The outcome of a purchase.
