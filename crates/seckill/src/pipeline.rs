@@ -18,8 +18,13 @@
 //! * leaves an entry pending when the database fails transiently: it is
 //!   retried after `reclaim_idle`.
 //!
-//! [`OrderPipeline::step`] does one round for one voucher, so tests and the
-//! service's worker loop control it step by step.
+//! [`OrderPipeline::step`] does one round for one voucher (tests, the final
+//! drain, Redis Cluster); [`OrderPipeline::step_blocking`] reads new
+//! entries of many vouchers in one blocking `XREADGROUP` (the service's
+//! worker on one Redis server), and [`OrderPipeline::reclaim_step`] takes
+//! over a dead consumer's entries on a slower timer. The service works only
+//! on open sales and on sales whose streams still hold entries, so an idle
+//! instance costs Redis a few commands a second however many sales exist.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -219,37 +224,134 @@ impl OrderPipeline {
     /// doubled on re-delivery.
     pub async fn step(&self, voucher_id: i64) -> Result<StepReport> {
         let outcome = self.step_inner(voucher_id).await;
-        if let Err(Error::Redis(e)) = &outcome {
-            if e.code() == Some("NOGROUP") {
-                // Redis lost the group (e.g. restarted without persistence):
-                // the next ensure_group recreates it.
-                self.grouped
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&voucher_id);
-            }
-        }
+        self.forget_group_if_lost(&outcome, &[voucher_id]);
         outcome
     }
 
     async fn step_inner(&self, voucher_id: i64) -> Result<StepReport> {
         let keys = VoucherKeys::new(&self.prefix, voucher_id);
-        let mut report = StepReport::default();
         let mut work = self.reclaim(&keys.orders).await?;
-        report.reclaimed = work.len() as u64;
+        let reclaimed = work.len() as u64;
         work.extend(self.read_new(&keys.orders).await?);
+        let mut report = self.handle(&keys.orders, work).await?;
+        report.reclaimed = reclaimed;
+        Ok(report)
+    }
+
+    /// Takes over and handles the entries of voucher `voucher_id` idle past
+    /// `reclaim_idle` on any consumer (a dead instance's), and nothing else.
+    ///
+    /// # Errors
+    /// As [`OrderPipeline::step`].
+    pub async fn reclaim_step(&self, voucher_id: i64) -> Result<StepReport> {
+        let keys = VoucherKeys::new(&self.prefix, voucher_id);
+        let outcome = async {
+            let work = self.reclaim(&keys.orders).await?;
+            let reclaimed = work.len() as u64;
+            let mut report = self.handle(&keys.orders, work).await?;
+            report.reclaimed = reclaimed;
+            Ok(report)
+        }
+        .await;
+        self.forget_group_if_lost(&outcome, &[voucher_id]);
+        outcome
+    }
+
+    /// Reads new entries of all of `vouchers`' streams in one
+    /// `XREADGROUP ... BLOCK`, waiting up to `block` for the first, and
+    /// handles them. `reader` must be a connection of its own: a blocked
+    /// read holds it. For one Redis server (the streams of a cluster live
+    /// on different slots, which one read cannot span: use
+    /// [`OrderPipeline::step`] there).
+    ///
+    /// # Errors
+    /// As [`OrderPipeline::step`].
+    ///
+    /// # Cancel safety
+    /// As [`OrderPipeline::step`]: entries read and not yet acknowledged
+    /// stay pending, to be reclaimed.
+    pub async fn step_blocking(
+        &self,
+        reader: &mut RedisConn,
+        vouchers: &[i64],
+        block: Duration,
+    ) -> Result<StepReport> {
+        if vouchers.is_empty() {
+            tokio::time::sleep(block).await;
+            return Ok(StepReport::default());
+        }
+        for &voucher in vouchers {
+            self.ensure_group(voucher).await?;
+        }
+        let streams: std::collections::HashMap<String, i64> = vouchers
+            .iter()
+            .map(|&v| (VoucherKeys::new(&self.prefix, v).orders, v))
+            .collect();
+        let mut read = redis::cmd("XREADGROUP");
+        read.arg("GROUP")
+            .arg(&self.settings.group)
+            .arg(&self.settings.consumer)
+            .arg("COUNT")
+            .arg(self.settings.batch)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS");
+        for &voucher in vouchers {
+            read.arg(VoucherKeys::new(&self.prefix, voucher).orders);
+        }
+        read.arg(vec![">"; vouchers.len()]);
+        let outcome = async {
+            let reply: Option<StreamReadReply> = read.query_async(reader).await?;
+            let mut report = StepReport::default();
+            for stream in reply.into_iter().flat_map(|r| r.keys) {
+                let work = stream
+                    .ids
+                    .into_iter()
+                    .map(|entry| Delivery {
+                        entry,
+                        deliveries: 1,
+                    })
+                    .collect();
+                if streams.contains_key(&stream.key) {
+                    report += self.handle(&stream.key, work).await?;
+                }
+            }
+            Ok(report)
+        }
+        .await;
+        self.forget_group_if_lost(&outcome, vouchers);
+        outcome
+    }
+
+    /// Redis lost a consumer group (restarted without persistence): the
+    /// next `ensure_group` of these vouchers recreates it.
+    fn forget_group_if_lost<T>(&self, outcome: &Result<T>, vouchers: &[i64]) {
+        if let Err(Error::Redis(e)) = outcome {
+            if e.code() == Some("NOGROUP") {
+                let mut grouped = self.grouped.lock().unwrap_or_else(|p| p.into_inner());
+                for voucher in vouchers {
+                    grouped.remove(voucher);
+                }
+            }
+        }
+    }
+
+    /// Stores `work` (entries of `stream`), dead-letters what can never be
+    /// stored, acknowledges what was.
+    async fn handle(&self, stream: &str, work: Vec<Delivery>) -> Result<StepReport> {
+        let mut report = StepReport::default();
         // Entries that cannot be stored leave first; the rest are written
         // together (one commit) and acknowledged together.
         let mut orders = Vec::with_capacity(work.len());
         for Delivery { entry, deliveries } in work {
             if deliveries > self.settings.max_deliveries {
                 let reason = format!("delivered {deliveries} times");
-                self.dead_letter(&keys.orders, &entry, &reason, &mut report)
+                self.dead_letter(stream, &entry, &reason, &mut report)
                     .await?;
             } else if let Some(order) = parse(&entry) {
                 orders.push((entry, order));
             } else {
-                self.dead_letter(&keys.orders, &entry, "malformed entry", &mut report)
+                self.dead_letter(stream, &entry, "malformed entry", &mut report)
                     .await?;
             }
         }
@@ -279,10 +381,10 @@ impl OrderPipeline {
                     continue;
                 }
             };
-            self.dead_letter(&keys.orders, &entry, refusal, &mut report)
+            self.dead_letter(stream, &entry, refusal, &mut report)
                 .await?;
         }
-        self.acknowledge(&keys.orders, &stored).await?;
+        self.acknowledge(stream, &stored).await?;
         Ok(report)
     }
 

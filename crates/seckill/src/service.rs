@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -150,6 +150,7 @@ impl Service {
             metrics: metrics.clone(),
             repair,
         };
+        let conn_for_reads = conn.clone();
         let pipeline = Arc::new(OrderPipeline::new(
             conn,
             db.clone(),
@@ -168,10 +169,20 @@ impl Service {
             config.connections,
             stop,
         ));
+        // Blocking reads need a connection of their own; a cluster's
+        // streams cannot share one read (polled instead).
+        let reader = match &conn_for_reads {
+            crate::store::RedisConn::Server(_) => {
+                Some(crate::store::connect(&config.redis_url).await?)
+            }
+            crate::store::RedisConn::Cluster(_) => None,
+        };
         let worker = tokio::spawn(work(
             pipeline.clone(),
             db.clone(),
             metrics,
+            reader,
+            (config.reclaim_idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(10)),
             shutdown.subscribe(),
         ));
         tracing::info!(%addr, mode = ?config.mode, "seckill serving");
@@ -214,7 +225,8 @@ impl Service {
     }
 }
 
-/// Pipeline rounds over `vouchers` until a round finds nothing to do.
+/// Pipeline rounds over `vouchers` until a round finds nothing to do (no
+/// blocking: for the final drain and for Redis Cluster).
 async fn drain(pipeline: &OrderPipeline, vouchers: &[i64]) -> Result<StepReport> {
     let mut total = StepReport::default();
     loop {
@@ -230,40 +242,128 @@ async fn drain(pipeline: &OrderPipeline, vouchers: &[i64]) -> Result<StepReport>
     }
 }
 
-/// How often the worker looks for new vouchers and measures the backlog
-/// (each costs queries; the drain loop itself runs every 20 ms).
+/// How often the worker re-reads which sales are open (one query).
 const REFRESH: Duration = Duration::from_secs(1);
 
-/// The pipeline worker: drain, rest briefly when idle, drain once more on
-/// shutdown.
+/// How long one blocking read waits for new orders; also how soon the
+/// worker sees a new sale or a stop.
+const BLOCK: Duration = Duration::from_millis(500);
+
+/// How often the backlog gauge is measured (one `XLEN` per sale worked).
+const MEASURE: Duration = Duration::from_secs(5);
+
+/// The sales the pipeline works on: those open now, and those that still
+/// have entries in their stream (ended with orders on their way, or left
+/// by a dead instance). A sale ended and drained costs nothing.
+#[derive(Debug, Default)]
+struct Worklist {
+    vouchers: Vec<i64>,
+}
+
+impl Worklist {
+    /// Every voucher with entries left in its stream: once, at start.
+    async fn with_leftovers(pipeline: &OrderPipeline, db: &Database) -> Self {
+        let mut list = Self::default();
+        match db.voucher_ids().await {
+            Ok(all) => list.vouchers = with_entries(pipeline, &all).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing vouchers failed; leftovers wait for the next start")
+            }
+        }
+        list
+    }
+
+    /// Open sales, plus those of the last list that still have entries.
+    async fn refresh(&mut self, pipeline: &OrderPipeline, db: &Database) {
+        let open = match db.open_voucher_ids(crate::domain::now_ms()).await {
+            Ok(open) => open,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing open sales failed; keeping the last list");
+                return;
+            }
+        };
+        let closed: Vec<i64> = self
+            .vouchers
+            .iter()
+            .copied()
+            .filter(|v| !open.contains(v))
+            .collect();
+        let mut next = open;
+        next.extend(with_entries(pipeline, &closed).await);
+        next.sort_unstable();
+        next.dedup();
+        self.vouchers = next;
+    }
+}
+
+/// Those of `vouchers` whose stream has entries (or could not be asked:
+/// kept, rather than read as empty).
+async fn with_entries(pipeline: &OrderPipeline, vouchers: &[i64]) -> Vec<i64> {
+    let mut out = Vec::new();
+    for &v in vouchers {
+        match pipeline.backlog(v).await {
+            Ok(0) => {}
+            Ok(_) => out.push(v),
+            Err(e) => {
+                tracing::warn!(error = %e, voucher = v, "reading a stream's length failed");
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+/// The pipeline worker: new orders read as they come (one blocking read
+/// over every worked sale's stream when `reader` is given, else a polling
+/// round every 20 ms), dead instances' entries taken over every
+/// `reclaim_every`, a final drain on shutdown.
 async fn work(
     pipeline: Arc<OrderPipeline>,
     db: Database,
     metrics: crate::metrics::Metrics,
-    mut stop: watch::Receiver<bool>,
+    mut reader: Option<crate::store::RedisConn>,
+    reclaim_every: Duration,
+    stop: watch::Receiver<bool>,
 ) {
-    let mut vouchers = Vec::new();
-    let mut refreshed: Option<std::time::Instant> = None;
-    loop {
+    let mut sales = Worklist::with_leftovers(&pipeline, &db).await;
+    let mut refreshed: Option<Instant> = None;
+    let mut reclaimed = Instant::now();
+    let mut measured: Option<Instant> = None;
+    let count = |outcome: Result<StepReport>| match outcome {
+        Ok(report) => {
+            metrics.orders_stored.inc_by(report.created);
+            metrics.dead_letters.inc_by(report.dead_lettered);
+        }
+        Err(e) => tracing::warn!(error = %e, "pipeline round failed; retrying"),
+    };
+    while !*stop.borrow() {
         if refreshed.is_none_or(|at| at.elapsed() >= REFRESH) {
-            refreshed = Some(std::time::Instant::now());
-            refresh(&pipeline, &db, &metrics, &mut vouchers).await;
+            refreshed = Some(Instant::now());
+            sales.refresh(&pipeline, &db).await;
         }
-        match drain(&pipeline, &vouchers).await {
-            Ok(report) => {
-                metrics.orders_stored.inc_by(report.created);
-                metrics.dead_letters.inc_by(report.dead_lettered);
+        match &mut reader {
+            // Not raced against the stop: a read cut short would leave its
+            // entries pending on this consumer until reclaimed.
+            Some(reader) => count(pipeline.step_blocking(reader, &sales.vouchers, BLOCK).await),
+            None => {
+                count(drain(&pipeline, &sales.vouchers).await);
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            Err(e) => tracing::warn!(error = %e, "pipeline round failed; retrying"),
         }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-            _ = stop.wait_for(|s| *s) => break,
+        if reclaimed.elapsed() >= reclaim_every {
+            reclaimed = Instant::now();
+            for &v in &sales.vouchers {
+                count(pipeline.reclaim_step(v).await);
+            }
+        }
+        if measured.is_none_or(|at| at.elapsed() >= MEASURE) {
+            measured = Some(Instant::now());
+            measure(&pipeline, &metrics, &sales.vouchers).await;
         }
     }
-    // A voucher created since the last refresh must be drained too.
-    refresh(&pipeline, &db, &metrics, &mut vouchers).await;
-    match drain(&pipeline, &vouchers).await {
+    // A sale opened since the last refresh must be drained too.
+    sales.refresh(&pipeline, &db).await;
+    match drain(&pipeline, &sales.vouchers).await {
         Ok(report) => tracing::info!(
             stored = report.created,
             handled = report.handled(),
@@ -275,20 +375,17 @@ async fn work(
     }
 }
 
-/// Reloads the voucher list and sets the backlog gauge.
-async fn refresh(
-    pipeline: &OrderPipeline,
-    db: &Database,
-    metrics: &crate::metrics::Metrics,
-    vouchers: &mut Vec<i64>,
-) {
-    match db.voucher_ids().await {
-        Ok(ids) => *vouchers = ids,
-        Err(e) => tracing::warn!(error = %e, "listing vouchers failed; keeping the last list"),
-    }
+/// Sets the backlog gauge; left as it was if a length cannot be read.
+async fn measure(pipeline: &OrderPipeline, metrics: &crate::metrics::Metrics, vouchers: &[i64]) {
     let mut lag = 0;
-    for &v in vouchers.iter() {
-        lag += pipeline.backlog(v).await.unwrap_or(0);
+    for &v in vouchers {
+        match pipeline.backlog(v).await {
+            Ok(n) => lag += n,
+            Err(e) => {
+                tracing::warn!(error = %e, voucher = v, "measuring the backlog failed");
+                return;
+            }
+        }
     }
     metrics.pipeline_lag.set(lag as i64);
 }
