@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::watch;
 
 use crate::auth::Tokens;
@@ -35,8 +36,8 @@ pub struct ServiceConfig {
     pub database_url: String,
     /// Address to listen on (port 0: any free port).
     pub listen: SocketAddr,
-    /// Secret that signs bearer tokens.
-    pub token_secret: String,
+    /// Secret that signs bearer tokens (never printed).
+    pub token_secret: SecretString,
     /// Purchase path.
     pub mode: Mode,
     /// Key prefix in Redis.
@@ -72,7 +73,7 @@ impl ServiceConfig {
             redis_url: redis_url.into(),
             database_url: database_url.into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            token_secret: token_secret.into(),
+            token_secret: SecretString::from(token_secret.into()),
             mode: Mode::Async,
             prefix: "seckill".into(),
             consumer: "seckill".into(),
@@ -118,14 +119,17 @@ impl Service {
         let locks = crate::store::lock_client(&config.redis_url, hasp::Settings::default()).await?;
         let purchases = match config.mode {
             Mode::Async => PurchasePath::Async(fast.clone()),
-            Mode::Sync => PurchasePath::Sync(Arc::new(SyncPath::new(
-                db.clone(),
-                locks.clone(),
-                OrderIdGenerator::new(conn.clone(), config.prefix.clone(), 1000)?,
-                // A double click waits this long for the first click's
-                // purchase (milliseconds), then is a 409.
-                Duration::from_secs(1),
-            ))),
+            Mode::Sync => PurchasePath::Sync(Arc::new(
+                SyncPath::new(
+                    db.clone(),
+                    locks.clone(),
+                    OrderIdGenerator::new(conn.clone(), config.prefix.clone(), 1000)?,
+                    // A double click waits this long for the first click's
+                    // purchase (milliseconds), then is a 409.
+                    Duration::from_secs(1),
+                )
+                .with_prefix(config.prefix.clone()),
+            )),
         };
         let metrics =
             crate::metrics::Metrics::new().map_err(|e| anyhow::anyhow!("metrics registry: {e}"))?;
@@ -145,7 +149,7 @@ impl Service {
             db: db.clone(),
             fast,
             purchases,
-            tokens: Tokens::new(config.token_secret.as_bytes())?,
+            tokens: Tokens::new(config.token_secret.expose_secret().as_bytes())?,
             limits: RateLimits::new(config.user_limit, config.ip_limit),
             metrics: metrics.clone(),
             repair,

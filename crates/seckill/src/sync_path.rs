@@ -23,6 +23,7 @@ pub struct SyncPath {
     locks: hasp::Client,
     ids: OrderIdGenerator,
     lock_wait: Duration,
+    prefix: String,
 }
 
 impl SyncPath {
@@ -39,7 +40,15 @@ impl SyncPath {
             locks,
             ids,
             lock_wait,
+            prefix: "seckill".into(),
         }
+    }
+
+    /// This path with its per-user locks under `prefix` (the service's key
+    /// prefix; `seckill` by default): `<prefix>:user:<id>`.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
     }
 
     /// Tries to buy voucher `voucher_id` for `user_id`.
@@ -63,7 +72,9 @@ impl SyncPath {
         if now >= end_ms {
             return Ok(Purchase::Refused(Refusal::Ended));
         }
-        let lock = self.locks.lock(&format!("seckill:user:{user_id}"))?;
+        let lock = self
+            .locks
+            .lock(&format!("{}:user:{user_id}", self.prefix))?;
         let Some(guard) = lock.try_lock_for(self.lock_wait).await? else {
             return Ok(Purchase::Refused(Refusal::InProgress));
         };

@@ -10,6 +10,12 @@ use anyhow::Context;
 use seckill::http::{ConnectionLimits, Limit};
 use seckill::service::{Mode, ServiceConfig};
 use seckill::store::ReplicaAck;
+use secrecy::SecretString;
+
+/// A secret from the command line or the environment.
+pub(crate) fn secret(value: &str) -> Result<SecretString, std::convert::Infallible> {
+    Ok(SecretString::from(value.to_owned()))
+}
 use serde::Deserialize;
 
 /// Flags (and their environment variables) of `seckill serve`.
@@ -28,8 +34,8 @@ pub struct ServeArgs {
     #[arg(long, env = "SECKILL_LISTEN")]
     pub listen: Option<SocketAddr>,
     /// Secret signing bearer tokens (at least 16 bytes; required).
-    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true)]
-    pub token_secret: Option<String>,
+    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true, value_parser = secret)]
+    pub token_secret: Option<SecretString>,
     /// Purchase path [default: async].
     #[arg(long, env = "SECKILL_MODE", value_enum)]
     pub mode: Option<Mode>,
@@ -51,6 +57,9 @@ pub struct ServeArgs {
     /// How long to wait for those replicas before answering 503 `not_replicated` [default: 100].
     #[arg(long, env = "SECKILL_REPLICA_ACK_TIMEOUT_MS")]
     pub replica_ack_timeout_ms: Option<u64>,
+    /// Prefix of every Redis key and lock name of the service [default: seckill].
+    #[arg(long, env = "SECKILL_PREFIX")]
+    pub prefix: Option<String>,
     /// Open HTTP connections at most; more get a 503 and are closed [default: 10000].
     #[arg(long, env = "SECKILL_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
@@ -69,7 +78,7 @@ struct FileSettings {
     redis_url: Option<String>,
     database_url: Option<String>,
     listen: Option<SocketAddr>,
-    token_secret: Option<String>,
+    token_secret: Option<SecretString>,
     mode: Option<Mode>,
     consumer: Option<String>,
     reclaim_idle_ms: Option<u64>,
@@ -80,6 +89,7 @@ struct FileSettings {
     max_connections: Option<usize>,
     header_timeout_ms: Option<u64>,
     body_timeout_ms: Option<u64>,
+    prefix: Option<String>,
 }
 
 impl ServeArgs {
@@ -146,7 +156,19 @@ impl ServeArgs {
                 "no token secret: set --token-secret, SECKILL_TOKEN_SECRET or token_secret in the config file",
             )?,
             mode: self.mode.or(file.mode).unwrap_or(Mode::Async),
-            prefix: "seckill".into(),
+            prefix: {
+                let prefix = self
+                    .prefix
+                    .or(file.prefix)
+                    .unwrap_or_else(|| "seckill".into());
+                anyhow::ensure!(
+                    !prefix.is_empty()
+                        && prefix.len() <= 64
+                        && !prefix.contains(['{', '}', ' ']),
+                    "prefix must be 1 to 64 bytes without braces or spaces (braces would break the keys' hash tags)"
+                );
+                prefix
+            },
             consumer: self
                 .consumer
                 .or(file.consumer)
@@ -198,8 +220,13 @@ mod tests {
         let c = args.resolve().unwrap();
         assert_eq!(c.listen.port(), 9100, "flag wins");
         assert_eq!(
-            c.token_secret, "file-secret-0123456789",
+            secrecy::ExposeSecret::expose_secret(&c.token_secret),
+            "file-secret-0123456789",
             "file fills the rest"
+        );
+        assert!(
+            !format!("{c:?}").contains("file-secret"),
+            "the secret must never print"
         );
         assert_eq!(c.mode, Mode::Sync);
         assert!(c.ip_limit.is_none(), "0 turns the limit off");

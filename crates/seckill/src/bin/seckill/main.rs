@@ -95,6 +95,9 @@ enum Command {
         /// Apply the safe fixes (missing buyers, Redis stock above the database's).
         #[arg(long)]
         repair: bool,
+        /// The service's Redis key prefix.
+        #[arg(long, env = "SECKILL_PREFIX", default_value = "seckill")]
+        prefix: String,
     },
 }
 
@@ -162,8 +165,9 @@ async fn main() -> anyhow::Result<()> {
             redis_url,
             database_url,
             repair,
+            prefix,
         } => {
-            if reconcile_all(&redis_url, &database_url, repair).await? {
+            if reconcile_all(&redis_url, &database_url, &prefix, repair).await? {
                 Ok(())
             } else {
                 std::process::exit(1)
@@ -190,7 +194,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Reconciles every voucher; true if all agree (after repairs, if asked).
-async fn reconcile_all(redis_url: &str, database_url: &str, repair: bool) -> anyhow::Result<bool> {
+async fn reconcile_all(
+    redis_url: &str,
+    database_url: &str,
+    prefix: &str,
+    repair: bool,
+) -> anyhow::Result<bool> {
     use seckill::reconcile;
     use seckill::repair::{SaleRepair, Scope};
     use seckill::store::{FastPath, OrderIdGenerator};
@@ -201,8 +210,8 @@ async fn reconcile_all(redis_url: &str, database_url: &str, repair: bool) -> any
     let repairs = SaleRepair::new(
         std::sync::Arc::new(FastPath::new(
             conn.clone(),
-            "seckill",
-            OrderIdGenerator::new(conn.clone(), "seckill", 1)?,
+            prefix,
+            OrderIdGenerator::new(conn.clone(), prefix, 1)?,
         )),
         db.clone(),
         seckill::store::lock_client(redis_url, hasp::Settings::default()).await?,
@@ -210,14 +219,14 @@ async fn reconcile_all(redis_url: &str, database_url: &str, repair: bool) -> any
     );
     let mut consistent = true;
     for voucher in db.voucher_ids().await? {
-        let mut found = reconcile::reconcile(&conn, &db, "seckill", voucher).await?;
+        let mut found = reconcile::reconcile(&conn, &db, prefix, voucher).await?;
         if repair && !found.is_consistent() {
             let done = repairs.run(Scope::Voucher(voucher)).await?;
             println!(
                 "voucher {voucher}: {} restored, {} repaired",
                 done.restored, done.repaired
             );
-            found = reconcile::reconcile(&conn, &db, "seckill", voucher).await?;
+            found = reconcile::reconcile(&conn, &db, prefix, voucher).await?;
         }
         for difference in found.differences() {
             println!("{difference}");

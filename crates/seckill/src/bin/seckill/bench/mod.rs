@@ -35,8 +35,8 @@ pub struct BenchArgs {
     #[arg(long = "url", required = true, value_name = "URL")]
     pub urls: Vec<String>,
     /// The services' token secret (mints the admin and user tokens).
-    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true)]
-    pub token_secret: String,
+    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true, value_parser = crate::config::secret)]
+    pub token_secret: secrecy::SecretString,
     /// Closed loop: this many requests in flight, each sent when the
     /// previous returns [default: 64 unless --rate].
     #[arg(long, conflicts_with = "rate")]
@@ -152,7 +152,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         .iter()
         .map(|u| u.trim_end_matches('/').to_owned())
         .collect();
-    let tokens = Tokens::new(args.token_secret.as_bytes())?;
+    let tokens = Tokens::new(secrecy::ExposeSecret::expose_secret(&args.token_secret).as_bytes())?;
     let http = reqwest::Client::builder()
         .timeout(args.timeout)
         .pool_max_idle_per_host(match arrival {
