@@ -270,6 +270,7 @@ impl OrderPipeline {
     /// # Cancel safety
     /// As [`OrderPipeline::step`]: entries read and not yet acknowledged
     /// stay pending, to be reclaimed.
+    #[tracing::instrument(level = "debug", skip(self, reader, vouchers), fields(sales = vouchers.len()))]
     pub async fn step_blocking(
         &self,
         reader: &mut RedisConn,

@@ -133,6 +133,7 @@ impl SaleRepair {
     /// # Errors
     /// [`Error::Redis`] or [`Error::Database`] if either fails,
     /// [`Error::Lock`] if the lock cannot be taken within 30 s.
+    #[tracing::instrument(skip(self))]
     pub async fn run(&self, scope: Scope) -> Result<RepairReport> {
         let lock = self.locks.lock(&format!("{}:repair", self.fast.prefix()))?;
         let guard = lock.lock_within(LOCK_WAIT).await?;

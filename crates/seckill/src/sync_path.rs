@@ -61,6 +61,7 @@ impl SyncPath {
     /// [`Error::Lock`](crate::Error::Lock) if Redis fails;
     /// [`Error::Database`](crate::Error::Database) on database failure
     /// (nothing committed).
+    #[tracing::instrument(level = "debug", skip(self))]
     pub async fn purchase(&self, voucher_id: i64, user_id: i64) -> Result<Purchase> {
         let Some((_, begin_ms, end_ms)) = self.db.voucher_window(voucher_id).await? else {
             return Ok(Purchase::Refused(Refusal::UnknownVoucher));

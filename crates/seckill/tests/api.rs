@@ -979,3 +979,42 @@ async fn per_route_body_limits_and_rate_limits_on_every_public_route() {
         }
     }
 }
+
+/// Issue 16: every answer carries a request id (the client's, when it sends
+/// a sensible one), the id every log line of the request carries.
+#[tokio::test]
+async fn every_answer_carries_a_request_id() {
+    let app = spawn_app().await;
+    let id_of = |r: &reqwest::Response| {
+        r.headers()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let made = app
+        .http
+        .get(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .unwrap();
+    let made = id_of(&made).expect("an id is made");
+    assert_eq!(made.len(), 36, "{made}");
+    let kept = app
+        .http
+        .get(format!("{}/api/nothing", app.base))
+        .header("x-request-id", "lb-4f2a.7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(id_of(&kept).as_deref(), Some("lb-4f2a.7"));
+    let replaced = app
+        .http
+        .get(format!("{}/healthz", app.base))
+        .header("x-request-id", "no spaces or {braces} please")
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(
+        id_of(&replaced).as_deref(),
+        Some("no spaces or {braces} please")
+    );
+}

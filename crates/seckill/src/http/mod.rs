@@ -149,16 +149,44 @@ async fn ready(
 type BoxedCheck<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = crate::Result<()>> + Send + 'a>>;
 
-/// Counts every request by route (the pattern, not the raw path) and
-/// outcome, and times it. The outcome is `ok`, or the status class.
+/// The header carrying a request's id, taken from the client when it sends
+/// a sensible one (a load balancer's), else made here; echoed in the answer
+/// and recorded on the request's span, so a logged error can be traced to
+/// its request.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// A client's request id, if it is 1 to 64 characters of `[A-Za-z0-9._-]`.
+fn client_request_id(request: &Request) -> Option<String> {
+    let id = request.headers().get(REQUEST_ID)?.to_str().ok()?;
+    let sensible = (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    sensible.then(|| id.to_owned())
+}
+
+/// Runs every request in a span (request id, method, route), counts it by
+/// route (the pattern, not the raw path) and outcome, and times it. The
+/// outcome is `ok`, or the status.
 async fn observe(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    use tracing::Instrument;
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or("unmatched", |p| p.as_str())
         .to_owned();
+    let id = client_request_id(&request).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let span = tracing::info_span!(
+        "request",
+        id = %id,
+        method = %request.method(),
+        route = %route,
+    );
     let started = std::time::Instant::now();
-    let response = next.run(request).await;
+    let mut response = next.run(request).instrument(span).await;
+    if let Ok(value) = axum::http::HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
     let status = response.status();
     let outcome = if status.is_success() {
         "ok".to_owned()

@@ -34,6 +34,7 @@ pub struct VoucherView {
     end_ms: i64,
 }
 
+#[tracing::instrument(name = "create_voucher", skip_all)]
 pub(crate) async fn create(
     State(state): State<AppState>,
     _: Admin,
@@ -134,11 +135,15 @@ pub struct Accepted {
     state: &'static str,
 }
 
+#[tracing::instrument(name = "purchase", skip_all, fields(voucher, user))]
 pub(crate) async fn purchase(
     State(state): State<AppState>,
     User(user): User,
     PathId(voucher): PathId,
 ) -> Result<Json<Accepted>, ApiError> {
+    tracing::Span::current()
+        .record("voucher", voucher)
+        .record("user", user);
     state.limits.check_user(user)?;
     let (outcome, stored) = match &state.purchases {
         PurchasePath::Async(fast) => match fast.purchase(voucher, user).await {

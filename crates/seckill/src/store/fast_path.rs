@@ -178,6 +178,7 @@ impl FastPath {
     /// # Errors
     /// [`Error::Redis`] if Redis is unreachable (then retry: it is
     /// idempotent).
+    #[tracing::instrument(level = "debug", skip(self, buyers), fields(buyers = buyers.len()))]
     pub async fn restore_sale(
         &self,
         id: i64,
@@ -234,6 +235,7 @@ impl FastPath {
     /// Not cancel safe: once sent, the purchase takes effect even if this
     /// future is dropped, and its order id is lost to the caller (the order
     /// is still in the stream).
+    #[tracing::instrument(level = "debug", skip(self))]
     pub async fn purchase(&self, voucher_id: i64, user_id: i64) -> Result<Purchase> {
         if self.known_sold_out(voucher_id) {
             return Ok(Purchase::Refused(Refusal::SoldOut));
