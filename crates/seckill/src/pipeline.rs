@@ -501,8 +501,8 @@ impl OrderPipeline {
             .query_async::<String>(&mut self.conn.clone())
             .await
             .map(drop)?;
-        let () = redis::pipe()
-            .atomic()
+        let mut done = redis::pipe();
+        done.atomic()
             .cmd("XACK")
             .arg(stream)
             .arg(&self.settings.group)
@@ -511,9 +511,17 @@ impl OrderPipeline {
             .cmd("XDEL")
             .arg(stream)
             .arg(&entry.id)
-            .ignore()
-            .query_async(&mut self.conn.clone())
-            .await?;
+            .ignore();
+        // The buyer's order status reads `failed` from here, in one lookup
+        // (same hash tag as the stream: one transaction on a cluster too).
+        let user: Option<String> = entry.get("user");
+        let order: Option<String> = entry.get("order");
+        if let (Some(failed), Some(user), Some(order)) =
+            (crate::store::failed_of_stream(stream), user, order)
+        {
+            done.hset(failed, user, order).ignore();
+        }
+        let () = done.query_async(&mut self.conn.clone()).await?;
         tracing::warn!(entry = %entry.id, stream, reason, "order dead-lettered");
         self.dead_letters.fetch_add(1, Ordering::Relaxed);
         report.dead_lettered += 1;

@@ -43,8 +43,8 @@ pub struct Reconciliation {
     pub db_orders: usize,
     /// Orders accepted and still in the stream.
     pub in_stream: usize,
-    /// The users of those orders.
-    pub in_stream_users: Vec<i64>,
+    /// Those orders: (user id, order id).
+    pub in_stream_orders: Vec<(i64, i64)>,
     /// Buyers in Redis with no order in the database nor in the stream.
     pub lost_orders: Vec<i64>,
     /// Users with a database order that Redis does not list as buyers.
@@ -133,11 +133,11 @@ pub async fn reconcile(
         redis_buyers: buyers.len(),
         db_orders: db_users.len(),
         in_stream,
-        in_stream_users: {
-            let mut users: Vec<i64> = streamed.iter().copied().collect();
-            users.sort_unstable();
-            users
-        },
+        in_stream_orders: stream
+            .ids
+            .iter()
+            .filter_map(|e| Some((e.get("user")?, e.get("order")?)))
+            .collect(),
         lost_orders,
         missing_buyers,
         expected_redis_stock: db_stock.map(|s| s - in_flight),

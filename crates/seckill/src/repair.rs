@@ -187,8 +187,14 @@ impl SaleRepair {
         report.verified += 1;
         if found.redis_stock.is_none() {
             let stock = found.expected_redis_stock.unwrap_or(0).max(0);
-            let mut buyers = self.db.order_users(id).await?;
-            buyers.extend(found.in_stream_users.iter().copied());
+            let mut buyers: Vec<(i64, i64)> = self
+                .db
+                .voucher_orders(id)
+                .await?
+                .into_iter()
+                .map(|(order, user)| (user, order))
+                .collect();
+            buyers.extend(found.in_stream_orders.iter().copied());
             if self
                 .fast
                 .restore_sale(id, stock, (begin_ms, end_ms), &buyers)

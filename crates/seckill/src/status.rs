@@ -2,10 +2,11 @@
 //!
 //! An accepted order is first an entry in its voucher's stream (pending),
 //! then a database row (created), or, if the pipeline gave up on it, an
-//! entry in the dead-letter stream (failed). A lookup checks the database
-//! first (the common case), then scans the two streams; both are short when
-//! the pipeline keeps up (entries are deleted once stored), and the scans
-//! are bounded.
+//! entry in the dead-letter stream (failed). A lookup is one indexed query
+//! and one Redis round trip: the database first (the common case), then the
+//! voucher's `order-of` hash (written by the purchase) and `failed` hash
+//! (written by the dead-lettering). Only a buyer from before those hashes
+//! existed is looked for in the streams, as before (bounded scans).
 
 use crate::store::RedisConn;
 use redis::streams::StreamRangeReply;
@@ -48,15 +49,39 @@ pub async fn order_status(
         return Ok(Some((OrderId::from_i64(id)?, OrderState::Created)));
     }
     let keys = VoucherKeys::new(prefix, voucher_id);
-    let user = user_id.to_string();
     let mut conn = conn.clone();
+    let (order, failed, buyer): (Option<i64>, Option<i64>, bool) = redis::pipe()
+        .hget(&keys.order_of, user_id)
+        .hget(&keys.failed, user_id)
+        .sismember(&keys.buyers, user_id)
+        .query_async(&mut conn)
+        .await?;
+    match (order, failed, buyer) {
+        (_, Some(id), _) => Ok(Some((OrderId::from_i64(id)?, OrderState::Failed))),
+        (Some(id), None, _) => Ok(Some((OrderId::from_i64(id)?, OrderState::Pending))),
+        (None, None, false) => Ok(None),
+        // A buyer without an order-of entry bought before this layout:
+        // look in the streams, as it was done then.
+        (None, None, true) => scan(&mut conn, &keys, dead_letters, user_id).await,
+    }
+}
+
+/// The order of `user_id` found by scanning the voucher's stream and the
+/// dead-letter stream (bounded): for sales older than the order-of hash.
+async fn scan(
+    conn: &mut RedisConn,
+    keys: &VoucherKeys,
+    dead_letters: &str,
+    user_id: i64,
+) -> Result<Option<(OrderId, OrderState)>> {
+    let user = user_id.to_string();
     let pending: StreamRangeReply = redis::cmd("XRANGE")
         .arg(&keys.orders)
         .arg("-")
         .arg("+")
         .arg("COUNT")
         .arg(SCAN_LIMIT)
-        .query_async(&mut conn)
+        .query_async(conn)
         .await?;
     if let Some(id) = find(&pending, &user, None) {
         return Ok(Some((id, OrderState::Pending)));
@@ -67,7 +92,7 @@ pub async fn order_status(
         .arg("-")
         .arg("COUNT")
         .arg(SCAN_LIMIT)
-        .query_async(&mut conn)
+        .query_async(conn)
         .await?;
     Ok(find(&dead, &user, Some(&keys.orders)).map(|id| (id, OrderState::Failed)))
 }

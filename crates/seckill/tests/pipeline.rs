@@ -258,6 +258,35 @@ async fn entries_that_cannot_succeed_or_keep_failing_are_dead_lettered_and_count
     let report = p.step(sale.voucher).await.unwrap();
     assert_eq!(report.dead_lettered, 1, "{report:?}");
     assert_eq!(p.dead_letters(), 3);
+    // Issue 16: its buyer reads `failed` in one lookup, no stream scanned
+    // (the order-of and failed hashes).
+    let scans = || sale.server.cli(&["INFO", "commandstats"]);
+    let calls = |stats: &str, cmd: &str| {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .and_then(|r| r.split(',').next())
+            .map_or(0, |n| n.parse::<u64>().unwrap())
+    };
+    let before = scans();
+    let status = seckill::status::order_status(
+        &c,
+        &sale.db,
+        "seckill",
+        &p.dead_letter_stream(),
+        sale.voucher,
+        0,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(status, Some((_, seckill::status::OrderState::Failed))),
+        "{status:?}"
+    );
+    let after = scans();
+    for scan in ["xrange", "xrevrange"] {
+        assert_eq!(calls(&before, scan), calls(&after, scan), "{scan}");
+    }
     let dead: i64 = redis::cmd("XLEN")
         .arg(p.dead_letter_stream())
         .query_async(&mut c)

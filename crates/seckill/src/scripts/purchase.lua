@@ -7,6 +7,7 @@
 -- KEYS[1]  voucher hash: stock, begin_ms, end_ms (epoch milliseconds)
 -- KEYS[2]  buyers set of the voucher (user ids)
 -- KEYS[3]  order stream of the voucher
+-- KEYS[4]  order-of hash of the voucher (user id -> order id)
 -- ARGV[1]  user id
 -- ARGV[2]  order id
 -- ARGV[3]  voucher id (written into the stream entry)
@@ -18,7 +19,8 @@
 -- nothing and returns -1.
 --
 -- Returns -1  no arguments: nothing done
---          0  accepted (stock decremented, buyer recorded, order appended)
+--          0  accepted (stock decremented, buyer and their order id
+--             recorded, order appended)
 --          1  the sale has not started
 --          2  the sale has ended
 --          3  sold out
@@ -50,5 +52,6 @@ if redis.call('sadd', KEYS[2], ARGV[1]) == 0 then
   return 4
 end
 redis.call('hincrby', KEYS[1], 'stock', -1)
+redis.call('hset', KEYS[4], ARGV[1], ARGV[2])
 redis.call('xadd', KEYS[3], '*', 'order', ARGV[2], 'user', ARGV[1], 'voucher', ARGV[3])
 return 0

@@ -171,9 +171,9 @@ impl FastPath {
     }
 
     /// Puts back the sale state of voucher `id` that Redis lost: `buyers`
-    /// first, then the terms with `stock`, the stock only if the voucher's
-    /// hash is still missing (a purchase needs the hash, so none can slip
-    /// between the two). Returns whether the hash was written.
+    /// (user, order id) first, then the terms with `stock`, the stock only
+    /// if the voucher's hash is still missing (a purchase needs the hash, so
+    /// none can slip between the two). Returns whether the hash was written.
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis is unreachable (then retry: it is
@@ -184,14 +184,18 @@ impl FastPath {
         id: i64,
         stock: i64,
         (begin_ms, end_ms): (i64, i64),
-        buyers: &[i64],
+        buyers: &[(i64, i64)],
     ) -> Result<bool> {
         let keys = VoucherKeys::new(&self.prefix, id);
         let mut conn = self.conn.clone();
         for chunk in buyers.chunks(1_000) {
-            let _: i64 = redis::cmd("SADD")
-                .arg(&keys.buyers)
-                .arg(chunk)
+            let users: Vec<i64> = chunk.iter().map(|(user, _)| *user).collect();
+            let () = redis::pipe()
+                .atomic()
+                .sadd(&keys.buyers, users)
+                .ignore()
+                .hset_multiple(&keys.order_of, chunk)
+                .ignore()
                 .query_async(&mut conn)
                 .await?;
         }
@@ -245,10 +249,11 @@ impl FastPath {
         let mut script = redis::cmd("EVALSHA");
         script
             .arg(PURCHASE.get_hash())
-            .arg(3)
+            .arg(4)
             .arg(&keys.voucher)
             .arg(&keys.buyers)
             .arg(&keys.orders)
+            .arg(&keys.order_of)
             .arg(user_id)
             .arg(order.as_i64())
             .arg(voucher_id);
@@ -289,10 +294,11 @@ impl FastPath {
         // arguments the script changes nothing.
         let _: i64 = redis::cmd("EVAL")
             .arg(include_str!("../scripts/purchase.lua"))
-            .arg(3)
+            .arg(4)
             .arg(&keys.voucher)
             .arg(&keys.buyers)
             .arg(&keys.orders)
+            .arg(&keys.order_of)
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(())

@@ -5,6 +5,8 @@
 //! | `P:{v<id>}:voucher` | hash | `stock`, `begin_ms`, `end_ms` |
 //! | `P:{v<id>}:buyers` | set | user ids that bought the voucher |
 //! | `P:{v<id>}:orders` | stream | accepted orders: `order`, `user`, `voucher` |
+//! | `P:{v<id>}:order-of` | hash | user id → order id, written with the purchase (order status in one lookup) |
+//! | `P:{v<id>}:failed` | hash | user id → order id of orders the pipeline dead-lettered |
 //! | `P:order-seq:YYYYMMDD` | string | the day's order sequence counter |
 //! | `P:orders:dead` | stream | dead-lettered orders, with `stream`, `entry`, `reason` |
 //! | `P:replica-ack` | string | a counter written before each group `WAIT` (`--replica-ack`) |
@@ -20,6 +22,10 @@ pub struct VoucherKeys {
     pub buyers: String,
     /// Accepted orders awaiting the database.
     pub orders: String,
+    /// Each buyer's order id (user → order).
+    pub order_of: String,
+    /// Buyers whose order the pipeline gave up on (user → order).
+    pub failed: String,
 }
 
 impl VoucherKeys {
@@ -30,6 +36,8 @@ impl VoucherKeys {
             voucher: format!("{tag}:voucher"),
             buyers: format!("{tag}:buyers"),
             orders: format!("{tag}:orders"),
+            order_of: format!("{tag}:order-of"),
+            failed: format!("{tag}:failed"),
         }
     }
 }
@@ -47,4 +55,11 @@ pub fn dead_letter_stream(prefix: &str) -> String {
 /// The marker written before each group `WAIT` of replica confirmation.
 pub(crate) fn replica_ack_marker(prefix: &str) -> String {
     format!("{prefix}:replica-ack")
+}
+
+/// The `failed` hash of the voucher whose order stream is `stream`.
+pub(crate) fn failed_of_stream(stream: &str) -> Option<String> {
+    stream
+        .strip_suffix(":orders")
+        .map(|tag| format!("{tag}:failed"))
 }

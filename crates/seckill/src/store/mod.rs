@@ -11,5 +11,6 @@ pub use connect::{
     RESPONSE_TIMEOUT,
 };
 pub use fast_path::{FastPath, Purchase, Refusal, ReplicaAck, SOLD_OUT_MEMORY};
+pub(crate) use keys::failed_of_stream;
 pub use keys::{dead_letter_stream, VoucherKeys};
 pub use order_ids::OrderIdGenerator;
