@@ -5,6 +5,8 @@
 //!
 //! * [`service::Service`]: the whole service — HTTP API and order pipeline
 //!   — started from a [`service::ServiceConfig`] and stopped gracefully.
+//! * [`sale::Sales`]: purchases, live stock and order status for the API,
+//!   whichever path decides (the one place that tells them apart).
 //! * [`http`]: the axum router (vouchers, purchases, orders, health,
 //!   metrics, OpenAPI), bearer tokens from [`auth`], rate limits.
 //! * [`store::FastPath`]: the atomic Redis purchase — sale window, stock and
@@ -58,6 +60,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod reconcile;
 pub mod repair;
+pub mod sale;
 pub mod service;
 pub mod status;
 pub mod store;

@@ -11,9 +11,10 @@ use tokio::sync::watch;
 use crate::auth::Tokens;
 use crate::db::Database;
 use crate::error::Result;
-use crate::http::{router, AppState, ConnectionLimits, Limit, PurchasePath, RateLimits};
+use crate::http::{router, AppState, ConnectionLimits, Limit, RateLimits};
 use crate::pipeline::{OrderPipeline, PipelineSettings, StepReport};
 use crate::repair::SaleRepair;
+use crate::sale::{PurchasePath, Sales};
 use crate::store::{FastPath, OrderIdGenerator, ReplicaAck};
 use crate::sync_path::SyncPath;
 
@@ -118,7 +119,7 @@ impl Service {
         let fast = Arc::new(fast);
         let locks = crate::store::lock_client(&config.redis_url, hasp::Settings::default()).await?;
         let purchases = match config.mode {
-            Mode::Async => PurchasePath::Async(fast.clone()),
+            Mode::Async => PurchasePath::Async,
             Mode::Sync => PurchasePath::Sync(Arc::new(
                 SyncPath::new(
                     db.clone(),
@@ -147,12 +148,10 @@ impl Service {
         }
         let state = AppState {
             db: db.clone(),
-            fast,
-            purchases,
+            sales: Arc::new(Sales::new(purchases, fast, db.clone(), repair)),
             tokens: Tokens::new(config.token_secret.expose_secret().as_bytes())?,
             limits: RateLimits::new(config.user_limit, config.ip_limit),
             metrics: metrics.clone(),
-            repair,
         };
         let conn_for_reads = conn.clone();
         let pipeline = Arc::new(OrderPipeline::new(

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use crate::db::{Database, OrderRecord, Recorded};
 use crate::domain::now_ms;
+use crate::domain::purchase::{Purchase, Refusal};
 use crate::error::Result;
-use crate::store::{OrderIdGenerator, Purchase, Refusal};
+use crate::store::OrderIdGenerator;
 
 /// Purchases through a per-user lock and one database transaction.
 #[derive(Debug)]

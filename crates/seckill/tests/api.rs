@@ -6,8 +6,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use reqwest::StatusCode;
 use seckill::auth::{Principal, Tokens};
 use seckill::db::Database;
-use seckill::http::{router, AppState, Limit, PurchasePath, RateLimits};
+use seckill::http::{router, AppState, Limit, RateLimits};
 use seckill::repair::SaleRepair;
+use seckill::sale::{PurchasePath, Sales};
 use seckill::store::{FastPath, OrderIdGenerator};
 use serde_json::{json, Value};
 use testkit::RedisServer;
@@ -89,19 +90,23 @@ async fn spawn_app_on(database_url: Option<String>, limits: Arc<RateLimits>) -> 
         OrderIdGenerator::new(conn, "seckill", 100).unwrap(),
     ));
     let tokens = Tokens::new(b"test-secret-0123456789").unwrap();
+    let repair = Arc::new(SaleRepair::new(
+        fast.clone(),
+        db.clone(),
+        hasp::Client::open(&redis.url()).await.unwrap(),
+        None,
+    ));
     let state = AppState {
         db: db.clone(),
-        fast: fast.clone(),
-        purchases: PurchasePath::Async(fast.clone()),
+        sales: Arc::new(Sales::new(
+            PurchasePath::Async,
+            fast.clone(),
+            db.clone(),
+            repair,
+        )),
         tokens: tokens.clone(),
         limits,
         metrics: seckill::metrics::Metrics::new().unwrap(),
-        repair: Arc::new(SaleRepair::new(
-            fast.clone(),
-            db.clone(),
-            hasp::Client::open(&redis.url()).await.unwrap(),
-            None,
-        )),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

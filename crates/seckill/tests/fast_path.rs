@@ -4,9 +4,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use seckill::domain::purchase::{Purchase, Refusal};
 use seckill::domain::voucher::SaleTerms;
 use seckill::store::RedisConn;
-use seckill::store::{FastPath, OrderIdGenerator, Purchase, Refusal, VoucherKeys};
+use seckill::store::{FastPath, OrderIdGenerator, VoucherKeys};
 use testkit::RedisServer;
 
 async fn conn(server: &RedisServer) -> RedisConn {

@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use seckill::db::Database;
+use seckill::domain::purchase::Purchase;
 use seckill::domain::voucher::{SaleTerms, Title};
 use seckill::pipeline::{OrderPipeline, PipelineSettings, StepReport};
 use seckill::store::RedisConn;
-use seckill::store::{FastPath, OrderIdGenerator, Purchase, VoucherKeys};
+use seckill::store::{FastPath, OrderIdGenerator, VoucherKeys};
 use testkit::RedisServer;
 
 struct Sale {
@@ -367,6 +368,6 @@ async fn reconcile_sees_agreement_mid_pipeline_and_repairs_what_is_safe() {
     // User 3 cannot buy again now that the set is repaired.
     assert_eq!(
         sale.fast.purchase(sale.voucher, 3).await.unwrap(),
-        Purchase::Refused(seckill::store::Refusal::AlreadyBought)
+        Purchase::Refused(seckill::domain::purchase::Refusal::AlreadyBought)
     );
 }

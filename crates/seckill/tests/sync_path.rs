@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use seckill::db::Database;
+use seckill::domain::purchase::{Purchase, Refusal};
 use seckill::domain::voucher::{SaleTerms, Title};
-use seckill::store::{OrderIdGenerator, Purchase, Refusal};
+use seckill::store::OrderIdGenerator;
 use seckill::sync_path::SyncPath;
 use testkit::{PostgresServer, RedisServer};
 

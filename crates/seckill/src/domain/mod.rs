@@ -1,6 +1,7 @@
 //! Values of the flash-sale domain, free of I/O.
 
 pub mod order_id;
+pub mod purchase;
 pub mod voucher;
 
 /// The local wall clock in Unix milliseconds.

@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::store::Refusal;
+use crate::domain::purchase::Refusal;
 
 /// Everything a handler can answer besides success.
 #[derive(Debug)]

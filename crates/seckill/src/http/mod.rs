@@ -34,35 +34,20 @@ pub use server::ConnectionLimits;
 
 use crate::auth::Tokens;
 use crate::db::Database;
-use crate::store::FastPath;
-use crate::sync_path::SyncPath;
-
-/// How purchases are decided.
-#[derive(Debug, Clone)]
-pub enum PurchasePath {
-    /// Redis fast path; orders reach the database through the pipeline.
-    Async(Arc<FastPath>),
-    /// Per-user lock around a database transaction.
-    Sync(Arc<SyncPath>),
-}
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
 pub struct AppState {
     /// The database.
     pub db: Database,
-    /// The Redis side (loading vouchers, live stock).
-    pub fast: Arc<FastPath>,
-    /// The purchase path in use.
-    pub purchases: PurchasePath,
+    /// Purchases, live stock and order status, whichever path decides.
+    pub sales: Arc<crate::sale::Sales>,
     /// Token verification.
     pub tokens: Tokens,
     /// Rate limits.
     pub limits: Arc<RateLimits>,
     /// Metrics.
     pub metrics: crate::metrics::Metrics,
-    /// Self-repair of lost sale state in Redis (the async path's).
-    pub repair: Arc<crate::repair::SaleRepair>,
 }
 
 /// The API's OpenAPI document (kept beside the routes; a test checks that
@@ -132,7 +117,7 @@ async fn ready(
         }
     };
     let (redis, db) = tokio::join!(
-        check(Box::pin(state.fast.ping()) as BoxedCheck<'_>),
+        check(Box::pin(state.sales.ping_redis()) as BoxedCheck<'_>),
         check(Box::pin(state.db.ping()) as BoxedCheck<'_>)
     );
     let status = if redis == "ok" && db == "ok" {

@@ -7,8 +7,7 @@ use serde::Serialize;
 use crate::http::error::ApiError;
 use crate::http::extract::{PathId, User};
 use crate::http::AppState;
-use crate::status::{order_status, OrderState};
-use crate::store::dead_letter_stream;
+use crate::status::OrderState;
 
 /// An order as its owner sees it.
 #[derive(Debug, Serialize)]
@@ -26,16 +25,7 @@ pub(crate) async fn for_voucher(
     User(user): User,
     PathId(voucher): PathId,
 ) -> Result<Json<OrderView>, ApiError> {
-    let fast = &state.fast;
-    let found = order_status(
-        fast.connection(),
-        &state.db,
-        fast.prefix(),
-        &dead_letter_stream(fast.prefix()),
-        voucher,
-        user,
-    )
-    .await?;
+    let found = state.sales.order_of(voucher, user).await?;
     let (id, order_state) = found.ok_or(ApiError::NotFound("order"))?;
     Ok(Json(OrderView {
         order_id: id.to_string(),

@@ -7,12 +7,11 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use crate::domain::purchase::Purchase;
 use crate::domain::voucher::{SaleTerms, Title};
 use crate::http::error::ApiError;
 use crate::http::extract::{Admin, ApiJson, PathId, User};
-use crate::http::{AppState, PurchasePath};
-use crate::repair::Scope;
-use crate::store::{Purchase, Refusal};
+use crate::http::AppState;
 
 /// Body of `POST /api/vouchers`.
 #[derive(Debug, Deserialize)]
@@ -49,15 +48,7 @@ pub(crate) async fn create(
     // `repair`), so nothing is left half made and a client that retries
     // does not create it twice.
     let id = state.db.create_voucher(&title, &terms).await?;
-    if let Err(e) = state.fast.load_voucher(id, &terms).await {
-        tracing::warn!(voucher = id, error = %e, "voucher created; Redis will get its sale on the first purchase");
-    } else if matches!(state.purchases, PurchasePath::Async(_)) {
-        // A Redis that restarted since its state was last verified is
-        // verified now, before this sale can be bought from.
-        if let Err(e) = state.repair.ensure_verified(Some(id)).await {
-            tracing::warn!(voucher = id, error = %e, "sale state not verified; the first purchase will");
-        }
-    }
+    state.sales.open(id, &terms).await;
     Ok((
         StatusCode::CREATED,
         Json(VoucherView {
@@ -77,34 +68,20 @@ pub(crate) async fn list(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<VoucherView>>, ApiError> {
     let rows = state.db.vouchers(LIST_LIMIT).await?;
-    // The fast path's live stock runs ahead of the database's.
-    let live = match &state.purchases {
-        PurchasePath::Async(fast) => {
-            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-            fast.remaining_stocks(&ids).await?
-        }
-        PurchasePath::Sync(_) => vec![None; rows.len()],
-    };
+    let stocks: Vec<(i64, i64)> = rows.iter().map(|r| (r.id, r.stock)).collect();
+    let left = state.sales.stock_left(&stocks).await?;
     Ok(Json(
         rows.into_iter()
-            .zip(live)
-            .map(|(row, live)| VoucherView {
+            .zip(left)
+            .map(|(row, stock_left)| VoucherView {
                 id: row.id,
                 title: row.title,
-                stock_left: live.unwrap_or(row.stock),
+                stock_left,
                 begin_ms: row.begin_ms,
                 end_ms: row.end_ms,
             })
             .collect(),
     ))
-}
-
-/// The fast path's live stock runs ahead of the database's.
-async fn live_stock(state: &AppState, id: i64, db_stock: i64) -> Result<i64, ApiError> {
-    Ok(match &state.purchases {
-        PurchasePath::Async(fast) => fast.remaining_stock(id).await?.unwrap_or(db_stock),
-        PurchasePath::Sync(_) => db_stock,
-    })
 }
 
 pub(crate) async fn show(
@@ -116,7 +93,7 @@ pub(crate) async fn show(
         .voucher(id)
         .await?
         .ok_or(ApiError::NotFound("voucher"))?;
-    let stock_left = live_stock(&state, id, row.stock).await?;
+    let stock_left = state.sales.stock_left(&[(id, row.stock)]).await?[0];
     Ok(Json(VoucherView {
         id: row.id,
         title: row.title,
@@ -132,7 +109,7 @@ pub struct Accepted {
     /// The order id, as a string (it exceeds JavaScript's safe integers).
     order_id: String,
     /// `pending` (on its way to the database) or `created` (stored).
-    state: &'static str,
+    state: crate::status::OrderState,
 }
 
 #[tracing::instrument(name = "purchase", skip_all, fields(voucher, user))]
@@ -145,29 +122,11 @@ pub(crate) async fn purchase(
         .record("voucher", voucher)
         .record("user", user);
     state.limits.check_user(user)?;
-    let (outcome, stored) = match &state.purchases {
-        PurchasePath::Async(fast) => match fast.purchase(voucher, user).await {
-            Err(crate::Error::SaleUnverified) => {
-                state.repair.start(Scope::Restarted {
-                    voucher: Some(voucher),
-                });
-                return Err(ApiError::Repairing);
-            }
-            Ok(Purchase::Refused(Refusal::UnknownVoucher))
-                if state.db.voucher_window(voucher).await?.is_some() =>
-            {
-                // Redis lost this sale's state; the database has it.
-                state.repair.start(Scope::Voucher(voucher));
-                return Err(ApiError::Repairing);
-            }
-            outcome => (outcome?, "pending"),
-        },
-        PurchasePath::Sync(sync) => (sync.purchase(voucher, user).await?, "created"),
-    };
+    let outcome = state.sales.purchase(voucher, user).await?;
     match outcome {
         Purchase::Accepted(id) => Ok(Json(Accepted {
             order_id: id.to_string(),
-            state: stored,
+            state: state.sales.accepted_state(),
         })),
         Purchase::Refused(refusal) => Err(ApiError::Refused(refusal)),
     }

@@ -8,41 +8,14 @@ use crate::store::replica_ack::Acker;
 use crate::store::RedisConn;
 use redis::Script;
 
+use crate::domain::purchase::{Purchase, Refusal};
 use crate::domain::voucher::SaleTerms;
 use crate::error::{Error, Result};
 use crate::store::keys::VoucherKeys;
 use crate::store::order_ids::OrderIdGenerator;
-use crate::OrderId;
 
 static PURCHASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/purchase.lua")));
-
-/// Why a purchase was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// The sale has not begun.
-    NotStarted,
-    /// The sale is over.
-    Ended,
-    /// No stock left.
-    SoldOut,
-    /// This user already has an order for this voucher.
-    AlreadyBought,
-    /// No such voucher is on sale.
-    UnknownVoucher,
-    /// Another purchase of this user is being decided (the locked path's
-    /// per-user lock stayed busy for its whole wait); nothing changed.
-    InProgress,
-}
-
-/// The outcome of a purchase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Purchase {
-    /// Accepted: the order is in the voucher's stream under this id.
-    Accepted(OrderId),
-    /// Refused; nothing changed.
-    Refused(Refusal),
-}
 
 /// How long an instance answers "sold out" for a voucher from memory after
 /// Redis last said so, without asking again. Sold out stays sold out in a
@@ -68,7 +41,8 @@ pub const SOLD_OUT_MEMORY: Duration = Duration::from_secs(1);
 /// # async fn main() -> seckill::Result<()> {
 /// use std::time::{Duration, SystemTime};
 /// use seckill::domain::voucher::SaleTerms;
-/// use seckill::store::{connect, FastPath, OrderIdGenerator, Purchase, Refusal};
+/// use seckill::domain::purchase::{Purchase, Refusal};
+/// use seckill::store::{connect, FastPath, OrderIdGenerator};
 ///
 /// let redis = testkit::RedisServer::start();
 /// let conn = connect(&redis.url()).await?;

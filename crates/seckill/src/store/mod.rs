@@ -10,7 +10,7 @@ pub use connect::{
     cluster_seeds, connect, lock_client, RedisConn, CLUSTER_SCHEME, CONNECTION_TIMEOUT,
     RESPONSE_TIMEOUT,
 };
-pub use fast_path::{FastPath, Purchase, Refusal, ReplicaAck, SOLD_OUT_MEMORY};
+pub use fast_path::{FastPath, ReplicaAck, SOLD_OUT_MEMORY};
 pub(crate) use keys::failed_of_stream;
 pub use keys::{dead_letter_stream, VoucherKeys};
 pub use order_ids::OrderIdGenerator;

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant, SystemTime};
 use redis::aio::MultiplexedConnection;
 use serde::Serialize;
 
+use seckill::domain::purchase::Purchase;
 use seckill::domain::voucher::SaleTerms;
-use seckill::store::{FastPath, OrderIdGenerator, Purchase};
+use seckill::store::{FastPath, OrderIdGenerator};
 
 /// Options of `seckill lab`.
 #[derive(Debug, Clone, clap::Args)]

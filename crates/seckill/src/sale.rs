@@ -1,0 +1,146 @@
+//! The sales as the API sees them, whichever path decides a purchase: the
+//! one place that knows the two paths apart, so handlers never branch on
+//! the mode.
+
+use std::sync::Arc;
+
+use crate::db::Database;
+use crate::domain::purchase::{Purchase, Refusal};
+use crate::domain::voucher::SaleTerms;
+use crate::error::{Error, Result};
+use crate::repair::{SaleRepair, Scope};
+use crate::status::{order_status, OrderState};
+use crate::store::{dead_letter_stream, FastPath};
+use crate::sync_path::SyncPath;
+use crate::OrderId;
+
+/// How purchases are decided.
+#[derive(Debug, Clone)]
+pub enum PurchasePath {
+    /// Redis fast path; orders reach the database through the pipeline.
+    Async,
+    /// Per-user lock around a database transaction.
+    Sync(Arc<SyncPath>),
+}
+
+/// Purchases, live stock and order status for the API.
+#[derive(Debug)]
+pub struct Sales {
+    path: PurchasePath,
+    fast: Arc<FastPath>,
+    db: Database,
+    repair: Arc<SaleRepair>,
+}
+
+impl Sales {
+    /// Sales decided by `path`, with the Redis side in `fast` (stock, order
+    /// status, repair) and the record in `db`.
+    pub fn new(
+        path: PurchasePath,
+        fast: Arc<FastPath>,
+        db: Database,
+        repair: Arc<SaleRepair>,
+    ) -> Self {
+        Self {
+            path,
+            fast,
+            db,
+            repair,
+        }
+    }
+
+    /// What an accepted order is at once: `pending` (on its way to the
+    /// database) on the fast path, `created` (stored) on the locked path.
+    pub fn accepted_state(&self) -> OrderState {
+        match self.path {
+            PurchasePath::Async => OrderState::Pending,
+            PurchasePath::Sync(_) => OrderState::Created,
+        }
+    }
+
+    /// Puts voucher `id`, just stored in the database, on sale in Redis. A
+    /// Redis failure is not the caller's: the voucher exists, and its first
+    /// purchase restores the sale (`repair`).
+    pub async fn open(&self, id: i64, terms: &SaleTerms) {
+        if let Err(e) = self.fast.load_voucher(id, terms).await {
+            tracing::warn!(voucher = id, error = %e, "voucher created; Redis will get its sale on the first purchase");
+        } else if matches!(self.path, PurchasePath::Async) {
+            // A Redis that restarted since its state was last verified is
+            // verified now, before this sale can be bought from.
+            if let Err(e) = self.repair.ensure_verified(Some(id)).await {
+                tracing::warn!(voucher = id, error = %e, "sale state not verified; the first purchase will");
+            }
+        }
+    }
+
+    /// Buys voucher `voucher` for `user`.
+    ///
+    /// # Errors
+    /// As the path's purchase; on the fast path [`Error::SaleUnverified`]
+    /// also when Redis lost this sale's state (its repair is started).
+    pub async fn purchase(&self, voucher: i64, user: i64) -> Result<Purchase> {
+        if let PurchasePath::Sync(sync) = &self.path {
+            return sync.purchase(voucher, user).await;
+        }
+        match self.fast.purchase(voucher, user).await {
+            Err(Error::SaleUnverified) => {
+                self.repair.start(Scope::Restarted {
+                    voucher: Some(voucher),
+                });
+                Err(Error::SaleUnverified)
+            }
+            Ok(Purchase::Refused(Refusal::UnknownVoucher))
+                if self.db.voucher_window(voucher).await?.is_some() =>
+            {
+                // Redis lost this sale's state; the database has it.
+                self.repair.start(Scope::Voucher(voucher));
+                Err(Error::SaleUnverified)
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// The stock left of each of `vouchers` (`(id, database stock)`): on the
+    /// fast path Redis' live stock runs ahead of the database's.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] on the fast path if Redis fails.
+    pub async fn stock_left(&self, vouchers: &[(i64, i64)]) -> Result<Vec<i64>> {
+        Ok(match self.path {
+            PurchasePath::Async => {
+                let ids: Vec<i64> = vouchers.iter().map(|(id, _)| *id).collect();
+                let live = self.fast.remaining_stocks(&ids).await?;
+                vouchers
+                    .iter()
+                    .zip(live)
+                    .map(|((_, db), live)| live.unwrap_or(*db))
+                    .collect()
+            }
+            PurchasePath::Sync(_) => vouchers.iter().map(|(_, db)| *db).collect(),
+        })
+    }
+
+    /// `user`'s order for `voucher`, if any, and its state.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] or [`Error::Database`].
+    pub async fn order_of(&self, voucher: i64, user: i64) -> Result<Option<(OrderId, OrderState)>> {
+        order_status(
+            self.fast.connection(),
+            &self.db,
+            self.fast.prefix(),
+            &dead_letter_stream(self.fast.prefix()),
+            voucher,
+            user,
+        )
+        .await
+    }
+
+    /// Whether Redis answers.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if it does not.
+    pub async fn ping_redis(&self) -> Result<()> {
+        self.fast.ping().await
+    }
+}
