@@ -131,8 +131,8 @@ impl SaleRepair {
     /// Verifies `scope` now (see the module docs), under the repair lock.
     ///
     /// # Errors
-    /// [`Error::Redis`] or [`Error::Database`] if either fails,
-    /// [`Error::Lock`] if the lock cannot be taken within 30 s.
+    /// [`Error::Redis`](crate::Error::Redis) or [`Error::Database`](crate::Error::Database) if either fails,
+    /// [`Error::Lock`](crate::Error::Lock) if the lock cannot be taken within 30 s.
     #[tracing::instrument(skip(self))]
     pub async fn run(&self, scope: Scope) -> Result<RepairReport> {
         let lock = self.locks.lock(&format!("{}:repair", self.fast.prefix()))?;
