@@ -13,36 +13,16 @@ scripts/ensure-deps.sh
 cargo build --release --locked -p seckill
 seckill=target/release/seckill
 
-work=$(mktemp -d /tmp/seckill-bench.XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  redis-cli -s "$work/redis.sock" shutdown nosave >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-redis-server --port 0 --unixsocket "$work/redis.sock" --save "" --appendonly no \
-  --dir "$work" --daemonize yes --logfile "$work/redis.log"
-until redis-cli -s "$work/redis.sock" ping >/dev/null 2>&1; do sleep 0.05; done
-
-export SECKILL_TOKEN_SECRET="bench-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-redis_url="redis+unix://$work/redis.sock"
+# shellcheck source=scripts/private-deployment.sh
+. scripts/private-deployment.sh
 database_url="sqlite://$work/seckill.db"
 "$seckill" migrate --database-url "$database_url" 2>/dev/null
 
 urls=()
 for i in $(seq 1 "${INSTANCES:-2}"); do
-  # Every request comes from 127.0.0.1: no per-IP limit.
-  "$seckill" serve --redis-url "$redis_url" --database-url "$database_url" \
-    --listen 127.0.0.1:0 --consumer "bench-$i" --ip-rate 0 2>"$work/serve-$i.log" &
-  pids+=($!)
-  until grep -q "listening on" "$work/serve-$i.log"; do
-    kill -0 "${pids[-1]}" 2>/dev/null || { cat "$work/serve-$i.log" >&2; exit 1; }
-    sleep 0.05
-  done
-  urls+=(--url "$(grep -o 'http://[0-9.:]*' "$work/serve-$i.log" | head -1)")
+  # serve_instance runs in this shell (not a subshell) so its pid is kept.
+  serve_instance "bench-$i" --database-url "$database_url" > "$work/url-$i"
+  urls+=(--url "$(cat "$work/url-$i")")
 done
 
 args=("$@")

@@ -20,29 +20,11 @@ if [ ! -x "$venv/bin/schemathesis" ]; then
   "$venv/bin/pip" install --quiet schemathesis
 fi
 
-work=$(mktemp -d /tmp/seckill-schemathesis.XXXXXX)
-pid=
-cleanup() {
-  [ -n "$pid" ] && { kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
-  redis-cli -s "$work/redis.sock" shutdown nosave >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-redis-server --port 0 --unixsocket "$work/redis.sock" --save "" --appendonly no \
-  --dir "$work" --daemonize yes --logfile "$work/redis.log"
-until redis-cli -s "$work/redis.sock" ping >/dev/null 2>&1; do sleep 0.05; done
-
-export SECKILL_TOKEN_SECRET="st-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-"$seckill" serve --redis-url "redis+unix://$work/redis.sock" \
-  --database-url "${DATABASE_URL:-sqlite://$work/seckill.db}" \
-  --listen 127.0.0.1:0 --ip-rate 0 --user-rate 0 2>"$work/serve.log" &
-pid=$!
-until grep -q "listening on" "$work/serve.log"; do
-  kill -0 "$pid" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
-  sleep 0.05
-done
-base=$(grep -o 'http://[0-9.:]*' "$work/serve.log" | head -1)
+# shellcheck source=scripts/private-deployment.sh
+. scripts/private-deployment.sh
+serve_instance st --database-url "${DATABASE_URL:-sqlite://$work/seckill.db}" \
+  --user-rate 0 > "$work/url"
+base=$(cat "$work/url")
 
 status=0
 for who in "--admin" "--user 42"; do
@@ -56,9 +38,9 @@ for who in "--admin" "--user 42"; do
     --exclude-checks positive_data_acceptance \
     -H "Authorization: Bearer $token" "$@" || status=1
 done
-if grep -q " ERROR " "$work/serve.log"; then
+if grep -q " ERROR " "$work/serve-st.log"; then
   echo "the service logged errors:" >&2
-  grep " ERROR " "$work/serve.log" | head -20 >&2
+  grep " ERROR " "$work/serve-st.log" | head -20 >&2
   status=1
 fi
 exit $status

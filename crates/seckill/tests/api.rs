@@ -51,6 +51,15 @@ impl TestApp {
         (r.status(), r.json().await.unwrap_or(Value::Null))
     }
 
+    /// `GET path` (a path without parameters), unauthenticated.
+    async fn get(&self, path: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap()
+    }
+
     async fn show(&self, voucher: i64) -> (StatusCode, Value) {
         let r = self
             .http
@@ -323,33 +332,18 @@ async fn concurrent_http_purchases_never_oversell() {
 #[tokio::test]
 async fn readiness_reports_each_dependency() {
     let mut app = spawn_app().await;
-    let ready = app
-        .http
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let ready = app.get("/readyz").await;
     assert_eq!(ready.status(), StatusCode::OK);
     assert_eq!(
         ready.json::<Value>().await.unwrap(),
         json!({"redis": "ok", "database": "ok"})
     );
     app.redis.kill();
-    let down = app
-        .http
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let down = app.get("/readyz").await;
     assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(down.json::<Value>().await.unwrap()["redis"], "unreachable");
     // Liveness does not depend on Redis.
-    let alive = app
-        .http
-        .get(format!("{}/healthz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let alive = app.get("/healthz").await;
     assert_eq!(alive.status(), StatusCode::OK);
 }
 
@@ -390,12 +384,7 @@ async fn users_and_ips_over_their_rate_get_429s() {
     }
     assert!(limited >= 5, "only {limited} of 10 rapid requests limited");
     // Health checks are never limited.
-    let health = app
-        .http
-        .get(format!("{}/healthz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let health = app.get("/healthz").await;
     assert_eq!(health.status(), StatusCode::OK);
 }
 
@@ -497,15 +486,7 @@ async fn metrics_count_requests_by_route_and_outcome() {
     let id = v["id"].as_i64().unwrap();
     assert_eq!(app.buy(id, 1).await.0, StatusCode::OK);
     assert_eq!(app.buy(id, 2).await.0, StatusCode::CONFLICT);
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.get("/metrics").await.text().await.unwrap();
     let line = |needle: &str| {
         text.lines()
             .find(|l| l.starts_with(needle))
@@ -532,12 +513,7 @@ async fn metrics_count_requests_by_route_and_outcome() {
 #[tokio::test]
 async fn every_operation_in_the_openapi_document_is_served() {
     let app = spawn_app().await;
-    let r = app
-        .http
-        .get(format!("{}/openapi.json", app.base))
-        .send()
-        .await
-        .unwrap();
+    let r = app.get("/openapi.json").await;
     assert_eq!(r.status(), StatusCode::OK);
     let doc: Value = r.json().await.unwrap();
     assert_eq!(doc["openapi"], "3.0.3");
@@ -621,15 +597,7 @@ async fn route_tour(app: &TestApp, backend: seckill::db::Backend) {
         (StatusCode::BAD_REQUEST, Some("stock"))
     );
 
-    let list: Value = app
-        .http
-        .get(format!("{}/api/vouchers", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: Value = app.get("/api/vouchers").await.json().await.unwrap();
     assert_eq!(list.as_array().unwrap().len(), 4);
     assert_eq!(app.show(id).await.1["stock_left"], 2);
     assert_eq!(app.buy(id, 1).await.0, StatusCode::OK);
@@ -676,12 +644,7 @@ async fn route_tour(app: &TestApp, backend: seckill::db::Backend) {
         .unwrap();
     assert_eq!(mine.as_array().unwrap().len(), 1);
     assert_eq!(app.db.voucher_stock(id).await.unwrap(), Some(0));
-    let ready = app
-        .http
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let ready = app.get("/readyz").await;
     assert_eq!(ready.status(), StatusCode::OK);
 }
 
@@ -711,12 +674,7 @@ async fn readiness_answers_in_about_a_second_when_redis_hangs() {
     let app = spawn_app().await;
     app.redis.pause();
     let started = std::time::Instant::now();
-    let r = app
-        .http
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let r = app.get("/readyz").await;
     let took = started.elapsed();
     app.redis.resume();
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -754,12 +712,7 @@ async fn a_redis_that_is_down_answers_503_with_retry_after() {
         assert_eq!(body["code"], "unavailable", "{body}");
         assert_eq!(body["message"], "redis is unavailable; retry later");
     }
-    let r = app
-        .http
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let r = app.get("/readyz").await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     let body: Value = r.json().await.unwrap();
     assert_eq!(
@@ -773,12 +726,7 @@ async fn a_redis_that_is_down_answers_503_with_retry_after() {
 #[tokio::test]
 async fn path_route_and_method_errors_are_json() {
     let app = spawn_app().await;
-    let r = app
-        .http
-        .get(format!("{}/api/vouchers/abc", app.base))
-        .send()
-        .await
-        .unwrap();
+    let r = app.get("/api/vouchers/abc").await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     let body: Value = r.json().await.unwrap();
     assert_eq!(
@@ -794,12 +742,7 @@ async fn path_route_and_method_errors_are_json() {
     assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["code"], "method_not_allowed");
-    let r = app
-        .http
-        .get(format!("{}/api/nothing-here", app.base))
-        .send()
-        .await
-        .unwrap();
+    let r = app.get("/api/nothing-here").await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["code"], "not_found");
@@ -870,12 +813,7 @@ async fn a_stopped_database_is_a_fast_503_and_purchases_go_on() {
     pg.stop(false);
 
     let started = std::time::Instant::now();
-    let r = app
-        .http
-        .get(format!("{}/api/vouchers", app.base))
-        .send()
-        .await
-        .unwrap();
+    let r = app.get("/api/vouchers").await;
     let took = started.elapsed();
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(r.headers().contains_key("retry-after"));
@@ -884,12 +822,7 @@ async fn a_stopped_database_is_a_fast_503_and_purchases_go_on() {
     assert!(took < Duration::from_secs(5), "took {took:?}");
 
     let started = std::time::Instant::now();
-    let ready = app
-        .http
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let ready = app.get("/readyz").await;
     assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(
         started.elapsed() < Duration::from_secs(2),
@@ -1002,12 +935,7 @@ async fn every_answer_carries_a_request_id() {
             .get("x-request-id")
             .map(|v| v.to_str().unwrap().to_owned())
     };
-    let made = app
-        .http
-        .get(format!("{}/healthz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let made = app.get("/healthz").await;
     let made = id_of(&made).expect("an id is made");
     assert_eq!(made.len(), 36, "{made}");
     let kept = app
