@@ -252,6 +252,10 @@ const REFRESH: Duration = Duration::from_secs(1);
 /// worker sees a new sale or a stop.
 const BLOCK: Duration = Duration::from_millis(500);
 
+/// How long the worker rests after a failed round (Redis or the database
+/// down) before the next.
+const FAILED_ROUND_PAUSE: Duration = Duration::from_millis(200);
+
 /// How often the backlog gauge is measured (one `XLEN` per sale worked).
 const MEASURE: Duration = Duration::from_secs(5);
 
@@ -347,7 +351,15 @@ async fn work(
         match &mut reader {
             // Not raced against the stop: a read cut short would leave its
             // entries pending on this consumer until reclaimed.
-            Some(reader) => count(pipeline.step_blocking(reader, &sales.vouchers, BLOCK).await),
+            Some(reader) => {
+                let round = pipeline.step_blocking(reader, &sales.vouchers, BLOCK).await;
+                let failed = round.is_err();
+                count(round);
+                if failed {
+                    // Redis down answers at once: do not spin on it.
+                    tokio::time::sleep(FAILED_ROUND_PAUSE).await;
+                }
+            }
             None => {
                 count(drain(&pipeline, &sales.vouchers).await);
                 tokio::time::sleep(Duration::from_millis(20)).await;
