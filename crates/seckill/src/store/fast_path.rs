@@ -130,18 +130,24 @@ impl FastPath {
     /// # Errors
     /// [`Error::Redis`] if Redis is unreachable.
     pub async fn load_voucher(&self, id: i64, terms: &SaleTerms) -> Result<()> {
+        let window = (terms.begin_ms(), terms.end_ms());
+        self.put_terms(id, terms.stock(), window).await.map(drop)
+    }
+
+    /// Writes voucher `id`'s window, and `stock` only if the voucher has
+    /// none yet (one transaction); returns whether the stock was written.
+    async fn put_terms(&self, id: i64, stock: i64, (begin_ms, end_ms): (i64, i64)) -> Result<bool> {
         let keys = VoucherKeys::new(&self.prefix, id);
-        let () = redis::pipe()
+        let (created,): (bool,) = redis::pipe()
             .atomic()
-            .hset_nx(&keys.voucher, "stock", terms.stock())
+            .hset_nx(&keys.voucher, "stock", stock)
+            .hset(&keys.voucher, "begin_ms", begin_ms)
             .ignore()
-            .hset(&keys.voucher, "begin_ms", terms.begin_ms())
-            .ignore()
-            .hset(&keys.voucher, "end_ms", terms.end_ms())
+            .hset(&keys.voucher, "end_ms", end_ms)
             .ignore()
             .query_async(&mut self.conn.clone())
             .await?;
-        Ok(())
+        Ok(created)
     }
 
     /// Puts back the sale state of voucher `id` that Redis lost: `buyers`
@@ -157,7 +163,7 @@ impl FastPath {
         &self,
         id: i64,
         stock: i64,
-        (begin_ms, end_ms): (i64, i64),
+        window: (i64, i64),
         buyers: &[(i64, i64)],
     ) -> Result<bool> {
         let keys = VoucherKeys::new(&self.prefix, id);
@@ -173,16 +179,7 @@ impl FastPath {
                 .query_async(&mut conn)
                 .await?;
         }
-        let (created,): (bool,) = redis::pipe()
-            .atomic()
-            .hset_nx(&keys.voucher, "stock", stock)
-            .hset(&keys.voucher, "begin_ms", begin_ms)
-            .ignore()
-            .hset(&keys.voucher, "end_ms", end_ms)
-            .ignore()
-            .query_async(&mut conn)
-            .await?;
-        Ok(created)
+        self.put_terms(id, stock, window).await
     }
 
     /// Whether the purchase script is loaded: on a cluster, on every node.
