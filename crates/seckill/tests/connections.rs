@@ -48,6 +48,12 @@ async fn closed_within(stream: &mut TcpStream, limit: Duration) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_slowloris_connections_are_closed_while_purchases_go_on() {
+    // Both ends of 2,200 connections live in this process.
+    let limit = testkit::raise_open_files_limit(8_192);
+    assert!(
+        limit >= 5_000,
+        "open-files limit {limit}: this test needs 5,000"
+    );
     let header_timeout = Duration::from_secs(1);
     let (_redis, service, dir) = service(
         "slow",

@@ -44,3 +44,25 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Raises this process' soft limit of open files to at least `wanted` (up
+/// to the hard limit) and returns the limit now in force: tests that open
+/// thousands of connections must not depend on a machine's default of 1,024.
+pub fn raise_open_files_limit(wanted: u64) -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = wanted.min(limit.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        }
+    }
+    limit.rlim_cur
+}
