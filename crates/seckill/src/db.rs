@@ -18,9 +18,9 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, AssertSqlSafe, Row};
 
 use crate::domain::now_ms;
+pub use crate::domain::order::OrderRecord;
 use crate::domain::voucher::{SaleTerms, Title};
 use crate::error::{Error, Result};
-use crate::OrderId;
 
 /// Which SQL server a [`Database`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,19 +31,6 @@ pub enum Backend {
     Postgres,
     /// MariaDB or MySQL.
     MySql,
-}
-
-/// An order as the pipeline writes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OrderRecord {
-    /// The global order id minted at purchase.
-    pub id: OrderId,
-    /// The buyer.
-    pub user_id: i64,
-    /// The voucher bought.
-    pub voucher_id: i64,
-    /// When Redis accepted it (Unix milliseconds).
-    pub created_ms: i64,
 }
 
 /// A voucher row.

@@ -62,7 +62,6 @@ pub mod reconcile;
 pub mod repair;
 pub mod sale;
 pub mod service;
-pub mod status;
 pub mod store;
 pub mod sync_path;
 

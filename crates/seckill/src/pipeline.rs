@@ -29,13 +29,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::store::RedisConn;
-use redis::streams::{StreamClaimReply, StreamId, StreamReadReply};
-
-use crate::db::{Database, OrderRecord, Recorded};
+use crate::db::{Database, Recorded};
+use crate::domain::order::OrderRecord;
 use crate::error::{Error, Result};
-use crate::store::VoucherKeys;
-use crate::OrderId;
+use crate::store::{is_missing_group, Delivery, OrderStreams, RedisConn};
 
 /// How a pipeline consumes.
 #[derive(Debug, Clone)]
@@ -101,19 +98,12 @@ impl StepReport {
 /// Moves accepted orders from Redis into the database.
 #[derive(Debug)]
 pub struct OrderPipeline {
-    conn: RedisConn,
+    streams: OrderStreams,
     db: Database,
-    prefix: String,
     settings: PipelineSettings,
     dead_letters: AtomicU64,
     /// Vouchers whose group this instance already ensured.
     grouped: std::sync::Mutex<std::collections::HashSet<i64>>,
-}
-
-/// One stream entry to handle, with how often it has been delivered.
-struct Delivery {
-    entry: StreamId,
-    deliveries: u64,
 }
 
 impl OrderPipeline {
@@ -141,9 +131,14 @@ impl OrderPipeline {
             return Err(Error::invalid("max_deliveries", "must be at least 1"));
         }
         Ok(Self {
-            conn,
+            streams: OrderStreams::new(
+                conn,
+                prefix,
+                settings.group.clone(),
+                settings.consumer.clone(),
+                settings.batch,
+            ),
             db,
-            prefix: prefix.into(),
             settings,
             dead_letters: AtomicU64::new(0),
             grouped: Default::default(),
@@ -152,7 +147,7 @@ impl OrderPipeline {
 
     /// The stream dead letters go to.
     pub fn dead_letter_stream(&self) -> String {
-        crate::store::dead_letter_stream(&self.prefix)
+        self.streams.dead_letter_stream()
     }
 
     /// Orders of voucher `voucher_id` accepted and not yet stored.
@@ -160,12 +155,15 @@ impl OrderPipeline {
     /// # Errors
     /// [`Error::Redis`] if Redis is unreachable.
     pub async fn backlog(&self, voucher_id: i64) -> Result<u64> {
-        let keys = VoucherKeys::new(&self.prefix, voucher_id);
-        let len: u64 = redis::cmd("XLEN")
-            .arg(&keys.orders)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(len)
+        Ok(self.backlogs(&[voucher_id]).await?.iter().sum())
+    }
+
+    /// [`OrderPipeline::backlog`] of each of `vouchers`, in one round trip.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable.
+    pub async fn backlogs(&self, vouchers: &[i64]) -> Result<Vec<u64>> {
+        self.streams.lengths(vouchers).await
     }
 
     /// Entries this pipeline has dead-lettered since it started.
@@ -182,19 +180,7 @@ impl OrderPipeline {
         if self.is_grouped(voucher_id) {
             return Ok(());
         }
-        let keys = VoucherKeys::new(&self.prefix, voucher_id);
-        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(&keys.orders)
-            .arg(&self.settings.group)
-            .arg("0")
-            .arg("MKSTREAM")
-            .query_async(&mut self.conn.clone())
-            .await;
-        match created {
-            Err(e) if e.code() != Some("BUSYGROUP") => return Err(e.into()),
-            _ => {}
-        }
+        self.streams.create_group(voucher_id).await?;
         self.grouped
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -223,19 +209,20 @@ impl OrderPipeline {
     /// pending (to be reclaimed), never lost; stored orders are not
     /// doubled on re-delivery.
     pub async fn step(&self, voucher_id: i64) -> Result<StepReport> {
-        let outcome = self.step_inner(voucher_id).await;
+        let outcome = async {
+            let mut work = self
+                .streams
+                .reclaim(voucher_id, self.settings.reclaim_idle)
+                .await?;
+            let reclaimed = work.len() as u64;
+            work.extend(self.streams.read_new(voucher_id).await?);
+            let mut report = self.handle(voucher_id, work).await?;
+            report.reclaimed = reclaimed;
+            Ok(report)
+        }
+        .await;
         self.forget_group_if_lost(&outcome, &[voucher_id]);
         outcome
-    }
-
-    async fn step_inner(&self, voucher_id: i64) -> Result<StepReport> {
-        let keys = VoucherKeys::new(&self.prefix, voucher_id);
-        let mut work = self.reclaim(&keys.orders).await?;
-        let reclaimed = work.len() as u64;
-        work.extend(self.read_new(&keys.orders).await?);
-        let mut report = self.handle(&keys.orders, work).await?;
-        report.reclaimed = reclaimed;
-        Ok(report)
     }
 
     /// Takes over and handles the entries of voucher `voucher_id` idle past
@@ -244,11 +231,13 @@ impl OrderPipeline {
     /// # Errors
     /// As [`OrderPipeline::step`].
     pub async fn reclaim_step(&self, voucher_id: i64) -> Result<StepReport> {
-        let keys = VoucherKeys::new(&self.prefix, voucher_id);
         let outcome = async {
-            let work = self.reclaim(&keys.orders).await?;
+            let work = self
+                .streams
+                .reclaim(voucher_id, self.settings.reclaim_idle)
+                .await?;
             let reclaimed = work.len() as u64;
-            let mut report = self.handle(&keys.orders, work).await?;
+            let mut report = self.handle(voucher_id, work).await?;
             report.reclaimed = reclaimed;
             Ok(report)
         }
@@ -284,38 +273,14 @@ impl OrderPipeline {
         for &voucher in vouchers {
             self.ensure_group(voucher).await?;
         }
-        let streams: std::collections::HashMap<String, i64> = vouchers
-            .iter()
-            .map(|&v| (VoucherKeys::new(&self.prefix, v).orders, v))
-            .collect();
-        let mut read = redis::cmd("XREADGROUP");
-        read.arg("GROUP")
-            .arg(&self.settings.group)
-            .arg(&self.settings.consumer)
-            .arg("COUNT")
-            .arg(self.settings.batch)
-            .arg("BLOCK")
-            .arg(block.as_millis() as u64)
-            .arg("STREAMS");
-        for &voucher in vouchers {
-            read.arg(VoucherKeys::new(&self.prefix, voucher).orders);
-        }
-        read.arg(vec![">"; vouchers.len()]);
         let outcome = async {
-            let reply: Option<StreamReadReply> = read.query_async(reader).await?;
             let mut report = StepReport::default();
-            for stream in reply.into_iter().flat_map(|r| r.keys) {
-                let work = stream
-                    .ids
-                    .into_iter()
-                    .map(|entry| Delivery {
-                        entry,
-                        deliveries: 1,
-                    })
-                    .collect();
-                if streams.contains_key(&stream.key) {
-                    report += self.handle(&stream.key, work).await?;
-                }
+            for (voucher, work) in self
+                .streams
+                .read_new_blocking(reader, vouchers, block)
+                .await?
+            {
+                report += self.handle(voucher, work).await?;
             }
             Ok(report)
         }
@@ -327,8 +292,8 @@ impl OrderPipeline {
     /// Redis lost a consumer group (restarted without persistence): the
     /// next `ensure_group` of these vouchers recreates it.
     fn forget_group_if_lost<T>(&self, outcome: &Result<T>, vouchers: &[i64]) {
-        if let Err(Error::Redis(e)) = outcome {
-            if e.code() == Some("NOGROUP") {
+        if let Err(e) = outcome {
+            if is_missing_group(e) {
                 let mut grouped = self.grouped.lock().unwrap_or_else(|p| p.into_inner());
                 for voucher in vouchers {
                     grouped.remove(voucher);
@@ -337,38 +302,41 @@ impl OrderPipeline {
         }
     }
 
-    /// Stores `work` (entries of `stream`), dead-letters what can never be
-    /// stored, acknowledges what was.
-    async fn handle(&self, stream: &str, work: Vec<Delivery>) -> Result<StepReport> {
+    /// Stores `work` (entries of `voucher`'s stream), dead-letters what can
+    /// never be stored, acknowledges what was.
+    async fn handle(&self, voucher: i64, work: Vec<Delivery>) -> Result<StepReport> {
         let mut report = StepReport::default();
         // Entries that cannot be stored leave first; the rest are written
         // together (one commit) and acknowledged together.
-        let mut orders = Vec::with_capacity(work.len());
-        for Delivery { entry, deliveries } in work {
-            if deliveries > self.settings.max_deliveries {
-                let reason = format!("delivered {deliveries} times");
-                self.dead_letter(stream, &entry, &reason, &mut report)
-                    .await?;
-            } else if let Some(order) = parse(&entry) {
-                orders.push((entry, order));
-            } else {
-                self.dead_letter(stream, &entry, "malformed entry", &mut report)
-                    .await?;
+        let mut orders: Vec<(Delivery, OrderRecord)> = Vec::with_capacity(work.len());
+        for delivery in work {
+            let order = delivery.order();
+            match order {
+                _ if delivery.deliveries() > self.settings.max_deliveries => {
+                    let reason = format!("delivered {} times", delivery.deliveries());
+                    self.dead_letter(voucher, &delivery, &reason, &mut report)
+                        .await?;
+                }
+                Some(order) => orders.push((delivery, order)),
+                None => {
+                    self.dead_letter(voucher, &delivery, "malformed entry", &mut report)
+                        .await?;
+                }
             }
         }
         let records: Vec<OrderRecord> = orders.iter().map(|(_, order)| *order).collect();
         let outcomes = self.db.record_orders(&records).await;
         let mut stored = Vec::with_capacity(orders.len());
-        for ((entry, _), outcome) in orders.into_iter().zip(outcomes) {
+        for ((delivery, _), outcome) in orders.iter().zip(outcomes) {
             let refusal = match outcome {
                 Ok(Recorded::Created) => {
                     report.created += 1;
-                    stored.push(entry.id);
+                    stored.push(delivery.id());
                     continue;
                 }
                 Ok(Recorded::AlreadyStored) => {
                     report.already_stored += 1;
-                    stored.push(entry.id);
+                    stored.push(delivery.id());
                     continue;
                 }
                 // Redis accepted what the database refuses: no retry can
@@ -377,166 +345,29 @@ impl OrderPipeline {
                 Ok(Recorded::OutOfStock) => "no stock left in the database",
                 Ok(Recorded::UnknownVoucher) => "voucher unknown to the database",
                 Err(e) => {
-                    tracing::warn!(error = %e, entry = %entry.id, "storing an order failed; it stays pending");
+                    tracing::warn!(error = %e, entry = delivery.id(), "storing an order failed; it stays pending");
                     report.left_pending += 1;
                     continue;
                 }
             };
-            self.dead_letter(stream, &entry, refusal, &mut report)
+            self.dead_letter(voucher, delivery, refusal, &mut report)
                 .await?;
         }
-        self.acknowledge(stream, &stored).await?;
+        self.streams.acknowledge(voucher, &stored).await?;
         Ok(report)
-    }
-
-    /// Entries idle past `reclaim_idle` on any consumer, now ours.
-    async fn reclaim(&self, stream: &str) -> Result<Vec<Delivery>> {
-        let idle_ms = self.settings.reclaim_idle.as_millis() as u64;
-        // XPENDING stream group IDLE ms - + count: [[id, consumer, idle, deliveries], …]
-        let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-            .arg(stream)
-            .arg(&self.settings.group)
-            .arg("IDLE")
-            .arg(idle_ms)
-            .arg("-")
-            .arg("+")
-            .arg(self.settings.batch)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        if pending.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut claim = redis::cmd("XCLAIM");
-        claim
-            .arg(stream)
-            .arg(&self.settings.group)
-            .arg(&self.settings.consumer)
-            .arg(idle_ms);
-        for (id, ..) in &pending {
-            claim.arg(id);
-        }
-        let claimed: StreamClaimReply = claim.query_async(&mut self.conn.clone()).await?;
-        let mut out = Vec::with_capacity(claimed.ids.len());
-        for entry in claimed.ids {
-            // XCLAIM counted one more delivery.
-            let deliveries = pending
-                .iter()
-                .find(|(id, ..)| *id == entry.id)
-                .map_or(1, |(.., n)| n + 1);
-            out.push(Delivery { entry, deliveries });
-        }
-        Ok(out)
-    }
-
-    async fn read_new(&self, stream: &str) -> Result<Vec<Delivery>> {
-        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(&self.settings.group)
-            .arg(&self.settings.consumer)
-            .arg("COUNT")
-            .arg(self.settings.batch)
-            .arg("STREAMS")
-            .arg(stream)
-            .arg(">")
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(reply
-            .into_iter()
-            .flat_map(|r| r.keys)
-            .flat_map(|k| k.ids)
-            .map(|entry| Delivery {
-                entry,
-                deliveries: 1,
-            })
-            .collect())
-    }
-
-    /// Acknowledges and deletes the stored entries `ids` (none: no call).
-    async fn acknowledge(&self, stream: &str, ids: &[String]) -> Result<()> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let () = redis::pipe()
-            .atomic()
-            .cmd("XACK")
-            .arg(stream)
-            .arg(&self.settings.group)
-            .arg(ids)
-            .ignore()
-            .cmd("XDEL")
-            .arg(stream)
-            .arg(ids)
-            .ignore()
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(())
     }
 
     async fn dead_letter(
         &self,
-        stream: &str,
-        entry: &StreamId,
+        voucher: i64,
+        delivery: &Delivery,
         reason: &str,
         report: &mut StepReport,
     ) -> Result<()> {
-        let mut add = redis::cmd("XADD");
-        add.arg(self.dead_letter_stream())
-            .arg("*")
-            .arg("stream")
-            .arg(stream)
-            .arg("entry")
-            .arg(&entry.id)
-            .arg("reason")
-            .arg(reason);
-        for (field, value) in &entry.map {
-            if let Ok(v) = redis::from_redis_value_ref::<String>(value) {
-                add.arg(field).arg(v);
-            }
-        }
-        // The dead-letter stream is on another slot than the voucher's
-        // stream (a cluster cannot make both one transaction): added first,
-        // so a crash in between leaves the entry pending, to be
-        // dead-lettered again (at least once, never lost).
-        let () = add
-            .query_async::<String>(&mut self.conn.clone())
-            .await
-            .map(drop)?;
-        let mut done = redis::pipe();
-        done.atomic()
-            .cmd("XACK")
-            .arg(stream)
-            .arg(&self.settings.group)
-            .arg(&entry.id)
-            .ignore()
-            .cmd("XDEL")
-            .arg(stream)
-            .arg(&entry.id)
-            .ignore();
-        // The buyer's order status reads `failed` from here, in one lookup
-        // (same hash tag as the stream: one transaction on a cluster too).
-        let user: Option<String> = entry.get("user");
-        let order: Option<String> = entry.get("order");
-        if let (Some(failed), Some(user), Some(order)) =
-            (crate::store::failed_of_stream(stream), user, order)
-        {
-            done.hset(failed, user, order).ignore();
-        }
-        let () = done.query_async(&mut self.conn.clone()).await?;
-        tracing::warn!(entry = %entry.id, stream, reason, "order dead-lettered");
+        self.streams.dead_letter(voucher, delivery, reason).await?;
+        tracing::warn!(entry = delivery.id(), voucher, reason, "order dead-lettered");
         self.dead_letters.fetch_add(1, Ordering::Relaxed);
         report.dead_lettered += 1;
         Ok(())
     }
-}
-
-/// The order in a stream entry; `None` if any field is missing or bad.
-fn parse(entry: &StreamId) -> Option<OrderRecord> {
-    let id = OrderId::from_i64(entry.get::<i64>("order")?).ok()?;
-    let created_ms = entry.id.split('-').next()?.parse().ok()?;
-    Some(OrderRecord {
-        id,
-        user_id: entry.get("user")?,
-        voucher_id: entry.get("voucher")?,
-        created_ms,
-    })
 }

@@ -18,15 +18,9 @@
 
 use std::collections::HashSet;
 
-use crate::store::RedisConn;
-use redis::streams::StreamRangeReply;
-
 use crate::db::Database;
 use crate::error::Result;
-use crate::store::VoucherKeys;
-
-static LOWER_STOCK: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(include_str!("scripts/lower_stock.lua")));
+use crate::store::{add_buyers, lower_stock, read_sale, RedisConn};
 
 /// The state of one voucher on both sides, and where they disagree.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,21 +93,11 @@ pub async fn reconcile(
     prefix: &str,
     voucher_id: i64,
 ) -> Result<Reconciliation> {
-    let keys = VoucherKeys::new(prefix, voucher_id);
-    let mut conn = conn.clone();
-    let (redis_stock, buyers, stream): (Option<i64>, Vec<i64>, StreamRangeReply) = redis::pipe()
-        .hget(&keys.voucher, "stock")
-        .smembers(&keys.buyers)
-        .cmd("XRANGE")
-        .arg(&keys.orders)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await?;
+    let sale = read_sale(conn, prefix, voucher_id).await?;
     let db_stock = db.voucher_stock(voucher_id).await?;
     let db_users: HashSet<i64> = db.order_users(voucher_id).await?.into_iter().collect();
-    let streamed: HashSet<i64> = stream.ids.iter().filter_map(|e| e.get("user")).collect();
-    let buyers: HashSet<i64> = buyers.into_iter().collect();
+    let streamed: HashSet<i64> = sale.in_stream.iter().map(|&(user, _)| user).collect();
+    let buyers: HashSet<i64> = sale.buyers.into_iter().collect();
     let mut lost_orders: Vec<i64> = buyers
         .iter()
         .filter(|u| !db_users.contains(u) && !streamed.contains(u))
@@ -122,22 +106,17 @@ pub async fn reconcile(
     lost_orders.sort_unstable();
     let mut missing_buyers: Vec<i64> = db_users.difference(&buyers).copied().collect();
     missing_buyers.sort_unstable();
-    let in_stream = stream.ids.len();
     // An entry whose order the database already has (stored, not yet
     // acknowledged) took its unit there already.
     let in_flight = streamed.difference(&db_users).count() as i64;
     Ok(Reconciliation {
         voucher_id,
-        redis_stock,
+        redis_stock: sale.stock,
         db_stock,
         redis_buyers: buyers.len(),
         db_orders: db_users.len(),
-        in_stream,
-        in_stream_orders: stream
-            .ids
-            .iter()
-            .filter_map(|e| Some((e.get("user")?, e.get("order")?)))
-            .collect(),
+        in_stream: sale.stream_len,
+        in_stream_orders: sale.in_stream,
         lost_orders,
         missing_buyers,
         expected_redis_stock: db_stock.map(|s| s - in_flight),
@@ -150,27 +129,12 @@ pub async fn reconcile(
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
 pub async fn repair(conn: &RedisConn, prefix: &str, found: &Reconciliation) -> Result<usize> {
-    let keys = VoucherKeys::new(prefix, found.voucher_id);
-    let mut conn = conn.clone();
-    let mut changes = 0;
-    if !found.missing_buyers.is_empty() {
-        let added: usize = redis::cmd("SADD")
-            .arg(&keys.buyers)
-            .arg(&found.missing_buyers)
-            .query_async(&mut conn)
-            .await?;
-        changes += added;
-    }
+    let voucher = found.voucher_id;
+    let mut changes = add_buyers(conn, prefix, voucher, &found.missing_buyers).await?;
     if let (Some(actual), Some(expected)) = (found.redis_stock, found.expected_redis_stock) {
-        if actual > expected {
-            // Only ever lowered, and only if nobody bought meanwhile.
-            let lowered: i64 = LOWER_STOCK
-                .key(&keys.voucher)
-                .arg(actual)
-                .arg(expected)
-                .invoke_async(&mut conn)
-                .await?;
-            changes += lowered as usize;
+        // Only ever lowered, and only if nobody bought meanwhile.
+        if actual > expected && lower_stock(conn, prefix, voucher, actual, expected).await? {
+            changes += 1;
         }
     }
     Ok(changes)

@@ -9,8 +9,8 @@ use crate::domain::purchase::{Purchase, Refusal};
 use crate::domain::voucher::SaleTerms;
 use crate::error::{Error, Result};
 use crate::repair::{SaleRepair, Scope};
-use crate::status::{order_status, OrderState};
-use crate::store::{dead_letter_stream, FastPath};
+use crate::domain::order::OrderState;
+use crate::store::{order_in_redis, FastPath};
 use crate::sync_path::SyncPath;
 use crate::OrderId;
 
@@ -125,15 +125,11 @@ impl Sales {
     /// # Errors
     /// [`Error::Redis`] or [`Error::Database`].
     pub async fn order_of(&self, voucher: i64, user: i64) -> Result<Option<(OrderId, OrderState)>> {
-        order_status(
-            self.fast.connection(),
-            &self.db,
-            self.fast.prefix(),
-            &dead_letter_stream(self.fast.prefix()),
-            voucher,
-            user,
-        )
-        .await
+        // The database first: most orders asked about are stored.
+        if let Some(id) = self.db.order_of(user, voucher).await? {
+            return Ok(Some((OrderId::from_i64(id)?, OrderState::Created)));
+        }
+        order_in_redis(self.fast.connection(), self.fast.prefix(), voucher, user).await
     }
 
     /// Whether Redis answers.

@@ -8,6 +8,7 @@ use seckill::domain::purchase::Purchase;
 use seckill::domain::voucher::{SaleTerms, Title};
 use seckill::pipeline::{OrderPipeline, PipelineSettings, StepReport};
 use seckill::store::RedisConn;
+use seckill::domain::order::OrderState;
 use seckill::store::{FastPath, OrderIdGenerator, VoucherKeys};
 use testkit::RedisServer;
 
@@ -270,18 +271,11 @@ async fn entries_that_cannot_succeed_or_keep_failing_are_dead_lettered_and_count
             .map_or(0, |n| n.parse::<u64>().unwrap())
     };
     let before = scans();
-    let status = seckill::status::order_status(
-        &c,
-        &sale.db,
-        "seckill",
-        &p.dead_letter_stream(),
-        sale.voucher,
-        0,
-    )
-    .await
-    .unwrap();
+    let status = seckill::store::order_in_redis(&c, "seckill", sale.voucher, 0)
+        .await
+        .unwrap();
     assert!(
-        matches!(status, Some((_, seckill::status::OrderState::Failed))),
+        matches!(status, Some((_, OrderState::Failed))),
         "{status:?}"
     );
     let after = scans();

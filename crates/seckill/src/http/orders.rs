@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::http::error::ApiError;
 use crate::http::extract::{PathId, User};
 use crate::http::AppState;
-use crate::status::OrderState;
+use crate::domain::order::OrderState;
 
 /// An order as its owner sees it.
 #[derive(Debug, Serialize)]

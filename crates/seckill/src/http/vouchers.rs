@@ -109,7 +109,7 @@ pub struct Accepted {
     /// The order id, as a string (it exceeds JavaScript's safe integers).
     order_id: String,
     /// `pending` (on its way to the database) or `created` (stored).
-    state: crate::status::OrderState,
+    state: crate::domain::order::OrderState,
 }
 
 #[tracing::instrument(name = "purchase", skip_all, fields(voucher, user))]

@@ -56,10 +56,3 @@ pub fn dead_letter_stream(prefix: &str) -> String {
 pub(crate) fn replica_ack_marker(prefix: &str) -> String {
     format!("{prefix}:replica-ack")
 }
-
-/// The `failed` hash of the voucher whose order stream is `stream`.
-pub(crate) fn failed_of_stream(stream: &str) -> Option<String> {
-    stream
-        .strip_suffix(":orders")
-        .map(|tag| format!("{tag}:failed"))
-}

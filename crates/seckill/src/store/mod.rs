@@ -1,16 +1,34 @@
-//! Redis state of the sale: keys, order ids, the fast path.
+//! The Redis side of the service: the only module that sends Redis
+//! commands or knows the key layout (`keys`). The rest of the crate works
+//! on the typed values these modules return.
+//!
+//! | module | what |
+//! |---|---|
+//! | `connect` | the connection: one server or a cluster; the lock client |
+//! | `keys` | the key layout |
+//! | `fast_path` | the sale's terms and the atomic purchase |
+//! | `order_ids` | order id blocks from the day's counter |
+//! | `replica_ack` | group-committed `WAIT` for replica confirmation |
+//! | `order_stream` | the order streams as the pipeline consumes them |
+//! | `order_lookup` | a buyer's order as Redis knows it |
+//! | `sale_audit` | a sale's Redis side for `reconcile`, and its safe fixes |
 
 mod connect;
 mod fast_path;
 mod keys;
 mod order_ids;
+mod order_lookup;
+mod order_stream;
 mod replica_ack;
+mod sale_audit;
 
 pub use connect::{
     cluster_seeds, connect, lock_client, RedisConn, CLUSTER_SCHEME, CONNECTION_TIMEOUT,
     RESPONSE_TIMEOUT,
 };
 pub use fast_path::{FastPath, ReplicaAck, SOLD_OUT_MEMORY};
-pub(crate) use keys::failed_of_stream;
 pub use keys::{dead_letter_stream, VoucherKeys};
 pub use order_ids::OrderIdGenerator;
+pub use order_lookup::order_in_redis;
+pub use order_stream::{is_missing_group, Delivery, OrderStreams};
+pub use sale_audit::{add_buyers, lower_stock, read_sale, RedisSale};

@@ -1,59 +1,37 @@
-//! Where an order is: stored, on its way, or failed.
-//!
-//! An accepted order is first an entry in its voucher's stream (pending),
-//! then a database row (created), or, if the pipeline gave up on it, an
-//! entry in the dead-letter stream (failed). A lookup is one indexed query
-//! and one Redis round trip: the database first (the common case), then the
-//! voucher's `order-of` hash (written by the purchase) and `failed` hash
-//! (written by the dead-lettering). Only a buyer from before those hashes
-//! existed is looked for in the streams, as before (bounded scans).
+//! Where Redis says a buyer's order is: pending in the voucher's stream,
+//! or failed (dead-lettered). One round trip: the voucher's `order-of`
+//! hash (written by the purchase) and `failed` hash (written by the
+//! dead-lettering). Only a buyer from before those hashes existed is looked
+//! for in the streams, as before (bounded scans).
 
-use crate::store::RedisConn;
 use redis::streams::StreamRangeReply;
-use serde::Serialize;
 
-use crate::db::Database;
+use crate::domain::order::OrderState;
 use crate::error::Result;
-use crate::store::VoucherKeys;
+use crate::store::keys::{dead_letter_stream, VoucherKeys};
+use crate::store::RedisConn;
 use crate::OrderId;
 
 /// Most stream entries one lookup reads per stream.
 const SCAN_LIMIT: usize = 10_000;
 
-/// The state of an order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OrderState {
-    /// Accepted, on its way to the database.
-    Pending,
-    /// Stored in the database.
-    Created,
-    /// The pipeline gave up on it (see the dead-letter stream).
-    Failed,
-}
-
-/// `user_id`'s order for voucher `voucher_id`, if any, and its state.
+/// `user`'s order for `voucher` as Redis knows it: `Pending` (accepted, not
+/// known stored) or `Failed`; `None` if Redis has no order of the user.
 ///
 /// # Errors
-/// [`Error::Redis`](crate::Error::Redis) or
-/// [`Error::Database`](crate::Error::Database).
-pub async fn order_status(
+/// [`Error::Redis`](crate::Error::Redis) if Redis fails.
+pub async fn order_in_redis(
     conn: &RedisConn,
-    db: &Database,
     prefix: &str,
-    dead_letters: &str,
-    voucher_id: i64,
-    user_id: i64,
+    voucher: i64,
+    user: i64,
 ) -> Result<Option<(OrderId, OrderState)>> {
-    if let Some(id) = db.order_of(user_id, voucher_id).await? {
-        return Ok(Some((OrderId::from_i64(id)?, OrderState::Created)));
-    }
-    let keys = VoucherKeys::new(prefix, voucher_id);
+    let keys = VoucherKeys::new(prefix, voucher);
     let mut conn = conn.clone();
     let (order, failed, buyer): (Option<i64>, Option<i64>, bool) = redis::pipe()
-        .hget(&keys.order_of, user_id)
-        .hget(&keys.failed, user_id)
-        .sismember(&keys.buyers, user_id)
+        .hget(&keys.order_of, user)
+        .hget(&keys.failed, user)
+        .sismember(&keys.buyers, user)
         .query_async(&mut conn)
         .await?;
     match (order, failed, buyer) {
@@ -62,7 +40,7 @@ pub async fn order_status(
         (None, None, false) => Ok(None),
         // A buyer without an order-of entry bought before this layout:
         // look in the streams, as it was done then.
-        (None, None, true) => scan(&mut conn, &keys, dead_letters, user_id).await,
+        (None, None, true) => scan(&mut conn, &keys, &dead_letter_stream(prefix), user).await,
     }
 }
 

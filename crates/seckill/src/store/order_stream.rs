@@ -1,0 +1,334 @@
+//! The vouchers' order streams as the pipeline consumes them: one consumer
+//! group shared by every instance, entries read, taken over, acknowledged
+//! and dead-lettered. What to do with an entry is the pipeline's business
+//! (`pipeline.rs`); how that is said to Redis is this module's.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::streams::{StreamClaimReply, StreamId, StreamReadReply};
+use redis::AsyncCommands;
+
+use crate::domain::order::OrderRecord;
+use crate::error::{Error, Result};
+use crate::store::keys::{dead_letter_stream, VoucherKeys};
+use crate::store::RedisConn;
+use crate::OrderId;
+
+/// One stream entry handed to this consumer, with how often it has been
+/// delivered (1 for a first read).
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    entry: StreamId,
+    deliveries: u64,
+}
+
+impl Delivery {
+    /// The entry's stream id.
+    pub fn id(&self) -> &str {
+        &self.entry.id
+    }
+
+    /// How many times the group has handed this entry out.
+    pub fn deliveries(&self) -> u64 {
+        self.deliveries
+    }
+
+    /// The order the entry carries; `None` if a field is missing or bad.
+    pub fn order(&self) -> Option<OrderRecord> {
+        let e = &self.entry;
+        let id = OrderId::from_i64(e.get::<i64>("order")?).ok()?;
+        // Redis' time of the XADD: the entry id's millisecond part.
+        let created_ms = e.id.split('-').next()?.parse().ok()?;
+        Some(OrderRecord {
+            id,
+            user_id: e.get("user")?,
+            voucher_id: e.get("voucher")?,
+            created_ms,
+        })
+    }
+
+    fn first(entry: StreamId) -> Self {
+        Self {
+            entry,
+            deliveries: 1,
+        }
+    }
+}
+
+/// Whether `error` says a consumer group is missing (Redis restarted
+/// without persistence, or the stream was deleted): create it again.
+pub fn is_missing_group(error: &Error) -> bool {
+    matches!(error, Error::Redis(e) if e.code() == Some("NOGROUP"))
+}
+
+/// The order streams under one key prefix, seen by one consumer of one
+/// group.
+#[derive(Debug, Clone)]
+pub struct OrderStreams {
+    conn: RedisConn,
+    prefix: String,
+    group: String,
+    consumer: String,
+    batch: usize,
+}
+
+impl OrderStreams {
+    /// The streams under `prefix`, read as `consumer` of `group`, at most
+    /// `batch` entries per read.
+    pub fn new(
+        conn: RedisConn,
+        prefix: impl Into<String>,
+        group: impl Into<String>,
+        consumer: impl Into<String>,
+        batch: usize,
+    ) -> Self {
+        Self {
+            conn,
+            prefix: prefix.into(),
+            group: group.into(),
+            consumer: consumer.into(),
+            batch,
+        }
+    }
+
+    fn stream(&self, voucher: i64) -> String {
+        VoucherKeys::new(&self.prefix, voucher).orders
+    }
+
+    /// The stream dead letters go to.
+    pub fn dead_letter_stream(&self) -> String {
+        dead_letter_stream(&self.prefix)
+    }
+
+    /// Entries in each voucher's stream (accepted, not yet stored), in the
+    /// order given: one round trip per thousand on one server.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis fails.
+    pub async fn lengths(&self, vouchers: &[i64]) -> Result<Vec<u64>> {
+        let mut conn = self.conn.clone();
+        let mut out = Vec::with_capacity(vouchers.len());
+        if matches!(conn, RedisConn::Cluster(_)) {
+            // A pipeline goes to one node; the streams are spread over all.
+            for &voucher in vouchers {
+                out.push(conn.xlen(self.stream(voucher)).await?);
+            }
+            return Ok(out);
+        }
+        for chunk in vouchers.chunks(1_000) {
+            let mut pipe = redis::pipe();
+            for &voucher in chunk {
+                pipe.xlen(self.stream(voucher));
+            }
+            let lengths: Vec<u64> = pipe.query_async(&mut conn).await?;
+            out.extend(lengths);
+        }
+        Ok(out)
+    }
+
+    /// Creates the group on `voucher`'s stream (and the stream) if missing;
+    /// idempotent, safe from several instances at once.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis fails.
+    pub async fn create_group(&self, voucher: i64) -> Result<()> {
+        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(self.stream(voucher))
+            .arg(&self.group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut self.conn.clone())
+            .await;
+        match created {
+            Err(e) if e.code() != Some("BUSYGROUP") => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// New entries of `voucher`'s stream, without waiting.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis fails (`NOGROUP`: see [`is_missing_group`]).
+    pub async fn read_new(&self, voucher: i64) -> Result<Vec<Delivery>> {
+        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(self.batch)
+            .arg("STREAMS")
+            .arg(self.stream(voucher))
+            .arg(">")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|k| k.ids)
+            .map(Delivery::first)
+            .collect())
+    }
+
+    /// New entries of all of `vouchers`' streams in one `XREADGROUP ...
+    /// BLOCK`, waiting up to `block` for the first; per voucher. `reader`
+    /// must be a connection of its own (a blocked read holds it), and all
+    /// streams on one server (one read cannot span a cluster's slots).
+    ///
+    /// # Errors
+    /// As [`OrderStreams::read_new`].
+    pub async fn read_new_blocking(
+        &self,
+        reader: &mut RedisConn,
+        vouchers: &[i64],
+        block: Duration,
+    ) -> Result<Vec<(i64, Vec<Delivery>)>> {
+        let streams: HashMap<String, i64> =
+            vouchers.iter().map(|&v| (self.stream(v), v)).collect();
+        let mut read = redis::cmd("XREADGROUP");
+        read.arg("GROUP")
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(self.batch)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS");
+        for &voucher in vouchers {
+            read.arg(self.stream(voucher));
+        }
+        read.arg(vec![">"; vouchers.len()]);
+        let reply: Option<StreamReadReply> = read.query_async(reader).await?;
+        Ok(reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .filter_map(|stream| {
+                let voucher = *streams.get(&stream.key)?;
+                Some((voucher, stream.ids.into_iter().map(Delivery::first).collect()))
+            })
+            .collect())
+    }
+
+    /// Takes over entries of `voucher`'s stream idle longer than `idle` on
+    /// any consumer (a dead instance's): they are this consumer's now.
+    ///
+    /// # Errors
+    /// As [`OrderStreams::read_new`].
+    pub async fn reclaim(&self, voucher: i64, idle: Duration) -> Result<Vec<Delivery>> {
+        let stream = self.stream(voucher);
+        let idle_ms = idle.as_millis() as u64;
+        // XPENDING stream group IDLE ms - + count: [[id, consumer, idle, deliveries], …]
+        let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(&stream)
+            .arg(&self.group)
+            .arg("IDLE")
+            .arg(idle_ms)
+            .arg("-")
+            .arg("+")
+            .arg(self.batch)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        if pending.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut claim = redis::cmd("XCLAIM");
+        claim
+            .arg(&stream)
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg(idle_ms);
+        for (id, ..) in &pending {
+            claim.arg(id);
+        }
+        let claimed: StreamClaimReply = claim.query_async(&mut self.conn.clone()).await?;
+        Ok(claimed
+            .ids
+            .into_iter()
+            .map(|entry| {
+                // XCLAIM counted one more delivery.
+                let deliveries = pending
+                    .iter()
+                    .find(|(id, ..)| *id == entry.id)
+                    .map_or(1, |(.., n)| n + 1);
+                Delivery { entry, deliveries }
+            })
+            .collect())
+    }
+
+    /// Acknowledges and deletes the entries `ids` of `voucher`'s stream
+    /// (their orders are stored), in one transaction; none: no call.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis fails.
+    pub async fn acknowledge(&self, voucher: i64, ids: &[&str]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let stream = self.stream(voucher);
+        let () = redis::pipe()
+            .atomic()
+            .cmd("XACK")
+            .arg(&stream)
+            .arg(&self.group)
+            .arg(ids)
+            .ignore()
+            .cmd("XDEL")
+            .arg(&stream)
+            .arg(ids)
+            .ignore()
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// Moves `delivery` of `voucher`'s stream to the dead-letter stream
+    /// with `reason`, and records the buyer's failed order (order status
+    /// reads it in one lookup).
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis fails; the entry then stays pending, to be
+    /// dead-lettered again (at least once, never lost).
+    pub async fn dead_letter(&self, voucher: i64, delivery: &Delivery, reason: &str) -> Result<()> {
+        let keys = VoucherKeys::new(&self.prefix, voucher);
+        let entry = &delivery.entry;
+        let mut add = redis::cmd("XADD");
+        add.arg(self.dead_letter_stream())
+            .arg("*")
+            .arg("stream")
+            .arg(&keys.orders)
+            .arg("entry")
+            .arg(&entry.id)
+            .arg("reason")
+            .arg(reason);
+        for (field, value) in &entry.map {
+            if let Ok(v) = redis::from_redis_value_ref::<String>(value) {
+                add.arg(field).arg(v);
+            }
+        }
+        // The dead-letter stream is on another slot than the voucher's
+        // stream (a cluster cannot make both one transaction): added first,
+        // so a crash in between leaves the entry pending, to be
+        // dead-lettered again.
+        let _: String = add.query_async(&mut self.conn.clone()).await?;
+        let mut done = redis::pipe();
+        done.atomic()
+            .cmd("XACK")
+            .arg(&keys.orders)
+            .arg(&self.group)
+            .arg(&entry.id)
+            .ignore()
+            .cmd("XDEL")
+            .arg(&keys.orders)
+            .arg(&entry.id)
+            .ignore();
+        // Same hash tag as the stream: one transaction on a cluster too.
+        let user: Option<String> = entry.get("user");
+        let order: Option<String> = entry.get("order");
+        if let (Some(user), Some(order)) = (user, order) {
+            done.hset(&keys.failed, user, order).ignore();
+        }
+        let () = done.query_async(&mut self.conn.clone()).await?;
+        Ok(())
+    }
+}
