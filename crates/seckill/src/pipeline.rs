@@ -365,7 +365,12 @@ impl OrderPipeline {
         report: &mut StepReport,
     ) -> Result<()> {
         self.streams.dead_letter(voucher, delivery, reason).await?;
-        tracing::warn!(entry = delivery.id(), voucher, reason, "order dead-lettered");
+        tracing::warn!(
+            entry = delivery.id(),
+            voucher,
+            reason,
+            "order dead-lettered"
+        );
         self.dead_letters.fetch_add(1, Ordering::Relaxed);
         report.dead_lettered += 1;
         Ok(())

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use crate::db::Database;
+use crate::domain::order::OrderState;
 use crate::domain::purchase::{Purchase, Refusal};
 use crate::domain::voucher::SaleTerms;
 use crate::error::{Error, Result};
 use crate::repair::{SaleRepair, Scope};
-use crate::domain::order::OrderState;
 use crate::store::{order_in_redis, FastPath};
 use crate::sync_path::SyncPath;
 use crate::OrderId;

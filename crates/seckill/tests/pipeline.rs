@@ -4,11 +4,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use seckill::db::Database;
+use seckill::domain::order::OrderState;
 use seckill::domain::purchase::Purchase;
 use seckill::domain::voucher::{SaleTerms, Title};
 use seckill::pipeline::{OrderPipeline, PipelineSettings, StepReport};
 use seckill::store::RedisConn;
-use seckill::domain::order::OrderState;
 use seckill::store::{FastPath, OrderIdGenerator, VoucherKeys};
 use testkit::RedisServer;
 

@@ -4,10 +4,10 @@ use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
+use crate::domain::order::OrderState;
 use crate::http::error::ApiError;
 use crate::http::extract::{PathId, User};
 use crate::http::AppState;
-use crate::domain::order::OrderState;
 
 /// An order as its owner sees it.
 #[derive(Debug, Serialize)]

@@ -184,8 +184,7 @@ impl OrderStreams {
         vouchers: &[i64],
         block: Duration,
     ) -> Result<Vec<(i64, Vec<Delivery>)>> {
-        let streams: HashMap<String, i64> =
-            vouchers.iter().map(|&v| (self.stream(v), v)).collect();
+        let streams: HashMap<String, i64> = vouchers.iter().map(|&v| (self.stream(v), v)).collect();
         let mut read = redis::cmd("XREADGROUP");
         read.arg("GROUP")
             .arg(&self.group)
@@ -205,7 +204,10 @@ impl OrderStreams {
             .flat_map(|r| r.keys)
             .filter_map(|stream| {
                 let voucher = *streams.get(&stream.key)?;
-                Some((voucher, stream.ids.into_iter().map(Delivery::first).collect()))
+                Some((
+                    voucher,
+                    stream.ids.into_iter().map(Delivery::first).collect(),
+                ))
             })
             .collect())
     }

@@ -55,7 +55,12 @@ pub async fn read_sale(conn: &RedisConn, prefix: &str, voucher: i64) -> Result<R
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
-pub async fn add_buyers(conn: &RedisConn, prefix: &str, voucher: i64, users: &[i64]) -> Result<usize> {
+pub async fn add_buyers(
+    conn: &RedisConn,
+    prefix: &str,
+    voucher: i64,
+    users: &[i64],
+) -> Result<usize> {
     if users.is_empty() {
         return Ok(0);
     }
@@ -72,7 +77,13 @@ pub async fn add_buyers(conn: &RedisConn, prefix: &str, voucher: i64, users: &[i
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
-pub async fn lower_stock(conn: &RedisConn, prefix: &str, voucher: i64, from: i64, to: i64) -> Result<bool> {
+pub async fn lower_stock(
+    conn: &RedisConn,
+    prefix: &str,
+    voucher: i64,
+    from: i64,
+    to: i64,
+) -> Result<bool> {
     let keys = VoucherKeys::new(prefix, voucher);
     let lowered: i64 = LOWER_STOCK
         .key(&keys.voucher)

@@ -17,14 +17,40 @@ pub async fn open_voucher(
     title: &str,
     stock: i64,
 ) -> i64 {
-    let now = SystemTime::now()
+    let now = now_ms();
+    create_voucher(
+        http,
+        base,
+        tokens,
+        title,
+        stock,
+        now - 1000..now + 3_600_000,
+    )
+    .await
+}
+
+/// Unix milliseconds now.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
-        .as_millis() as u64;
+        .as_millis() as i64
+}
+
+/// Creates a voucher with `stock` units on sale during `window` (Unix
+/// milliseconds) through `base`'s API with an admin token; returns its id.
+pub async fn create_voucher(
+    http: &reqwest::Client,
+    base: &str,
+    tokens: &Tokens,
+    title: &str,
+    stock: i64,
+    window: std::ops::Range<i64>,
+) -> i64 {
     let voucher: Value = http
         .post(format!("{base}/api/vouchers"))
         .bearer_auth(tokens.mint(Principal::Admin, Duration::from_secs(600)))
-        .json(&json!({"title": title, "stock": stock, "begin_ms": now - 1000, "end_ms": now + 3_600_000}))
+        .json(&json!({"title": title, "stock": stock, "begin_ms": window.start, "end_ms": window.end}))
         .send()
         .await
         .unwrap()
