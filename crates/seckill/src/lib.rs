@@ -4,7 +4,9 @@
 //! `reconcile`, ...). Its parts, each usable on its own:
 //!
 //! * [`service::Service`]: the whole service — HTTP API and order pipeline
-//!   — started from a [`service::ServiceConfig`] and stopped gracefully.
+//!   — started from [`settings::Settings`] and stopped gracefully.
+//! * [`settings`]: the one settings type, its defaults, and the layers
+//!   (defaults < file < environment < flags) it is resolved from.
 //! * [`sale::Sales`]: purchases, live stock and order status for the API,
 //!   whichever path decides (the one place that tells them apart).
 //! * [`http`]: the axum router (vouchers, purchases, orders, health,
@@ -28,18 +30,18 @@
 //! ```
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 //! # async fn main() -> anyhow::Result<()> {
-//! use seckill::service::{Service, ServiceConfig};
+//! use seckill::service::Service;
+//! use seckill::settings::Settings;
 //!
 //! // A private redis-server for the example; any Redis URL works.
 //! let redis = testkit::RedisServer::start();
 //! let dir = std::env::temp_dir().join(format!("seckill-doc-{}", std::process::id()));
 //! let database = format!("sqlite://{}/shop.db", dir.display());
 //!
-//! let service = Service::start(ServiceConfig::new(
-//!     redis.url(),
-//!     database,
-//!     "a-secret-of-at-least-16-bytes",
-//! ))
+//! let service = Service::start(Settings {
+//!     listen: "127.0.0.1:0".parse()?, // any free port; the default is 8080
+//!     ..Settings::new(redis.url(), database, "a-secret-of-at-least-16-bytes")
+//! })
 //! .await?;
 //! let health = reqwest::get(format!("http://{}/healthz", service.addr())).await?;
 //! assert!(health.status().is_success());
@@ -62,6 +64,7 @@ pub mod reconcile;
 pub mod repair;
 pub mod sale;
 pub mod service;
+pub mod settings;
 pub mod store;
 pub mod sync_path;
 

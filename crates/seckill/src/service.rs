@@ -5,87 +5,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::ExposeSecret;
 use tokio::sync::watch;
 
 use crate::auth::Tokens;
 use crate::db::Database;
 use crate::error::Result;
-use crate::http::{router, AppState, ConnectionLimits, Limit, RateLimits};
+use crate::http::{router, AppState, RateLimits};
 use crate::pipeline::{OrderPipeline, PipelineSettings, StepReport};
 use crate::repair::SaleRepair;
 use crate::sale::{PurchasePath, Sales};
-use crate::store::{FastPath, OrderIdGenerator, ReplicaAck};
+use crate::settings::{Mode, Settings};
+use crate::store::{FastPath, OrderIdGenerator};
 use crate::sync_path::SyncPath;
-
-/// Which purchase path the service uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Redis fast path + durable pipeline (seed 002).
-    Async,
-    /// Per-user lock + database transaction (seeds 000/002).
-    Sync,
-}
-
-/// What a service needs to start.
-#[derive(Debug, Clone)]
-pub struct ServiceConfig {
-    /// Redis URL.
-    pub redis_url: String,
-    /// Database URL (`sqlite://…`, `postgres://…`, `mysql://…`).
-    pub database_url: String,
-    /// Address to listen on (port 0: any free port).
-    pub listen: SocketAddr,
-    /// Secret that signs bearer tokens (never printed).
-    pub token_secret: SecretString,
-    /// Purchase path.
-    pub mode: Mode,
-    /// Key prefix in Redis.
-    pub prefix: String,
-    /// This instance's consumer name in the order pipeline.
-    pub consumer: String,
-    /// Pipeline entries pending this long on a (dead) consumer are taken
-    /// over.
-    pub reclaim_idle: Duration,
-    /// Purchases per second per user (`None`: unlimited).
-    pub user_limit: Option<Limit>,
-    /// Requests per second per client IP (`None`: unlimited).
-    pub ip_limit: Option<Limit>,
-    /// Answer `accepted` only once this many Redis replicas have the order
-    /// (`None`: once the primary has it). See README, "Durability".
-    pub replica_ack: Option<ReplicaAck>,
-    /// Connection cap and header, idle and body timeouts of the HTTP server.
-    pub connections: ConnectionLimits,
-}
-
-impl ServiceConfig {
-    /// A service on `redis_url` and `database_url` signing tokens with
-    /// `token_secret`; the rest as for a private instance: any free port on
-    /// 127.0.0.1, the async path, prefix `seckill`, consumer `seckill`,
-    /// takeover after 30 s, no rate limits. Change fields with struct
-    /// update syntax.
-    pub fn new(
-        redis_url: impl Into<String>,
-        database_url: impl Into<String>,
-        token_secret: impl Into<String>,
-    ) -> Self {
-        Self {
-            redis_url: redis_url.into(),
-            database_url: database_url.into(),
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            token_secret: SecretString::from(token_secret.into()),
-            mode: Mode::Async,
-            prefix: "seckill".into(),
-            consumer: "seckill".into(),
-            reclaim_idle: Duration::from_secs(30),
-            user_limit: None,
-            ip_limit: None,
-            replica_ack: None,
-            connections: ConnectionLimits::default(),
-        }
-    }
-}
 
 /// A started service.
 #[derive(Debug)]
@@ -103,7 +35,7 @@ impl Service {
     /// # Errors
     /// If Redis or the database is unreachable, a migration fails, or the
     /// address cannot be bound.
-    pub async fn start(config: ServiceConfig) -> anyhow::Result<Self> {
+    pub async fn start(config: Settings) -> anyhow::Result<Self> {
         let db = Database::connect(&config.database_url).await?;
         db.migrate().await?;
         let conn = crate::store::connect(&config.redis_url).await?;

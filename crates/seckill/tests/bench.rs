@@ -9,7 +9,8 @@ use std::process::Output;
 use std::time::Duration;
 
 use seckill::db::Database;
-use seckill::service::{Mode, Service, ServiceConfig};
+use seckill::service::Service;
+use seckill::settings::{Mode, Settings};
 use serde_json::Value;
 use testkit::{PostgresServer, RedisServer};
 
@@ -112,9 +113,9 @@ fn assert_charts(dir: &Path) {
 async fn sqlite_service(what: &str, mode: Mode) -> (RedisServer, String, Service) {
     let redis = RedisServer::start();
     let database = format!("sqlite://{}/bench.db", tempdir(what).display());
-    let service = Service::start(ServiceConfig {
+    let service = Service::start(Settings {
         mode,
-        ..ServiceConfig::new(redis.url(), &database, SECRET)
+        ..support::settings(redis.url(), &database, SECRET)
     })
     .await
     .unwrap();
@@ -142,9 +143,9 @@ fn n(report: &Value, field: &str) -> i64 {
 async fn a_closed_loop_bench_over_two_instances_agrees_with_the_database() {
     let redis = RedisServer::start();
     let pg = PostgresServer::start();
-    let config = |consumer: &str| ServiceConfig {
+    let config = |consumer: &str| Settings {
         consumer: consumer.into(),
-        ..ServiceConfig::new(redis.url(), pg.url(), SECRET)
+        ..support::settings(redis.url(), pg.url(), SECRET)
     };
     let a = Service::start(config("a")).await.unwrap();
     let b = Service::start(config("b")).await.unwrap();

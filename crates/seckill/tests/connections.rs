@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use seckill::auth::{Principal, Tokens};
 use seckill::http::ConnectionLimits;
-use seckill::service::{Service, ServiceConfig};
+use seckill::service::Service;
+use seckill::settings::Settings;
 use testkit::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -24,9 +25,9 @@ async fn service(
     let dir = std::env::temp_dir().join(format!("seckill-conn-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let database = format!("sqlite://{}/shop.db", dir.display());
-    let service = Service::start(ServiceConfig {
+    let service = Service::start(Settings {
         connections: limits,
-        ..ServiceConfig::new(redis.url(), database, SECRET)
+        ..support::settings(redis.url(), database, SECRET)
     })
     .await
     .unwrap();

@@ -12,16 +12,17 @@ use futures_util::StreamExt;
 use seckill::auth::{Principal, Tokens};
 use seckill::db::Database;
 use seckill::reconcile::reconcile;
-use seckill::service::{Service, ServiceConfig};
+use seckill::service::Service;
+use seckill::settings::Settings;
 use serde_json::Value;
 use testkit::{PostgresServer, RedisServer};
 
 const SECRET: &str = "two-instances-secret-01";
 
-fn config(redis: &str, database: &str, consumer: &str) -> ServiceConfig {
-    ServiceConfig {
+fn config(redis: &str, database: &str, consumer: &str) -> Settings {
+    Settings {
         consumer: consumer.into(),
-        ..ServiceConfig::new(redis, database, SECRET)
+        ..support::settings(redis, database, SECRET)
     }
 }
 

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use seckill::auth::{Principal, Tokens};
 use seckill::db::Database;
-use seckill::service::{Service, ServiceConfig};
+use seckill::service::Service;
+use seckill::settings::Settings;
 use serde_json::Value;
 use testkit::{RedisServer, ServerOptions};
 
@@ -39,10 +40,10 @@ async fn shop(what: &str, redis: RedisServer) -> Shop {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let database = format!("sqlite://{}/shop.db", dir.display());
-    let config = |consumer: &str| ServiceConfig {
+    let config = |consumer: &str| Settings {
         consumer: consumer.into(),
         reclaim_idle: Duration::from_millis(500),
-        ..ServiceConfig::new(redis.url(), &database, SECRET)
+        ..support::settings(redis.url(), &database, SECRET)
     };
     let a = Service::start(config("a")).await.unwrap();
     let b = Service::start(config("b")).await.unwrap();

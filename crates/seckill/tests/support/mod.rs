@@ -6,7 +6,20 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use seckill::auth::{Principal, Tokens};
+use seckill::settings::Settings;
 use serde_json::{json, Value};
+
+/// Settings of an in-process test instance: the defaults, listening on any
+/// free port of 127.0.0.1, with no rate limits (every simulated user comes
+/// from 127.0.0.1, and tests buy faster than a person).
+pub fn settings(redis: impl Into<String>, database: impl Into<String>, secret: &str) -> Settings {
+    Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        user_limit: None,
+        ip_limit: None,
+        ..Settings::new(redis, database, secret)
+    }
+}
 
 /// Creates a voucher with `stock` units, on sale from a second ago for an
 /// hour, through `base`'s API with an admin token; returns its id.

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use seckill::auth::{Principal, Tokens};
-use seckill::service::{Mode, Service, ServiceConfig};
+use seckill::service::Service;
+use seckill::settings::{Mode, Settings};
 
 use crate::bench::checks::{self, Check, Sale, Stores};
 use crate::bench::load::{self, Arrival, Plan, Progress, Until};
@@ -96,13 +97,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     println!("database: {database_url}");
     // Never shorter than the 16 bytes tokens need, whatever the pid.
     let secret = format!("seckill-demo-secret-{:010}", std::process::id());
-    let service = Service::start(ServiceConfig {
+    let service = Service::start(Settings {
+        listen: "127.0.0.1:0".parse()?,
         mode: args.mode,
         prefix: PREFIX.into(),
         consumer: "demo".into(),
         user_limit: seckill::http::Limit::per_second(5),
         // Every simulated user comes from 127.0.0.1: no per-IP limit here.
-        ..ServiceConfig::new(&redis_url, &database_url, &secret)
+        ip_limit: None,
+        ..Settings::new(&redis_url, &database_url, &secret)
     })
     .await?;
     let base = format!("http://{}", service.addr());

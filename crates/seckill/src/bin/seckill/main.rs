@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use seckill::auth::{Principal, Tokens};
 
 use seckill::service::Service;
+use seckill::settings::Storage;
 
 mod bench;
 mod chaos;
@@ -52,8 +53,8 @@ enum Command {
         #[arg(long, default_value_t = 3600)]
         ttl: u64,
         /// Signing secret.
-        #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true)]
-        token_secret: String,
+        #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true, value_parser = seckill::settings::secret)]
+        token_secret: secrecy::SecretString,
     },
     /// Run a whole flash sale on this machine and verify it.
     Demo(DemoArgs),
@@ -66,38 +67,15 @@ enum Command {
     /// Seed 003's oversell walk: the same sale against seven strategies.
     Lab(lab::LabArgs),
     /// Apply the database migrations and exit.
-    Migrate {
-        /// Database URL.
-        #[arg(
-            long,
-            env = "SECKILL_DATABASE_URL",
-            default_value = "sqlite://data/seckill.db"
-        )]
-        database_url: String,
-    },
+    Migrate(ServeArgs),
     /// Compare Redis with the database for every voucher; exit 1 on any
     /// difference.
     Reconcile {
-        /// Redis URL.
-        #[arg(
-            long,
-            env = "SECKILL_REDIS_URL",
-            default_value = "redis://127.0.0.1:6379/"
-        )]
-        redis_url: String,
-        /// Database URL.
-        #[arg(
-            long,
-            env = "SECKILL_DATABASE_URL",
-            default_value = "sqlite://data/seckill.db"
-        )]
-        database_url: String,
         /// Apply the safe fixes (missing buyers, Redis stock above the database's).
         #[arg(long)]
         repair: bool,
-        /// The service's Redis key prefix.
-        #[arg(long, env = "SECKILL_PREFIX", default_value = "seckill")]
-        prefix: String,
+        #[command(flatten)]
+        settings: ServeArgs,
     },
 }
 
@@ -123,7 +101,8 @@ async fn main() -> anyhow::Result<()> {
             ttl,
             token_secret,
         } => {
-            let tokens = Tokens::new(token_secret.as_bytes())?;
+            let tokens =
+                Tokens::new(secrecy::ExposeSecret::expose_secret(&token_secret).as_bytes())?;
             let who = match (admin, user) {
                 (true, _) => Principal::Admin,
                 (false, Some(id)) if id > 0 => Principal::User(id),
@@ -153,7 +132,8 @@ async fn main() -> anyhow::Result<()> {
                 std::process::exit(1)
             }
         }
-        Command::Migrate { database_url } => {
+        Command::Migrate(args) => {
+            let database_url = args.storage()?.database_url;
             seckill::db::Database::connect(&database_url)
                 .await?
                 .migrate()
@@ -161,13 +141,9 @@ async fn main() -> anyhow::Result<()> {
             eprintln!("migrations applied to {database_url}");
             Ok(())
         }
-        Command::Reconcile {
-            redis_url,
-            database_url,
-            repair,
-            prefix,
-        } => {
-            if reconcile_all(&redis_url, &database_url, &prefix, repair).await? {
+        Command::Reconcile { repair, settings } => {
+            let storage = settings.storage()?;
+            if reconcile_all(&storage, repair).await? {
                 Ok(())
             } else {
                 std::process::exit(1)
@@ -194,12 +170,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Reconciles every voucher; true if all agree (after repairs, if asked).
-async fn reconcile_all(
-    redis_url: &str,
-    database_url: &str,
-    prefix: &str,
-    repair: bool,
-) -> anyhow::Result<bool> {
+async fn reconcile_all(storage: &Storage, repair: bool) -> anyhow::Result<bool> {
+    let (redis_url, database_url, prefix) = (
+        &storage.redis_url,
+        &storage.database_url,
+        storage.prefix.as_str(),
+    );
     use seckill::reconcile;
     use seckill::repair::{SaleRepair, Scope};
     use seckill::store::{FastPath, OrderIdGenerator};

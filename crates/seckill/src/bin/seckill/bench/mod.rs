@@ -35,7 +35,7 @@ pub struct BenchArgs {
     #[arg(long = "url", required = true, value_name = "URL")]
     pub urls: Vec<String>,
     /// The services' token secret (mints the admin and user tokens).
-    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true, value_parser = crate::config::secret)]
+    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true, value_parser = seckill::settings::secret)]
     pub token_secret: secrecy::SecretString,
     /// Closed loop: this many requests in flight, each sent when the
     /// previous returns [default: 64 unless --rate].

@@ -1,0 +1,487 @@
+//! The service's settings: one type, [`Settings`], and one place for the
+//! defaults, [`Layer::defaults`].
+//!
+//! A [`Layer`] is a partial set of settings: any field may be unset. Layers
+//! stack, the upper winning field by field — defaults < a TOML file <
+//! `SECKILL_*` environment variables < command-line flags — and the stack
+//! resolves into a checked [`Settings`]. `Layer` is at once the file's
+//! format (snake_case keys, unknown keys refused) and the flags of
+//! `seckill serve` (clap reads each flag's environment variable in the
+//! same layer, the flag winning), so a setting is declared once.
+//!
+//! | setting | flag / environment / file key | default |
+//! |---|---|---|
+//! | Redis URL | `--redis-url` `SECKILL_REDIS_URL` `redis_url` | `redis://127.0.0.1:6379/` |
+//! | database URL | `--database-url` `SECKILL_DATABASE_URL` `database_url` | `sqlite://data/seckill.db` |
+//! | listen address | `--listen` `SECKILL_LISTEN` `listen` | `127.0.0.1:8080` |
+//! | token secret | `--token-secret` `SECKILL_TOKEN_SECRET` `token_secret` | none: required |
+//! | purchase path | `--mode` `SECKILL_MODE` `mode` | `async` |
+//! | key prefix | `--prefix` `SECKILL_PREFIX` `prefix` | `seckill` |
+//! | consumer name | `--consumer` `SECKILL_CONSUMER` `consumer` | `seckill-<host>-<pid>` |
+//! | takeover after | `--reclaim-idle-ms` … `reclaim_idle_ms` | 30,000 |
+//! | purchases/s per user | `--user-rate` … `user_rate` | 5 (0: off) |
+//! | requests/s per IP | `--ip-rate` … `ip_rate` | 2,000 (0: off) |
+//! | replicas to confirm | `--replica-ack` … `replica_ack` | 0 (off) |
+//! | their timeout | `--replica-ack-timeout-ms` … `replica_ack_timeout_ms` | 100 |
+//! | open connections | `--max-connections` … `max_connections` | 10,000 |
+//! | header/idle timeout | `--header-timeout-ms` … `header_timeout_ms` | 10,000 |
+//! | body timeout | `--body-timeout-ms` … `body_timeout_ms` | 10,000 |
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use secrecy::SecretString;
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::http::{ConnectionLimits, Limit};
+use crate::store::ReplicaAck;
+
+/// Which purchase path the service uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Redis fast path + durable pipeline (seed 002).
+    Async,
+    /// Per-user lock + database transaction (seeds 000/002).
+    Sync,
+}
+
+/// Everything a service needs to start, checked. Build one with
+/// [`Settings::new`] (the defaults) and struct update syntax, or resolve
+/// layers with [`Layer::resolve`].
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Redis URL (`redis://…`, `redis+unix://…`, `redis+cluster://…`).
+    pub redis_url: String,
+    /// Database URL (`sqlite://…`, `postgres://…`, `mysql://…`).
+    pub database_url: String,
+    /// Address to listen on (port 0: any free port).
+    pub listen: SocketAddr,
+    /// Secret that signs bearer tokens (never printed).
+    pub token_secret: SecretString,
+    /// Purchase path.
+    pub mode: Mode,
+    /// Prefix of every Redis key and lock name of the service.
+    pub prefix: String,
+    /// This instance's consumer name in the order pipeline (unique per
+    /// instance).
+    pub consumer: String,
+    /// Pipeline entries pending this long on a (dead) consumer are taken
+    /// over.
+    pub reclaim_idle: Duration,
+    /// Purchases per second per user (`None`: unlimited).
+    pub user_limit: Option<Limit>,
+    /// Requests per second per client IP (`None`: unlimited).
+    pub ip_limit: Option<Limit>,
+    /// Answer `accepted` only once this many Redis replicas have the order
+    /// (`None`: once the primary has it). See README, "Durability".
+    pub replica_ack: Option<ReplicaAck>,
+    /// Connection cap and header, idle and body timeouts of the HTTP server.
+    pub connections: ConnectionLimits,
+}
+
+impl Settings {
+    /// The defaults (see the module docs) with these three set.
+    ///
+    /// # Panics
+    /// Never: the defaults are valid (a test checks it).
+    pub fn new(
+        redis_url: impl Into<String>,
+        database_url: impl Into<String>,
+        token_secret: impl Into<String>,
+    ) -> Self {
+        Layer {
+            redis_url: Some(redis_url.into()),
+            database_url: Some(database_url.into()),
+            token_secret: Some(SecretString::from(token_secret.into())),
+            ..Layer::default()
+        }
+        .resolve()
+        .unwrap_or_else(|e| unreachable!("the default settings are valid: {e}"))
+    }
+}
+
+/// Where the service's data lives: all that `migrate` and `reconcile` need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Storage {
+    /// Redis URL.
+    pub redis_url: String,
+    /// Database URL.
+    pub database_url: String,
+    /// Key prefix.
+    pub prefix: String,
+}
+
+/// Some settings, the rest unset: one layer of the stack (see the module
+/// docs). The flags of `seckill serve` and the keys of its file.
+#[derive(Debug, Default, Clone, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Layer {
+    /// Redis URL [default: redis://127.0.0.1:6379/].
+    #[arg(long, env = "SECKILL_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Database URL: sqlite://FILE, postgres://…, mysql://… [default: sqlite://data/seckill.db].
+    #[arg(long, env = "SECKILL_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Listen address [default: 127.0.0.1:8080].
+    #[arg(long, env = "SECKILL_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Secret signing bearer tokens (at least 16 bytes; required).
+    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true, value_parser = secret)]
+    pub token_secret: Option<SecretString>,
+    /// Purchase path [default: async].
+    #[arg(long, env = "SECKILL_MODE", value_enum)]
+    pub mode: Option<Mode>,
+    /// Prefix of every Redis key and lock name of the service [default: seckill].
+    #[arg(long, env = "SECKILL_PREFIX")]
+    pub prefix: Option<String>,
+    /// Consumer name of this instance in the order pipeline [default: seckill-HOST-PID].
+    #[arg(long, env = "SECKILL_CONSUMER")]
+    pub consumer: Option<String>,
+    /// Take over pipeline entries left pending this long by a dead instance [default: 30000].
+    #[arg(long, env = "SECKILL_RECLAIM_IDLE_MS")]
+    pub reclaim_idle_ms: Option<u64>,
+    /// Purchases per second per user, burst twice that, 0 = unlimited [default: 5].
+    #[arg(long, env = "SECKILL_USER_RATE")]
+    pub user_rate: Option<u32>,
+    /// Requests per second per client IP, burst twice that, 0 = unlimited [default: 2000].
+    #[arg(long, env = "SECKILL_IP_RATE")]
+    pub ip_rate: Option<u32>,
+    /// Answer `accepted` only once this many Redis replicas confirmed the order (WAIT), 0 = off [default: 0].
+    #[arg(long, env = "SECKILL_REPLICA_ACK")]
+    pub replica_ack: Option<u32>,
+    /// How long to wait for those replicas before answering 503 `not_replicated` [default: 100].
+    #[arg(long, env = "SECKILL_REPLICA_ACK_TIMEOUT_MS")]
+    pub replica_ack_timeout_ms: Option<u64>,
+    /// Open HTTP connections at most; more get a 503 and are closed [default: 10000].
+    #[arg(long, env = "SECKILL_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// A request's head must arrive within this, from the connection's start or the previous response (also the idle timeout) [default: 10000].
+    #[arg(long, env = "SECKILL_HEADER_TIMEOUT_MS")]
+    pub header_timeout_ms: Option<u64>,
+    /// A request's body must arrive within this [default: 10000].
+    #[arg(long, env = "SECKILL_BODY_TIMEOUT_MS")]
+    pub body_timeout_ms: Option<u64>,
+}
+
+/// A secret from the command line or the environment (a clap value
+/// parser): wrapped at once, so it never prints.
+///
+/// # Errors
+/// Never.
+pub fn secret(value: &str) -> std::result::Result<SecretString, std::convert::Infallible> {
+    Ok(SecretString::from(value.to_owned()))
+}
+
+/// `seckill-<host>-<pid>`: unique per process across machines (a pid alone
+/// is not: two hosts' instances would share a consumer).
+fn default_consumer() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty());
+    match host {
+        Some(host) => format!("seckill-{host}-{}", std::process::id()),
+        None => format!("seckill-{}", std::process::id()),
+    }
+}
+
+impl Layer {
+    /// The bottom layer: every default, and no token secret.
+    pub fn defaults() -> Self {
+        let connections = ConnectionLimits::default();
+        Self {
+            redis_url: Some("redis://127.0.0.1:6379/".into()),
+            database_url: Some("sqlite://data/seckill.db".into()),
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+            token_secret: None,
+            mode: Some(Mode::Async),
+            prefix: Some("seckill".into()),
+            consumer: Some(default_consumer()),
+            reclaim_idle_ms: Some(30_000),
+            user_rate: Some(5),
+            ip_rate: Some(2_000),
+            replica_ack: Some(0),
+            replica_ack_timeout_ms: Some(100),
+            max_connections: Some(connections.max_connections),
+            header_timeout_ms: Some(connections.header_timeout.as_millis() as u64),
+            body_timeout_ms: Some(connections.body_timeout.as_millis() as u64),
+        }
+    }
+
+    /// The layer a TOML file sets.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming the file: unreadable, not TOML, an unknown
+    /// key or a value of the wrong type.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::invalid("config", format!("reading {}: {e}", path.display())))?;
+        toml::from_str(&text)
+            .map_err(|e| Error::invalid("config", format!("in {}: {e}", path.display())))
+    }
+
+    /// This layer over `lower`: each field from here if set, else from
+    /// `lower`.
+    pub fn over(self, lower: Layer) -> Layer {
+        Layer {
+            redis_url: self.redis_url.or(lower.redis_url),
+            database_url: self.database_url.or(lower.database_url),
+            listen: self.listen.or(lower.listen),
+            token_secret: self.token_secret.or(lower.token_secret),
+            mode: self.mode.or(lower.mode),
+            prefix: self.prefix.or(lower.prefix),
+            consumer: self.consumer.or(lower.consumer),
+            reclaim_idle_ms: self.reclaim_idle_ms.or(lower.reclaim_idle_ms),
+            user_rate: self.user_rate.or(lower.user_rate),
+            ip_rate: self.ip_rate.or(lower.ip_rate),
+            replica_ack: self.replica_ack.or(lower.replica_ack),
+            replica_ack_timeout_ms: self.replica_ack_timeout_ms.or(lower.replica_ack_timeout_ms),
+            max_connections: self.max_connections.or(lower.max_connections),
+            header_timeout_ms: self.header_timeout_ms.or(lower.header_timeout_ms),
+            body_timeout_ms: self.body_timeout_ms.or(lower.body_timeout_ms),
+        }
+    }
+
+    /// Where the data lives, from this layer over the defaults.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad prefix.
+    pub fn storage(self) -> Result<Storage> {
+        let all = self.over(Layer::defaults());
+        let prefix = set(all.prefix, "prefix")?;
+        if prefix.is_empty() || prefix.len() > 64 || prefix.contains(['{', '}', ' ']) {
+            // Braces would break the keys' hash tags.
+            return Err(Error::invalid(
+                "prefix",
+                "must be 1 to 64 bytes without braces or spaces",
+            ));
+        }
+        Ok(Storage {
+            redis_url: set(all.redis_url, "redis_url")?,
+            database_url: set(all.database_url, "database_url")?,
+            prefix,
+        })
+    }
+
+    /// The settings of this layer over the defaults, checked.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming the setting: no token secret, a bad
+    /// prefix, a duration outside 1 ms..1 h, zero connections, an empty
+    /// consumer name.
+    pub fn resolve(self) -> Result<Settings> {
+        let all = self.over(Layer::defaults());
+        let storage_layer = Layer {
+            redis_url: all.redis_url.clone(),
+            database_url: all.database_url.clone(),
+            prefix: all.prefix.clone(),
+            ..Layer::default()
+        };
+        let ms = |value: Option<u64>, name: &'static str| match value {
+            Some(ms @ 1..=3_600_000) => Ok(Duration::from_millis(ms)),
+            _ => Err(Error::invalid(name, "must be between 1 and 3,600,000 ms")),
+        };
+        let connections = ConnectionLimits {
+            max_connections: match all.max_connections {
+                Some(n @ 1..) => n,
+                _ => return Err(Error::invalid("max_connections", "must be at least 1")),
+            },
+            header_timeout: ms(all.header_timeout_ms, "header_timeout_ms")?,
+            body_timeout: ms(all.body_timeout_ms, "body_timeout_ms")?,
+        };
+        let replica_ack = match all.replica_ack.unwrap_or(0) {
+            0 => None,
+            replicas => Some(ReplicaAck {
+                replicas,
+                timeout: ms(all.replica_ack_timeout_ms, "replica_ack_timeout_ms")?,
+            }),
+        };
+        let token_secret = all.token_secret.ok_or_else(|| {
+            Error::invalid(
+                "token_secret",
+                "not set: use --token-secret, SECKILL_TOKEN_SECRET or token_secret in the config file",
+            )
+        })?;
+        let storage = storage_layer.storage()?;
+        let consumer = set(all.consumer, "consumer")?;
+        if consumer.is_empty() {
+            return Err(Error::invalid("consumer", "must not be empty"));
+        }
+        Ok(Settings {
+            redis_url: storage.redis_url,
+            database_url: storage.database_url,
+            prefix: storage.prefix,
+            listen: set(all.listen, "listen")?,
+            token_secret,
+            mode: set(all.mode, "mode")?,
+            consumer,
+            reclaim_idle: ms(all.reclaim_idle_ms, "reclaim_idle_ms")?,
+            user_limit: Limit::per_second(set(all.user_rate, "user_rate")?),
+            ip_limit: Limit::per_second(set(all.ip_rate, "ip_rate")?),
+            replica_ack,
+            connections,
+        })
+    }
+}
+
+/// A setting's value; every one has a default but the secret, so `None`
+/// here means a default is missing from [`Layer::defaults`].
+fn set<T>(value: Option<T>, name: &'static str) -> Result<T> {
+    value.ok_or_else(|| Error::invalid(name, "not set"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> std::path::PathBuf {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "seckill-settings-{}-{}.toml",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn with_secret() -> Layer {
+        Layer {
+            token_secret: Some(secret("a-secret-of-16-bytes+").unwrap()),
+            ..Layer::default()
+        }
+    }
+
+    /// Issue 16: the defaults are written once (`Layer::defaults`) and are
+    /// what `Settings::new` and a resolve of nothing give alike.
+    #[test]
+    fn the_defaults_are_one_set_and_valid() {
+        let resolved = with_secret().resolve().unwrap();
+        let new = Settings::new(
+            "redis://127.0.0.1:6379/",
+            "sqlite://data/seckill.db",
+            "a-secret-of-16-bytes+",
+        );
+        assert_eq!(format!("{resolved:?}"), format!("{new:?}"));
+        assert_eq!(new.listen.port(), 8080);
+        assert_eq!(new.prefix, "seckill");
+        assert!(new.consumer.starts_with("seckill-"), "{}", new.consumer);
+        assert!(new.consumer.ends_with(&std::process::id().to_string()));
+        assert_eq!(new.user_limit.map(|l| l.per_second.get()), Some(5));
+        assert_eq!(new.ip_limit.map(|l| l.per_second.get()), Some(2_000));
+        assert!(new.replica_ack.is_none());
+        assert_eq!(new.connections, ConnectionLimits::default());
+    }
+
+    /// Issue 16: defaults < file < environment and flags (one layer: clap
+    /// reads a flag's variable, the flag winning).
+    #[test]
+    fn upper_layers_win_field_by_field() {
+        let path = write("listen = \"127.0.0.1:9000\"\ntoken_secret = \"file-secret-0123456789\"\nmode = \"sync\"\nip_rate = 0\nprefix = \"shop\"\n");
+        let flags = Layer {
+            listen: Some("127.0.0.1:9100".parse().unwrap()),
+            prefix: Some("flags".into()),
+            ..Layer::default()
+        };
+        let s = flags
+            .over(Layer::from_file(&path).unwrap())
+            .resolve()
+            .unwrap();
+        assert_eq!(s.listen.port(), 9100, "flag over file");
+        assert_eq!(s.prefix, "flags", "flag over file");
+        assert_eq!(
+            secrecy::ExposeSecret::expose_secret(&s.token_secret),
+            "file-secret-0123456789"
+        );
+        assert_eq!(s.mode, Mode::Sync, "file over default");
+        assert!(s.ip_limit.is_none(), "0 turns the limit off");
+        assert!(s.user_limit.is_some(), "default");
+        assert_eq!(s.database_url, "sqlite://data/seckill.db", "default");
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// Issue 16: the secret never prints, from any layer or the settings.
+    #[test]
+    fn the_secret_never_appears_in_debug_output() {
+        let path = write("token_secret = \"file-secret-0123456789\"\n");
+        let file = Layer::from_file(&path).unwrap();
+        assert!(!format!("{file:?}").contains("file-secret"));
+        let settings = file.resolve().unwrap();
+        assert!(!format!("{settings:?}").contains("file-secret"));
+        assert!(!format!("{settings:#?}").contains("file-secret"));
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn unknown_keys_bad_values_and_a_missing_secret_are_errors() {
+        let typo = write("listen_addr = \"127.0.0.1:1\"\n");
+        let err = Layer::from_file(&typo).unwrap_err();
+        assert!(err.to_string().contains("listen_addr"), "{err}");
+        let bad = write("mode = \"fast\"\n");
+        assert!(Layer::from_file(&bad).is_err());
+        let err = Layer::default().resolve().unwrap_err();
+        assert!(err.to_string().contains("token_secret"), "{err}");
+        for (layer, name) in [
+            (
+                Layer {
+                    prefix: Some("a{b}".into()),
+                    ..with_secret()
+                },
+                "prefix",
+            ),
+            (
+                Layer {
+                    prefix: Some(String::new()),
+                    ..with_secret()
+                },
+                "prefix",
+            ),
+            (
+                Layer {
+                    reclaim_idle_ms: Some(0),
+                    ..with_secret()
+                },
+                "reclaim_idle_ms",
+            ),
+            (
+                Layer {
+                    header_timeout_ms: Some(3_600_001),
+                    ..with_secret()
+                },
+                "header_timeout_ms",
+            ),
+            (
+                Layer {
+                    max_connections: Some(0),
+                    ..with_secret()
+                },
+                "max_connections",
+            ),
+            (
+                Layer {
+                    consumer: Some(String::new()),
+                    ..with_secret()
+                },
+                "consumer",
+            ),
+            (
+                Layer {
+                    replica_ack: Some(1),
+                    replica_ack_timeout_ms: Some(0),
+                    ..with_secret()
+                },
+                "replica_ack_timeout_ms",
+            ),
+        ] {
+            let err = layer.resolve().unwrap_err();
+            assert!(err.to_string().contains(name), "{name}: {err}");
+        }
+        for p in [typo, bad] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
