@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# A private deployment to load-test, and `seckill bench` against it: one
+# A private deployment to load-test, and `seckill-tools bench` against it: one
 # redis-server (unix socket), a SQLite file, and INSTANCES (default 2)
 # `seckill serve` processes sharing them, all in a temporary directory that
-# is removed afterwards. Arguments go to `seckill bench` (see its --help);
+# is removed afterwards. Arguments go to `seckill-tools bench` (see its --help);
 # without any, a 20 s closed loop with 128 in flight. The report and charts
 # land in ./bench-report unless --out says otherwise.
 #   scripts/bench.sh
@@ -10,8 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh
-cargo build --release --locked -p seckill
+cargo build --release --locked -p seckill -p seckill-tools
 seckill=target/release/seckill
+tools=target/release/seckill-tools
 
 # shellcheck source=scripts/private-deployment.sh
 . scripts/private-deployment.sh
@@ -27,4 +28,4 @@ done
 
 args=("$@")
 ((${#args[@]})) || args=(--duration 20s --concurrency 128)
-"$seckill" bench "${urls[@]}" --redis-url "$redis_url" --database-url "$database_url" "${args[@]}"
+"$tools" bench "${urls[@]}" --redis-url "$redis_url" --database-url "$database_url" "${args[@]}"

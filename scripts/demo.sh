@@ -3,8 +3,8 @@
 # machine — a private redis-server, a SQLite file, the seckill service, 20,000
 # simulated users over HTTP, the order pipeline drained, invariants verified
 # (exit status 1 if any fails). Installs missing dependencies first. Extra
-# arguments go to `seckill demo` (see `--help`: --mode sync, --users, ...).
+# arguments go to `seckill-tools demo` (see `--help`: --mode sync, --users, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh
-exec cargo run --release --locked -p seckill -- demo "$@"
+exec cargo run --release --locked -p seckill-tools -- demo "$@"

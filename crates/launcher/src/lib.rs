@@ -4,7 +4,7 @@
 //! Sentinel group), PostgreSQL and MariaDB as child processes of the caller,
 //! each in a private temporary directory (its data, socket and log), on a
 //! unix socket or a free TCP port of 127.0.0.1, and stops them when dropped.
-//! `seckill demo` and `seckill chaos` run on them; the test suites too
+//! `seckill-tools demo` and `seckill-tools chaos` run on them; the test suites too
 //! (through `testkit`). A server can also be paused (`SIGSTOP`), resumed,
 //! killed (`SIGKILL`) and restarted on the same address and data: the
 //! faults a chaos run or a fault test needs.

@@ -75,6 +75,24 @@ pub async fn create_voucher(
     voucher["id"].as_i64().unwrap()
 }
 
+/// The `seckill` service binary: cargo's for this crate's tests; for
+/// another crate's (the tools), the one beside the test binary's directory,
+/// built by the same workspace run.
+pub fn seckill_binary() -> std::path::PathBuf {
+    if let Some(path) = option_env!("CARGO_BIN_EXE_seckill") {
+        return path.into();
+    }
+    // target/<profile>/deps/<test> → target/<profile>/seckill
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().and_then(|deps| deps.parent()).unwrap().join("seckill");
+    assert!(
+        path.is_file(),
+        "no seckill binary at {}: build it first (cargo build -p seckill)",
+        path.display()
+    );
+    path
+}
+
 /// A `seckill serve` process on a free port of 127.0.0.1, killed when
 /// dropped.
 pub struct ServeProcess {
@@ -128,7 +146,7 @@ impl ServeProcess {
     }
 
     fn spawn(args: &[String], secret: &str) -> std::process::Child {
-        std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        std::process::Command::new(seckill_binary())
             .args(args)
             .env("SECKILL_TOKEN_SECRET", secret)
             .stdout(std::process::Stdio::null())

@@ -9,15 +9,9 @@ use seckill::auth::{Principal, Tokens};
 use seckill::service::Service;
 use seckill::settings::Storage;
 
-mod bench;
-mod chaos;
 mod config;
-mod demo;
-mod lab;
 
 use config::ServeArgs;
-
-use demo::DemoArgs;
 
 #[derive(Parser)]
 #[command(version, about = "A flash-sale service on Redis and hasp")]
@@ -56,16 +50,6 @@ enum Command {
         #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true, value_parser = seckill::settings::secret)]
         token_secret: secrecy::SecretString,
     },
-    /// Run a whole flash sale on this machine and verify it.
-    Demo(DemoArgs),
-    /// Load-test running service instances: report, charts, invariants.
-    Bench(bench::BenchArgs),
-    /// A private deployment under load while faults strike (instances
-    /// killed, Redis and the database restarted, Redis paused); then
-    /// nothing may be lost, duplicated or oversold.
-    Chaos(chaos::ChaosArgs),
-    /// Seed 003's oversell walk: the same sale against seven strategies.
-    Lab(lab::LabArgs),
     /// Apply the database migrations and exit.
     Migrate(ServeArgs),
     /// Compare Redis with the database for every voucher; exit 1 on any
@@ -111,27 +95,6 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", tokens.mint(who, Duration::from_secs(ttl)));
             Ok(())
         }
-        Command::Bench(args) => {
-            if bench::run(args).await? {
-                Ok(())
-            } else {
-                std::process::exit(1)
-            }
-        }
-        Command::Chaos(args) => {
-            if chaos::run(args).await? {
-                Ok(())
-            } else {
-                std::process::exit(1)
-            }
-        }
-        Command::Lab(args) => {
-            if lab::run(args).await? {
-                Ok(())
-            } else {
-                std::process::exit(1)
-            }
-        }
         Command::Migrate(args) => {
             let database_url = args.storage()?.database_url;
             seckill::db::Database::connect(&database_url)
@@ -144,13 +107,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Reconcile { repair, settings } => {
             let storage = settings.storage()?;
             if reconcile_all(&storage, repair).await? {
-                Ok(())
-            } else {
-                std::process::exit(1)
-            }
-        }
-        Command::Demo(args) => {
-            if demo::run(args).await? {
                 Ok(())
             } else {
                 std::process::exit(1)

@@ -1,4 +1,4 @@
-//! `seckill chaos` end to end (issue 11): a private deployment (two
+//! `seckill-tools chaos` end to end (issue 11): a private deployment (two
 //! instances, Redis with AOF, PostgreSQL) under load while an instance is
 //! killed, Redis and PostgreSQL are restarted and Redis is paused; nothing
 //! may be lost, duplicated or oversold, and no 5xx but 503 answered.
@@ -8,7 +8,7 @@ use serde_json::Value;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_chaos_run_loses_duplicates_and_oversells_nothing() {
     let out = std::env::temp_dir().join(format!("seckill-chaos-test-{}", std::process::id()));
-    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill-tools"))
         .args(["chaos", "--duration", "20s", "--rate", "200", "--out"])
         .arg(&out)
         .output()

@@ -1,4 +1,4 @@
-//! `seckill demo`: a whole flash sale on one machine, verified.
+//! `seckill-tools demo`: a whole flash sale on one machine, verified.
 //!
 //! Starts a private redis-server (a private 3-master Redis Cluster with
 //! `--cluster`; neither with `--redis-url`) and uses a SQLite
@@ -19,7 +19,7 @@ use crate::bench::checks::{self, Check, Sale, Stores};
 use crate::bench::load::{self, Arrival, Plan, Progress, Until};
 use crate::bench::{create_voucher, report, ProgressDisplay};
 
-/// Options of `seckill demo`.
+/// Options of `seckill-tools demo`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
     /// Use this Redis instead of starting a private one

@@ -1,4 +1,4 @@
-//! `seckill bench`: load against running service instances, with a report
+//! `seckill-tools bench`: load against running service instances, with a report
 //! a person can trust and look at.
 //!
 //! The run: check every URL answers `/healthz`; create a fresh voucher (the
@@ -27,7 +27,7 @@ use seckill::auth::{Principal, Tokens};
 
 use load::{Arrival, Plan, Progress, Until};
 
-/// Options of `seckill bench`.
+/// Options of `seckill-tools bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Base URL of a service instance; repeat for several (requests are

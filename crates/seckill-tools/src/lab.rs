@@ -1,4 +1,4 @@
-//! `seckill lab`: seed 003's walk through the oversell bug, runnable.
+//! `seckill-tools lab`: seed 003's walk through the oversell bug, runnable.
 //!
 //! The same flash sale — same stock, same buyers, same concurrency, two
 //! simulated service instances with their own Redis connections — runs
@@ -18,7 +18,7 @@ use seckill::domain::purchase::Purchase;
 use seckill::domain::voucher::SaleTerms;
 use seckill::store::{FastPath, OrderIdGenerator};
 
-/// Options of `seckill lab`.
+/// Options of `seckill-tools lab`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LabArgs {
     /// Units for sale.

@@ -1,14 +1,14 @@
-//! The `seckill demo` command end to end (small sale), both purchase paths:
+//! The `seckill-tools demo` command end to end (small sale), both purchase paths:
 //! the real binary, a private redis-server, a SQLite file, real HTTP.
 
 use std::process::Command;
 
 fn demo(mode: &str) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_seckill"))
+    let out = Command::new(env!("CARGO_BIN_EXE_seckill-tools"))
         .args(["demo", "--mode", mode, "--stock", "40", "--users", "300"])
         .args(["--requests-per-user", "2", "--concurrency", "32"])
         .output()
-        .expect("run seckill demo");
+        .expect("run seckill-tools demo");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

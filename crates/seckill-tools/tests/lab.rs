@@ -1,4 +1,4 @@
-//! `seckill lab` shows each strategy's bug on every run, and the cures hold.
+//! `seckill-tools lab` shows each strategy's bug on every run, and the cures hold.
 
 use std::process::Command;
 
@@ -6,10 +6,10 @@ use serde_json::Value;
 
 #[test]
 fn the_broken_strategies_fail_every_time_and_the_cures_never_oversell() {
-    let out = Command::new(env!("CARGO_BIN_EXE_seckill"))
+    let out = Command::new(env!("CARGO_BIN_EXE_seckill-tools"))
         .args(["lab", "--json", "--stock", "10", "--buyers", "40"])
         .output()
-        .expect("run seckill lab");
+        .expect("run seckill-tools lab");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     let rows: Vec<Value> = serde_json::from_str(&text).expect("JSON rows");

@@ -1,4 +1,4 @@
-//! `seckill chaos`: a private deployment under load while faults strike,
+//! `seckill-tools chaos`: a private deployment under load while faults strike,
 //! then the store checks with lost answers treated as unknown outcomes.
 //!
 //! The deployment: Redis with the append-only file synced on every write,
@@ -34,7 +34,7 @@ use seckill::auth::{Principal, Tokens};
 use crate::bench::checks::{self, Sale, Stores};
 use crate::bench::load::{self, Arrival, Plan, Progress, Record, Until};
 
-/// Options of `seckill chaos`.
+/// Options of `seckill-tools chaos`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChaosArgs {
     /// Length of the whole run (cut into one phase per fault kind).
@@ -52,6 +52,26 @@ pub struct ChaosArgs {
     /// Directory for `chaos-report.json` and the instances' logs.
     #[arg(long, default_value = "bench-report/chaos")]
     pub out: PathBuf,
+    /// The `seckill` service binary to run [default: `seckill` beside this
+    /// program, as cargo builds them].
+    #[arg(long, env = "SECKILL_BIN")]
+    pub seckill_bin: Option<PathBuf>,
+}
+
+/// The service binary: `explicit`, else `seckill` in this program's
+/// directory (cargo puts a workspace's binaries side by side).
+fn service_binary(explicit: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = explicit {
+        return Ok(path.to_owned());
+    }
+    let exe = std::env::current_exe().context("locating this program")?;
+    let beside = exe.with_file_name("seckill");
+    anyhow::ensure!(
+        beside.is_file(),
+        "no seckill binary at {} (build it: cargo build -p seckill; or pass --seckill-bin)",
+        beside.display()
+    );
+    Ok(beside)
 }
 
 /// The database a chaos run uses.
@@ -157,6 +177,8 @@ struct Deployment {
     instances: Vec<Instance>,
     secret: String,
     _sqlite_dir: Option<TempDir>,
+    /// The `seckill` binary the instances run.
+    seckill: PathBuf,
 }
 
 struct TempDir(PathBuf);
@@ -205,6 +227,7 @@ impl Deployment {
             instances: Vec::new(),
             secret: format!("chaos-{:x}-{:x}", std::process::id(), nanos),
             _sqlite_dir: sqlite_dir,
+            seckill: service_binary(args.seckill_bin.as_deref())?,
         };
         for i in 0..args.instances {
             deployment.instances.push(Instance {
@@ -225,7 +248,7 @@ impl Deployment {
     }
 
     fn spawn(&mut self, i: usize) -> anyhow::Result<()> {
-        let exe = std::env::current_exe().context("locating the seckill binary")?;
+        let exe = self.seckill.clone();
         let instance = &self.instances[i];
         let log = std::fs::OpenOptions::new()
             .create(true)

@@ -1,7 +1,9 @@
-//! `seckill bench` end to end: the real binary against live service
+//! `seckill-tools bench` end to end: the real binary against live service
 //! instances on a private Redis and a real database; its JSON report and
 //! PNG charts are read back and its counts compared with the database.
 
+// The service tests' helpers: one copy, in the service crate.
+#[path = "../../seckill/tests/support/mod.rs"]
 mod support;
 
 use std::path::Path;
@@ -20,11 +22,11 @@ async fn bench(args: &[&str]) -> Output {
     bench_command(args)
         .output()
         .await
-        .expect("run seckill bench")
+        .expect("run seckill-tools bench")
 }
 
 fn bench_command(args: &[&str]) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill-tools"));
     command
         .arg("bench")
         .args(args)
@@ -56,7 +58,7 @@ async fn bench_under_way(
     let stores = ["--database-url", database, "--out", out.to_str().unwrap()];
     let child = bench_command(&[&common[..], &stores[..], args].concat())
         .spawn()
-        .expect("run seckill bench");
+        .expect("run seckill-tools bench");
     let db = Database::connect(database).await.unwrap();
     let underway = testkit::eventually(Duration::from_secs(20), || async {
         db.order_count(1).await.unwrap_or(0) >= 10
@@ -66,7 +68,7 @@ async fn bench_under_way(
     child
 }
 
-/// `seckill bench` with `args`, checking against `redis` and `database`,
+/// `seckill-tools bench` with `args`, checking against `redis` and `database`,
 /// writing into `out`.
 async fn bench_with_stores(args: &[&str], redis: &str, database: &str, out: &Path) -> Output {
     let out = out.to_str().unwrap();
