@@ -10,7 +10,10 @@ mod demo;
 mod lab;
 
 #[derive(Parser)]
-#[command(version, about = "Demo, load tester, chaos run and oversell lab of the seckill service")]
+#[command(
+    version,
+    about = "Demo, load tester, chaos run and oversell lab of the seckill service"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -20,11 +20,15 @@ pub struct OrderView {
     state: OrderState,
 }
 
+#[tracing::instrument(name = "order_of", skip_all, fields(voucher, user))]
 pub(crate) async fn for_voucher(
     State(state): State<AppState>,
     User(user): User,
     PathId(voucher): PathId,
 ) -> Result<Json<OrderView>, ApiError> {
+    tracing::Span::current()
+        .record("voucher", voucher)
+        .record("user", user);
     let found = state.sales.order_of(voucher, user).await?;
     let (id, order_state) = found.ok_or(ApiError::NotFound("order"))?;
     Ok(Json(OrderView {
@@ -34,10 +38,12 @@ pub(crate) async fn for_voucher(
     }))
 }
 
+#[tracing::instrument(name = "my_orders", skip_all, fields(user))]
 pub(crate) async fn mine(
     State(state): State<AppState>,
     User(user): User,
 ) -> Result<Json<Vec<OrderView>>, ApiError> {
+    tracing::Span::current().record("user", user);
     let orders = state.db.orders_of(user).await?;
     Ok(Json(
         orders

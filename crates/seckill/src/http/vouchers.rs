@@ -84,10 +84,12 @@ pub(crate) async fn list(
     ))
 }
 
+#[tracing::instrument(name = "show_voucher", skip_all, fields(voucher))]
 pub(crate) async fn show(
     State(state): State<AppState>,
     PathId(id): PathId,
 ) -> Result<Json<VoucherView>, ApiError> {
+    tracing::Span::current().record("voucher", id);
     let row = state
         .db
         .voucher(id)

@@ -20,6 +20,7 @@ const SCAN_LIMIT: usize = 10_000;
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
+#[tracing::instrument(level = "debug", skip(conn, prefix))]
 pub async fn order_in_redis(
     conn: &RedisConn,
     prefix: &str,

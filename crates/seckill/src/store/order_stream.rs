@@ -217,6 +217,7 @@ impl OrderStreams {
     ///
     /// # Errors
     /// As [`OrderStreams::read_new`].
+    #[tracing::instrument(level = "debug", skip(self))]
     pub async fn reclaim(&self, voucher: i64, idle: Duration) -> Result<Vec<Delivery>> {
         let stream = self.stream(voucher);
         let idle_ms = idle.as_millis() as u64;
@@ -263,6 +264,7 @@ impl OrderStreams {
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis fails.
+    #[tracing::instrument(level = "debug", skip(self, ids), fields(entries = ids.len()))]
     pub async fn acknowledge(&self, voucher: i64, ids: &[&str]) -> Result<()> {
         if ids.is_empty() {
             return Ok(());
@@ -291,6 +293,7 @@ impl OrderStreams {
     /// # Errors
     /// [`Error::Redis`] if Redis fails; the entry then stays pending, to be
     /// dead-lettered again (at least once, never lost).
+    #[tracing::instrument(level = "debug", skip(self, delivery), fields(entry = delivery.id()))]
     pub async fn dead_letter(&self, voucher: i64, delivery: &Delivery, reason: &str) -> Result<()> {
         let keys = VoucherKeys::new(&self.prefix, voucher);
         let entry = &delivery.entry;

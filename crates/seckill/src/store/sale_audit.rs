@@ -28,6 +28,7 @@ pub struct RedisSale {
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
+#[tracing::instrument(level = "debug", skip(conn, prefix))]
 pub async fn read_sale(conn: &RedisConn, prefix: &str, voucher: i64) -> Result<RedisSale> {
     let keys = VoucherKeys::new(prefix, voucher);
     let (stock, buyers, stream): (Option<i64>, Vec<i64>, StreamRangeReply) = redis::pipe()
@@ -55,6 +56,7 @@ pub async fn read_sale(conn: &RedisConn, prefix: &str, voucher: i64) -> Result<R
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
+#[tracing::instrument(level = "debug", skip(conn, prefix, users), fields(users = users.len()))]
 pub async fn add_buyers(
     conn: &RedisConn,
     prefix: &str,
@@ -77,6 +79,7 @@ pub async fn add_buyers(
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
+#[tracing::instrument(level = "debug", skip(conn, prefix))]
 pub async fn lower_stock(
     conn: &RedisConn,
     prefix: &str,

@@ -84,7 +84,11 @@ pub fn seckill_binary() -> std::path::PathBuf {
     }
     // target/<profile>/deps/<test> → target/<profile>/seckill
     let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().and_then(|deps| deps.parent()).unwrap().join("seckill");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("seckill");
     assert!(
         path.is_file(),
         "no seckill binary at {}: build it first (cargo build -p seckill)",
