@@ -169,13 +169,23 @@ impl SaleRepair {
             // Units of lost orders may be back on sale.
             self.fast.forget_sold_out();
         }
-        tracing::warn!(
-            ?scope,
-            verified = report.verified,
-            restored = report.restored,
-            repaired = report.repaired,
-            "sale state verified against the database"
-        );
+        // Only a sale that had to be restored or repaired is worth a warning;
+        // a clean check happens at every voucher creation and start-up.
+        if report.restored + report.repaired > 0 {
+            tracing::warn!(
+                ?scope,
+                verified = report.verified,
+                restored = report.restored,
+                repaired = report.repaired,
+                "sale state restored from the database"
+            );
+        } else {
+            tracing::debug!(
+                ?scope,
+                verified = report.verified,
+                "sale state verified against the database"
+            );
+        }
         Ok(report)
     }
 
