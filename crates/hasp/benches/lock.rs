@@ -3,16 +3,16 @@
 //! Side by side in one run, each on a fresh private redis-server (TCP
 //! loopback, no persistence):
 //!
-//! * **W1 uncontended**: C = 1, 16, 64 tasks, each locking and unlocking its
+//! * **W1 uncontended**: C = 1, 16, 64, 256 tasks, each locking and unlocking its
 //!   own name for a fixed time: pairs/s. hasp (watchdog mode: reentrant,
 //!   fenced, renewed) vs rslock (`SET NX PX`, compare-and-delete script), and
 //!   redis-benchmark running hasp's own acquire and release scripts on one
 //!   connection with 64 in flight.
-//! * **W2 contended**: 32 tasks on one name, each holding it 1 ms:
-//!   acquisitions/s against the hand-off ceiling, hand-off latency (release
-//!   returns → next acquire returns), acquire-wait p99/max, tasks served,
-//!   and the most acquisitions by others during one wait (31 = strict FIFO
-//!   among 32 tasks; more = overtaken).
+//! * **W2 contended**: 8, 32 and 128 tasks on one name, each holding it
+//!   1 ms: acquisitions/s against the hand-off ceiling, hand-off latency
+//!   (release returns → next acquire returns), acquire-wait p99/max, tasks
+//!   served, and the most acquisitions by others during one wait (tasks − 1
+//!   = strict FIFO; more = overtaken).
 //! * **Redis instructions per pair** (`ri`, needs valgrind): counted by
 //!   callgrind for hasp's batch script and for rslock's commands.
 //! * **wait**: what replica acknowledgement (`Settings::set_replica_ack`)
@@ -37,8 +37,9 @@ use hdrhistogram::Histogram;
 use rslock::LockManager;
 use testkit::{Direction, FaultProxy, Mode, RedisServer};
 
-const W1_CONCURRENCY: [usize; 3] = [1, 16, 64];
-const W2_TASKS: usize = 32;
+const W1_CONCURRENCY: [usize; 4] = [1, 16, 64, 256];
+/// W2 task counts: a few waiters, the classic 32, and a crowd.
+const W2_TASKS: [usize; 3] = [8, 32, 128];
 const W2_HOLD: Duration = Duration::from_millis(1);
 
 struct Args {
@@ -170,38 +171,40 @@ async fn run(args: Args) {
         hasp_c1 = w1_hasp(&server.url(), 1, Duration::from_secs(2)).await;
     }
     if args.runs("w2") {
-        println!("\n## W2 contended: {W2_TASKS} tasks, one name, {W2_HOLD:?} hold\n");
-        println!("| lib | acq/s | ceiling | % of ceiling | hand-off p50 | hand-off p99 | wait p99 | wait max | tasks served | most served during one wait |");
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-        let server = RedisServer::start_tcp();
-        let client = Client::open(&server.url()).await.unwrap();
-        let lock = client.lock("w2").unwrap();
-        let report = w2(args.duration * 2, move || {
-            let lock = lock.clone();
-            async move {
-                let guard = lock.lock().await.unwrap();
-                move || async move { guard.unlock().await.unwrap() }
-            }
-        })
-        .await;
-        report.print("hasp", hasp_c1);
-        drop(server);
+        println!("\n## W2 contended: 8, 32 and 128 tasks, one name, {W2_HOLD:?} hold\n");
+        println!("| lib | tasks | acq/s | ceiling | % of ceiling | hand-off p50 | hand-off p99 | wait p99 | wait max | tasks served | most served during one wait |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for tasks in W2_TASKS {
+            let server = RedisServer::start_tcp();
+            let client = Client::open(&server.url()).await.unwrap();
+            let lock = client.lock("w2").unwrap();
+            let report = w2(tasks, args.duration * 2, move || {
+                let lock = lock.clone();
+                async move {
+                    let guard = lock.lock().await.unwrap();
+                    move || async move { guard.unlock().await.unwrap() }
+                }
+            })
+            .await;
+            report.print("hasp", hasp_c1);
+            drop(server);
 
-        let server = RedisServer::start_tcp();
-        let manager = LockManager::new(vec![server.url()]);
-        let report = w2(args.duration * 2, move || {
-            let manager = manager.clone();
-            async move {
-                let guard = manager
-                    .acquire("w2".as_bytes(), Duration::from_secs(10))
-                    .await
-                    .unwrap();
-                move || async move { guard.release().await }
-            }
-        })
-        .await;
-        report.print("rslock", hasp_c1);
-        drop(server);
+            let server = RedisServer::start_tcp();
+            let manager = LockManager::new(vec![server.url()]);
+            let report = w2(tasks, args.duration * 2, move || {
+                let manager = manager.clone();
+                async move {
+                    let guard = manager
+                        .acquire("w2".as_bytes(), Duration::from_secs(10))
+                        .await
+                        .unwrap();
+                    move || async move { guard.release().await }
+                }
+            })
+            .await;
+            report.print("rslock", hasp_c1);
+            drop(server);
+        }
     }
     if args.runs("wait") {
         replica_ack_cost(args.duration).await;
@@ -749,6 +752,7 @@ fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
 }
 
 struct W2Report {
+    tasks: usize,
     acquisitions: u64,
     elapsed: Duration,
     hold: Histogram<u64>,
@@ -770,20 +774,22 @@ impl W2Report {
             format!("{:.2} ms", h.value_at_quantile(q) as f64 / 1000.0)
         };
         println!(
-            "| {lib} | {rate:.0} | {ceiling:.0} | {:.0}% | {} | {} | {} | {} | {}/{W2_TASKS} | {} |",
+            "| {lib} | {} | {rate:.0} | {ceiling:.0} | {:.0}% | {} | {} | {} | {} | {}/{} | {} |",
+            self.tasks,
             100.0 * rate / ceiling,
             us(&self.handoff, 0.5),
             us(&self.handoff, 0.99),
             us(&self.wait, 0.99),
             format_args!("{:.2} ms", self.wait.max() as f64 / 1000.0),
             self.served,
+            self.tasks,
             self.overtaken_by.max()
         );
     }
 }
 
 /// Runs W2 with any lock: `acquire` returns once held and yields a release.
-async fn w2<A, AF, R, RF>(duration: Duration, acquire: A) -> W2Report
+async fn w2<A, AF, R, RF>(tasks: usize, duration: Duration, acquire: A) -> W2Report
 where
     A: Fn() -> AF + Clone + Send + 'static,
     AF: std::future::Future<Output = R> + Send,
@@ -802,7 +808,7 @@ where
         Histogram::<u64>::new(3).unwrap(),
     )));
     let deadline = base + duration;
-    let tasks: Vec<_> = (0..W2_TASKS)
+    let workers: Vec<_> = (0..tasks)
         .map(|_| {
             let acquire = acquire.clone();
             let last_release = last_release.clone();
@@ -858,7 +864,7 @@ where
         .collect();
     let mut acquisitions = 0;
     let mut served = 0;
-    for t in tasks {
+    for t in workers {
         let n = t.await.unwrap();
         acquisitions += n;
         served += usize::from(n > 0);
@@ -866,6 +872,7 @@ where
     let elapsed = base.elapsed();
     let (hold, handoff, wait) = Arc::try_unwrap(histograms).unwrap().into_inner().unwrap();
     W2Report {
+        tasks,
         acquisitions,
         elapsed,
         hold,

@@ -13,6 +13,11 @@ pub const MAX_LEASE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// The most renewals one script call carries (one batch of the batcher).
 const MAX_RENEW_BATCH: usize = 100;
 
+/// Connections a client spreads its lock operations over by default.
+const DEFAULT_LANES: usize = 4;
+/// The most lanes a client may have.
+const MAX_LANES: usize = 64;
+
 /// How a [`Client`](crate::Client) behaves. Build with [`Settings::default`]
 /// and the `set_*` methods; every value is checked by
 /// [`Client::open_with`](crate::Client::open_with) before any connection.
@@ -21,6 +26,7 @@ pub struct Settings {
     pub(crate) prefix: String,
     pub(crate) watchdog_timeout: Duration,
     pub(crate) renew_batch: usize,
+    pub(crate) lanes: usize,
     pub(crate) max_name_len: usize,
     pub(crate) max_lease: Duration,
     pub(crate) response_timeout: Duration,
@@ -44,6 +50,7 @@ impl Default for Settings {
             prefix: "hasp".to_owned(),
             watchdog_timeout: Duration::from_secs(30),
             renew_batch: 100,
+            lanes: DEFAULT_LANES,
             max_name_len: 1024,
             max_lease: Duration::from_secs(7 * 24 * 3600),
             response_timeout: Duration::from_secs(5),
@@ -73,6 +80,19 @@ impl Settings {
     /// calls of the client's other lock operations.
     pub fn set_renew_batch(mut self, batch: usize) -> Self {
         self.renew_batch = batch;
+        self
+    }
+
+    /// Connections (lanes) the client spreads its lock operations over, by
+    /// lock name: default 4, at most 64; a Redis Cluster client uses one
+    /// per node whatever this says. Every operation on one lock takes the
+    /// same lane, so each lock's operations stay in order. Each lane batches
+    /// its locks' operations into one script call per round trip; several
+    /// lanes keep Redis busy while the client handles replies (at 16 tasks
+    /// on one server, 4 lanes gave 1.3x the pairs/s of 1). A client that
+    /// holds few locks at once, or must use one connection, can set 1.
+    pub fn set_lanes(mut self, lanes: usize) -> Self {
+        self.lanes = lanes;
         self
     }
 
@@ -150,6 +170,12 @@ impl Settings {
             return Err(Error::invalid(
                 "renew_batch",
                 format!("{} is not in 1..={MAX_RENEW_BATCH}", self.renew_batch),
+            ));
+        }
+        if !(1..=MAX_LANES).contains(&self.lanes) {
+            return Err(Error::invalid(
+                "lanes",
+                format!("{} is not in 1..={MAX_LANES}", self.lanes),
             ));
         }
         if self.max_name_len == 0 {

@@ -60,7 +60,7 @@ mod waiters;
 mod watchdog;
 pub(crate) mod wire;
 
-use batcher::{Batcher, CallStats, Queue, Target};
+use batcher::{Batcher, CallStats, Connecting, Queue, Target};
 use commands::Commands;
 use endpoint::Endpoint;
 use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
@@ -119,7 +119,9 @@ impl Core {
         let endpoint = Endpoint::direct(redis);
         let target = Target::Server(endpoint.clone());
         let pubsub = pubsub::Target::Server(endpoint);
-        Self::start(server, target, pubsub, commands, settings)
+        let (core, lanes) = Self::start(server, target, pubsub, commands, settings)?;
+        lanes.wait().await;
+        Ok(core)
     }
 
     /// Connects to the Redis Cluster that `seeds` belong to.
@@ -151,7 +153,9 @@ impl Core {
         let server: Arc<str> = format!("cluster:{}", seeds[0]).into();
         let target = Target::Cluster(conn.clone());
         let pubsub = pubsub::Target::Cluster(conn, push_rx);
-        Self::start(server, target, pubsub, commands, settings)
+        let (core, lanes) = Self::start(server, target, pubsub, commands, settings)?;
+        lanes.wait().await;
+        Ok(core)
     }
 
     /// Connects to the current master of `service`, as the sentinels at
@@ -180,17 +184,20 @@ impl Core {
         let target = Target::Server(endpoint.clone());
         let pubsub = pubsub::Target::Server(endpoint);
         let server = format!("sentinel:{service}").into();
-        Self::start(server, target, pubsub, commands, settings)
+        let (core, lanes) = Self::start(server, target, pubsub, commands, settings)?;
+        lanes.wait().await;
+        Ok(core)
     }
 
-    /// Starts the background tasks on the current tokio runtime.
+    /// Starts the background tasks on the current tokio runtime; the lanes
+    /// of the batcher are still connecting.
     fn start(
         server: Arc<str>,
         target: Target,
         pubsub: pubsub::Target,
         commands: Commands,
         settings: Settings,
-    ) -> Result<Arc<Self>> {
+    ) -> Result<(Arc<Self>, Connecting)> {
         let watchdog_lease_ms = lease_millis(settings.watchdog_timeout)
             .ok_or_else(|| Error::invalid("watchdog_timeout", "too large"))?;
 
@@ -198,7 +205,7 @@ impl Core {
         let runtime = tokio::runtime::Handle::current();
         let recheck = Arc::new(Notify::new());
         let calls = Arc::new(CallStats::default());
-        let queue = Batcher::start(
+        let (queue, lanes) = Batcher::start(
             target,
             id.clone(),
             &settings,
@@ -225,7 +232,7 @@ impl Core {
             shutdown: shutdown_rx,
         };
         runtime.spawn(watchdog.run());
-        Ok(Arc::new(Self {
+        let core = Arc::new(Self {
             id,
             server,
             settings,
@@ -236,7 +243,8 @@ impl Core {
             holds,
             calls,
             _shutdown: shutdown,
-        }))
+        });
+        Ok((core, lanes))
     }
 
     pub(crate) fn id(&self) -> &Arc<str> {

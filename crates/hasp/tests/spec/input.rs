@@ -43,6 +43,8 @@ async fn bad_arguments_are_rejected_before_any_redis_call() {
             "watchdog_timeout",
         ),
         (Settings::default().set_renew_batch(0), "renew_batch"),
+        (Settings::default().set_lanes(0), "lanes"),
+        (Settings::default().set_lanes(65), "lanes"),
         (
             Settings::default().set_max_lease(Duration::MAX),
             "max_lease",

@@ -87,6 +87,10 @@ async fn a_dead_holders_lock_frees_within_one_watchdog_timeout() {
     guard.unlock().await.unwrap();
 }
 
+/// Spec lock 17: 10,000 held locks cost about 10,000 / 100 renewal calls
+/// per period. The client's lanes (4 by default) each renew their own
+/// locks, in calls of at most 100: a round is 100 calls per node, plus at
+/// most one part-filled call per lane but the first.
 #[tokio::test]
 async fn ten_thousand_locks_cost_one_script_call_per_hundred_per_period() {
     let ctx = Ctx::new();
@@ -124,21 +128,26 @@ async fn ten_thousand_locks_cost_one_script_call_per_hundred_per_period() {
     .await;
     assert!(three_rounds, "renewal rounds are missing");
     let elapsed = acquired_at.elapsed();
-    let client_calls = client.stats().renew_calls;
+    // The lanes' last calls of the round may still be on the wire: compare
+    // once the server has caught up with the client's count.
     let server_agrees = testkit::eventually(Duration::from_secs(2), || {
-        let expected = server_start + client_calls;
-        let ctx = &ctx;
-        async move { ctx.evalsha_calls().await == expected }
+        let (ctx, client) = (&ctx, &client);
+        async move {
+            let expected = server_start + client.stats().renew_calls;
+            ctx.evalsha_calls().await == expected
+        }
     })
     .await;
+    let client_calls = client.stats().renew_calls;
     assert!(
         server_agrees,
         "the server saw script calls the client did not count"
     );
-    assert_eq!(
-        client_calls,
-        300 * nodes,
-        "100 calls per node and round of 10,000 locks"
+    // Read just after the 300th call, so within the third round.
+    let extra = if on_cluster() { 0 } else { 3 * 3 };
+    assert!(
+        (300 * nodes..=300 * nodes + extra).contains(&client_calls),
+        "{client_calls} calls in three rounds of 10,000 locks: 100 per node and round"
     );
     // Rounds come once per period (1 s), not faster.
     assert!(elapsed >= Duration::from_millis(1900), "{elapsed:?}");
