@@ -9,11 +9,13 @@ use crate::lock::Lock;
 
 /// A handle on one Redis server, shared by every lock made from it.
 ///
-/// A client owns three connections, each reconnected when it breaks: one
-/// multiplexed for read-only commands (pipelined by all tasks), one for
-/// every change to its locks (acquire, release, renewal), driven by the task
-/// that batches the operations pending at the same moment into one script
-/// call, and one pub/sub connection for release notifications, kept open so
+/// A client owns these connections, each reconnected when it breaks: one
+/// multiplexed for read-only commands (pipelined by all tasks); one per
+/// lane (4 by default, [`Settings::set_lanes`]) for every change to its
+/// locks (acquire, release, renewal), each driven by a task that batches the
+/// operations pending at the same moment into one script call (a lock's
+/// operations always take the same lane); and one pub/sub connection for
+/// release notifications, kept open so
 /// that a Redis that went away and came back is noticed (every hold is then
 /// checked at once); and one watchdog task that renews the leases of every
 /// lock it holds in watchdog mode. Clone it freely: clones share all of
