@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use seckill::auth::{Principal, Tokens};
+use seckill::auth::Tokens;
 use seckill::db::Database;
 use serde_json::Value;
 use testkit::RedisServer;
@@ -43,12 +43,8 @@ async fn a_killed_service_loses_and_doubles_no_accepted_order() {
                     if user > STOCK {
                         return accepted;
                     }
-                    let r: Value = http
-                        .post(format!("{base}/api/vouchers/{voucher}/seckill"))
-                        .bearer_auth(tokens.mint(Principal::User(user), Duration::from_secs(600)))
-                        .send()
+                    let r: Value = support::purchase(&http, &base, &tokens, voucher, user)
                         .await
-                        .unwrap()
                         .json()
                         .await
                         .unwrap();

@@ -160,12 +160,7 @@ async fn an_idle_instance_with_a_thousand_ended_sales_barely_touches_redis() {
         .map(|(voucher, user)| {
             let (http, base, tokens) = (http.clone(), base.clone(), tokens.clone());
             async move {
-                let r = http
-                    .post(format!("{base}/api/vouchers/{voucher}/seckill"))
-                    .bearer_auth(tokens.mint(Principal::User(user), Duration::from_secs(60)))
-                    .send()
-                    .await
-                    .unwrap();
+                let r = support::purchase(&http, &base, &tokens, voucher, user).await;
                 let ok = r.status().is_success();
                 let body: Value = r.json().await.unwrap();
                 ok.then(|| {

@@ -9,6 +9,22 @@ use seckill::auth::{Principal, Tokens};
 use seckill::settings::Settings;
 use serde_json::{json, Value};
 
+/// One purchase of `voucher` by `user` at the instance `base`, with a
+/// fresh token: the answer as it came (status and body unread).
+pub async fn purchase(
+    http: &reqwest::Client,
+    base: &str,
+    tokens: &Tokens,
+    voucher: i64,
+    user: i64,
+) -> reqwest::Response {
+    http.post(format!("{base}/api/vouchers/{voucher}/seckill"))
+        .bearer_auth(tokens.mint(Principal::User(user), Duration::from_secs(600)))
+        .send()
+        .await
+        .expect("the instance answers")
+}
+
 /// Settings of an in-process test instance: the defaults, listening on any
 /// free port of 127.0.0.1, with no rate limits (every simulated user comes
 /// from 127.0.0.1, and tests buy faster than a person).
