@@ -1,4 +1,4 @@
-//! `cargo bench -p hasp --bench lock [-- --duration SECS]`
+//! `cargo bench -p hasp --bench lock [-- --duration SECS] [--repeat N]`
 //!
 //! Side by side in one run, each on a fresh private redis-server (TCP
 //! loopback, no persistence):
@@ -48,6 +48,9 @@ struct Args {
     only: Vec<String>,
     /// W1 concurrency levels to run; empty = all of [`W1_CONCURRENCY`].
     levels: Vec<usize>,
+    /// W1 rounds over all levels; more than one adds a min–max summary
+    /// (on a 2-core VM one run is not enough to call a ratio near 1).
+    repeat: usize,
 }
 
 impl Args {
@@ -60,6 +63,7 @@ fn parse_args() -> Args {
     let mut duration = Duration::from_secs(5);
     let mut only = Vec::new();
     let mut levels = Vec::new();
+    let mut repeat = 1;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--duration" {
@@ -85,12 +89,20 @@ fn parse_args() -> Args {
                     .map(|c| c.parse::<usize>().expect("--c takes numbers")),
             );
         }
+        if a == "--repeat" {
+            repeat = args
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|&n| n >= 1)
+                .expect("--repeat N (N >= 1)");
+        }
         // cargo bench passes `--bench`; ignore anything else.
     }
     Args {
         duration,
         only,
         levels,
+        repeat,
     }
 }
 
@@ -121,7 +133,10 @@ async fn run(args: Args) {
         } else {
             args.levels.clone()
         };
-        for c in levels {
+        // Per level: the hasp / rslock ratio of each round.
+        let mut ratios: Vec<(usize, Vec<f64>)> = levels.iter().map(|&c| (c, Vec::new())).collect();
+        for i in (0..args.repeat).flat_map(|_| 0..levels.len()) {
+            let c = levels[i];
             let server = RedisServer::start_tcp();
             let (cpu, me) = (server_cpu(&server), process_cpu("self"));
             let h = w1_hasp(&server.url(), c, args.duration).await;
@@ -137,10 +152,19 @@ async fn run(args: Args) {
             if c == 1 {
                 hasp_c1 = h;
             }
+            ratios[i].1.push(h / r);
             println!(
                 "| {c} | {h:.0} | {r:.0} | {:.2} | {h_cpu:.1} | {r_cpu:.1} | {h_me:.1} | {r_me:.1} |",
                 h / r
             );
+        }
+        if args.repeat > 1 {
+            println!("\nhasp / rslock over {} rounds:", args.repeat);
+            for (c, ratios) in &ratios {
+                let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+                let max = ratios.iter().copied().fold(0.0, f64::max);
+                println!("- C = {c}: {min:.2}–{max:.2}");
+            }
         }
     }
     if args.runs("rb") {
