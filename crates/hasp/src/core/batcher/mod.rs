@@ -31,7 +31,9 @@
 //! runs them while the client waits, the replies wake the tasks together,
 //! and the client works while Redis waits. Lanes fall out of step with
 //! each other, so Redis and the client both stay busy (measured at 16
-//! tasks: one lane 57,000 pairs/s, four 75,000–81,000; `benches/README.md`).
+//! tasks: one lane 57,000 pairs/s; four lanes 69,000–85,000 in six runs of
+//! seven, 57,000 in the seventh, where they fell back into step;
+//! `benches/README.md`).
 //!
 //! **Lost replies.** When a call fails after it may have reached Redis
 //! (connection dropped, time-out), its callers get the error, and each of
@@ -212,7 +214,7 @@ pub(crate) struct Batcher;
 impl Batcher {
     /// Starts the batching tasks, one per lane (`settings.lanes`; one for a
     /// cluster), each with a connection of its own to the server `target`
-    /// names (made on first use), with `settings`' timeouts, renewals per
+    /// names, with `settings`' timeouts, renewals per
     /// call and replica acknowledgement. `reconnected` is notified when a
     /// connection is made again after it broke. The lanes start connecting
     /// at once; [`Connecting::wait`] waits for them.
