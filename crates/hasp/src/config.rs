@@ -84,8 +84,8 @@ impl Settings {
     }
 
     /// Connections (lanes) the client spreads its lock operations over, by
-    /// lock name: default 4, at most 64; a Redis Cluster client uses one
-    /// per node whatever this says. Every operation on one lock takes the
+    /// lock name: default 4, at most 64; a Redis Cluster client always has
+    /// one (its calls already go out per node). Every operation on one lock takes the
     /// same lane, so each lock's operations stay in order. Each lane batches
     /// its locks' operations into one script call per round trip; several
     /// lanes keep Redis busy while the client handles replies (at 16 tasks

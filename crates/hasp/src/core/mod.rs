@@ -60,7 +60,7 @@ mod waiters;
 mod watchdog;
 pub(crate) mod wire;
 
-use batcher::{Batcher, CallStats, Connecting, Queue, Target};
+use batcher::{Batcher, CallStats, Queue, Target};
 use commands::Commands;
 use endpoint::Endpoint;
 use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
@@ -119,9 +119,7 @@ impl Core {
         let endpoint = Endpoint::direct(redis);
         let target = Target::Server(endpoint.clone());
         let pubsub = pubsub::Target::Server(endpoint);
-        let (core, lanes) = Self::start(server, target, pubsub, commands, settings)?;
-        lanes.wait().await;
-        Ok(core)
+        Self::start(server, target, pubsub, commands, settings).await
     }
 
     /// Connects to the Redis Cluster that `seeds` belong to.
@@ -153,9 +151,7 @@ impl Core {
         let server: Arc<str> = format!("cluster:{}", seeds[0]).into();
         let target = Target::Cluster(conn.clone());
         let pubsub = pubsub::Target::Cluster(conn, push_rx);
-        let (core, lanes) = Self::start(server, target, pubsub, commands, settings)?;
-        lanes.wait().await;
-        Ok(core)
+        Self::start(server, target, pubsub, commands, settings).await
     }
 
     /// Connects to the current master of `service`, as the sentinels at
@@ -184,20 +180,18 @@ impl Core {
         let target = Target::Server(endpoint.clone());
         let pubsub = pubsub::Target::Server(endpoint);
         let server = format!("sentinel:{service}").into();
-        let (core, lanes) = Self::start(server, target, pubsub, commands, settings)?;
-        lanes.wait().await;
-        Ok(core)
+        Self::start(server, target, pubsub, commands, settings).await
     }
 
-    /// Starts the background tasks on the current tokio runtime; the lanes
-    /// of the batcher are still connecting.
-    fn start(
+    /// Starts the background tasks on the current tokio runtime and waits
+    /// until the batcher's lanes have connected (or failed to).
+    async fn start(
         server: Arc<str>,
         target: Target,
         pubsub: pubsub::Target,
         commands: Commands,
         settings: Settings,
-    ) -> Result<(Arc<Self>, Connecting)> {
+    ) -> Result<Arc<Self>> {
         let watchdog_lease_ms = lease_millis(settings.watchdog_timeout)
             .ok_or_else(|| Error::invalid("watchdog_timeout", "too large"))?;
 
@@ -244,7 +238,8 @@ impl Core {
             calls,
             _shutdown: shutdown,
         });
-        Ok((core, lanes))
+        lanes.wait().await;
+        Ok(core)
     }
 
     pub(crate) fn id(&self) -> &Arc<str> {
