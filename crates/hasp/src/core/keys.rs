@@ -8,6 +8,16 @@
 //! | `P:{E}:fence`              | string  | last fencing token issued for `N`, which is the holder's while the lock is held (no TTL) |
 //! | `P:{E}:released` (channel) | pub/sub | a release message, payload = releasing client id or `*` |
 //!
+//! A semaphore named `N` lives beside a lock of that name, in the same slot:
+//!
+//! | key / channel                  | type    | content                                |
+//! |--------------------------------|---------|----------------------------------------|
+//! | `P:{E}:sem`                    | hash    | `:cap` → capacity; `:held` → permits held; `<owner id>` → its permits; `:n:<owner id>` → nonce of the last operation that changed them |
+//! | `P:{E}:sem:leases`             | zset    | owner id → end of its lease (server ms) |
+//! | `P:{E}:sem:queue`              | zset    | `<k>\|<waiter id>` → order of arrival |
+//! | `P:{E}:sem:due`                | zset    | `<k>\|<waiter id>` → end of the waiter's place (server ms) |
+//! | `P:{E}:sem:released` (channel) | pub/sub | `>` and the ids of the waiters whose permits are free |
+//!
 //! `E` is `N` with `%`, `{` and `}` percent-encoded (`%25`, `%7B`, `%7D`).
 //! The encoding is injective, so distinct names never share keys, and `E`
 //! contains no brace, so `{E}` is the Redis Cluster hash tag of all three:
@@ -27,13 +37,27 @@ pub(crate) struct LockKeys {
     pub(crate) shard: usize,
     /// The Redis Cluster slot of every key of the lock (that of `{E}`).
     pub(crate) slot: u16,
+    /// The other keys of a kind that has more than one (a semaphore's
+    /// leases, queue and due); empty for a lock.
+    pub(crate) extra: Box<[String]>,
 }
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
         let tag = encode_name(name);
-        let lock = format!("{prefix}:{{{tag}}}");
+        Self::with_base(format!("{prefix}:{{{tag}}}"), name, &tag, &[])
+    }
+
+    /// The keys of the semaphore called `name`.
+    pub(crate) fn semaphore(prefix: &str, name: &str) -> Self {
+        let tag = encode_name(name);
+        let base = format!("{prefix}:{{{tag}}}:sem");
+        Self::with_base(base, name, &tag, &["leases", "queue", "due"])
+    }
+
+    fn with_base(lock: String, name: &str, tag: &str, extra: &[&str]) -> Self {
         Self {
+            extra: extra.iter().map(|e| format!("{lock}:{e}")).collect(),
             name: name.into(),
             fence: format!("{lock}:fence"),
             channel: format!("{lock}:released").into(),

@@ -1,4 +1,4 @@
-//! The Lua script, built (and hashed) once per process.
+//! The batch script, built (and hashed) once per process.
 //!
 //! Calls send `EVALSHA` and, when the server answers `NOSCRIPT` (restarted,
 //! or `SCRIPT FLUSH`), load the script and retry once, so locking and
@@ -13,8 +13,14 @@ use redis::{Cmd, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
 use crate::config::ReplicaAck;
 
-/// `batch.lua`: every change hasp makes to its locks (see `wire`).
-pub(crate) const BATCH_SOURCE: &str = include_str!("scripts/batch.lua");
+/// The batch script: every change hasp makes to its objects (see `wire`),
+/// one file per kind between the prelude and the dispatch loop.
+pub(crate) const BATCH_SOURCE: &str = concat!(
+    include_str!("scripts/prelude.lua"),
+    include_str!("scripts/lock.lua"),
+    include_str!("scripts/permits.lua"),
+    include_str!("scripts/dispatch.lua"),
+);
 
 pub(crate) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
 

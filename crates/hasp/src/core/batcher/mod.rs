@@ -137,44 +137,31 @@ impl Request {
             (self.done)(Err(broken()));
             return (settle, None);
         }
-        let op = match self.op {
-            Op::Acquire {
-                keys,
-                owner,
-                lease_ms,
-                flag_waiting,
-                ..
-            } => Op::Acquire {
-                keys,
-                owner,
-                lease_ms,
-                flag_waiting,
-                nonce: nonces.next(),
-            },
-            Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } => {
-                // A release's settlement ends with the release it redoes.
-                let Some(carrier) = settle.pop() else {
-                    (self.done)(Err(broken()));
-                    return (settle, None);
-                };
-                let done = self.done;
-                let retry = Request {
-                    redirects: 0,
-                    op: carrier,
-                    // Nothing to redo: the release was applied, or the hold
-                    // is gone; either way it is released.
-                    done: Box::new(move |reply| {
-                        done(reply.map(|r| match r {
-                            Reply::NotHeld => Reply::Released,
-                            other => other,
-                        }))
-                    }),
-                    retried: true,
-                };
-                return (settle, Some(retry));
-            }
-            op => op,
-        };
+        if self.op.is_release() {
+            // A release's settlement ends with the release it redoes.
+            let Some(carrier) = settle.pop() else {
+                (self.done)(Err(broken()));
+                return (settle, None);
+            };
+            let done = self.done;
+            let retry = Request {
+                redirects: 0,
+                op: carrier,
+                // Nothing to redo: the release was applied, or the hold
+                // is gone; either way it is released.
+                done: Box::new(move |reply| {
+                    done(reply.map(|r| match r {
+                        Reply::NotHeld => Reply::Released,
+                        other => other,
+                    }))
+                }),
+                retried: true,
+            };
+            return (settle, Some(retry));
+        }
+        // An acquisition goes again under a new nonce (its settlement
+        // undoes the first by the old one).
+        let op = self.op.renonced(nonces.next()).unwrap_or(self.op);
         let retry = Request {
             op,
             done: self.done,
@@ -321,21 +308,19 @@ impl Queue {
     }
 
     /// Queues `op` and returns its reply. The operation runs whether or not
-    /// the receiver is kept; if it is gone when an [`Reply::Acquired`]
-    /// arrives, that hold is released again (the caller left).
+    /// the receiver is kept; if it is gone when a reply that grants
+    /// something arrives (a hold, permits), that is given back again (the
+    /// caller left).
     pub(crate) fn call(&self, op: Op) -> oneshot::Receiver<Result<Reply, Error>> {
         let (tx, rx) = oneshot::channel();
-        let undo = match &op {
-            Op::Acquire { keys, owner, .. } => Some((keys.clone(), owner.clone())),
-            _ => None,
-        };
+        let undo = op.give_back(self.nonce());
         let queue = self.clone();
         self.send(
             op,
             Box::new(move |reply| {
-                if let Err(Ok(Reply::Acquired { .. })) = tx.send(reply) {
-                    if let Some((keys, owner)) = undo {
-                        queue.release_one(keys, owner);
+                if let Err(Ok(reply)) = tx.send(reply) {
+                    if let Some(undo) = undo.filter(|_| reply.grants()) {
+                        queue.detach(undo);
                     }
                 }
             }),
@@ -645,7 +630,7 @@ fn answered(
         }
         if let Some((acked, wanted)) = short {
             if request.op.needs_replicas() && reply.is_ok() {
-                if matches!(reply, Ok(Reply::Acquired { .. })) {
+                if reply.as_ref().is_ok_and(Reply::grants) {
                     unsettled.extend(request.op.settlement().into_iter().take(1));
                 }
                 reply = Err(Error::NotReplicated { acked, wanted });

@@ -1,10 +1,11 @@
-//! The batch call's wire format: the one place that knows how `batch.lua`
-//! lays out its operations and what it answers.
+//! The batch call's wire format: the one place that knows how the batch
+//! script lays out its operations and what it answers.
 //!
-//! An [`Op`] is one operation on one lock; [`encode`] turns a batch of them
-//! into one `EVALSHA`, and [`Op::decode`] reads that operation's slot of the
-//! reply as a typed [`Reply`]. Every opcode, argument order and reply code of
-//! the script is written here and in the script's header, nowhere else.
+//! An [`Op`] is one operation on one object (a lock's here, a semaphore's in
+//! `permits`); [`encode`] turns a batch of them into one `EVALSHA`, and
+//! [`Op::decode`] reads that operation's slot of the reply as a typed
+//! [`Reply`]. Every opcode, argument order and reply code of the script is
+//! written here and in the scripts' headers, nowhere else.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,8 +15,11 @@ use redis::{Cmd, Script, Value};
 
 use super::keys::LockKeys;
 use super::scripts::{self, BATCH};
+use permits::PermitOp;
 use crate::error::Error;
 use crate::owner::Owner;
+
+pub(crate) mod permits;
 
 /// Identifies one operation, so that the client can tell afterwards whether
 /// a call whose reply was lost applied it (see `batch.lua`, "nonce").
@@ -87,6 +91,8 @@ pub(crate) enum Op {
     },
     /// Free the lock whoever holds it.
     Force { keys: Arc<LockKeys> },
+    /// An operation on a semaphore.
+    Permits(PermitOp),
 }
 
 /// What Redis answered for one operation.
@@ -108,6 +114,18 @@ pub(crate) enum Reply {
     Extended,
     /// Force: whether there was a lock to free.
     Forced(bool),
+    /// Semaphore acquire: the permits were taken.
+    Granted,
+    /// What a semaphore's query or capacity change answered (see
+    /// `permits.lua`).
+    Value(i64),
+}
+
+impl Reply {
+    /// Whether this reply gives its receiver something to give back.
+    pub(crate) fn grants(&self) -> bool {
+        matches!(self, Reply::Acquired { .. } | Reply::Granted)
+    }
 }
 
 impl Op {
@@ -120,18 +138,25 @@ impl Op {
             | Op::Undo { keys, .. }
             | Op::Settle { keys, .. }
             | Op::Force { keys } => keys,
+            Op::Permits(op) => op.keys(),
         }
     }
 
     /// How much of a call this operation fills: one lock each, except that
     /// a renewal round sends many extends.
     pub(crate) fn is_extend(&self) -> bool {
-        matches!(self, Op::Extend { .. })
+        match self {
+            Op::Permits(op) => op.is_extend(),
+            op => matches!(op, Op::Extend { .. }),
+        }
     }
 
     /// Whether, with replica acknowledgement on, this operation counts only
     /// once replicas confirmed it: what gives or extends a hold.
     pub(crate) fn needs_replicas(&self) -> bool {
+        if let Op::Permits(op) = self {
+            return op.needs_replicas();
+        }
         matches!(
             self,
             Op::Acquire { .. }
@@ -191,6 +216,57 @@ impl Op {
             ],
             Op::Undo { .. } | Op::Settle { .. } => vec![self.clone()],
             Op::Extend { .. } | Op::Force { .. } => Vec::new(),
+            Op::Permits(op) => op.settlement(),
+        }
+    }
+
+    /// The same acquisition with a new nonce, to send again after a broken
+    /// call; `None` if this is not an acquisition.
+    pub(crate) fn renonced(&self, nonce: Nonce) -> Option<Op> {
+        match self {
+            Op::Acquire {
+                keys,
+                owner,
+                lease_ms,
+                flag_waiting,
+                ..
+            } => Some(Op::Acquire {
+                keys: keys.clone(),
+                owner: owner.clone(),
+                lease_ms: *lease_ms,
+                flag_waiting: *flag_waiting,
+                nonce,
+            }),
+            Op::Permits(op) => op.renonced(nonce),
+            _ => None,
+        }
+    }
+
+    /// Whether this is a release (or its settlement), which a broken call
+    /// completes by sending its settlement.
+    pub(crate) fn is_release(&self) -> bool {
+        match self {
+            Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } => true,
+            Op::Permits(op) => matches!(
+                op,
+                PermitOp::Release { .. } | PermitOp::Settle { .. }
+            ),
+            _ => false,
+        }
+    }
+
+    /// What gives back what this operation granted, when its reply finds
+    /// the receiver gone (`nonce` for the release).
+    pub(crate) fn give_back(&self, nonce: Nonce) -> Option<Op> {
+        match self {
+            Op::Acquire { keys, owner, .. } => Some(Op::Release {
+                keys: keys.clone(),
+                owner: owner.clone(),
+                holds: 1,
+                nonce,
+            }),
+            Op::Permits(op) => op.give_back(nonce),
+            _ => None,
         }
     }
 
@@ -204,6 +280,7 @@ impl Op {
                 self.settlement()
             }
             Op::Acquire { .. } | Op::Extend { .. } | Op::Force { .. } => Vec::new(),
+            Op::Permits(op) => op.unfinished(),
         }
     }
 
@@ -222,10 +299,14 @@ impl Op {
                 (1, 3, lock + owner.id().len() + 24)
             }
             Op::Force { .. } => (1, 1, lock + 4),
+            Op::Permits(op) => op.size(),
         }
     }
 
     fn write_keys(&self, cmd: &mut Cmd) {
+        if let Op::Permits(op) = self {
+            return op.write_keys(cmd);
+        }
         let keys = self.keys();
         cmd.arg(&*keys.lock);
         if matches!(self, Op::Acquire { .. } | Op::HandOff { .. }) {
@@ -287,6 +368,7 @@ impl Op {
             Op::Force { .. } => {
                 cmd.arg("f");
             }
+            Op::Permits(op) => op.write_args(cmd),
         }
     }
 
@@ -352,6 +434,7 @@ impl Op {
                 _ => Reply::NotHeld,
             },
             Op::Force { .. } => Reply::Forced(code == 1),
+            Op::Permits(op) => op.decode(code).ok_or_else(|| self.unexpected(value))?,
         };
         Ok(reply)
     }

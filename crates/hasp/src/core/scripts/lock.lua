@@ -1,13 +1,4 @@
--- Every change hasp makes to its locks, many per call. The client batches
--- the operations its tasks have pending at the same moment; each operation
--- is applied in order and on its own, exactly as if it had been sent alone:
--- one that fails (a key of the wrong type) answers its error in its own
--- slot and changes nothing, and its neighbours carry on.
---
--- ARGV[1] is the client's id: the payload of the release messages it
--- publishes (it ignores its own: it wakes its local waiters directly) and
--- the flag it leaves on a lock its tasks wait for. Then come the
--- operations, each taking the next keys and arguments, its opcode first:
+-- Locks: a reentrant lock per name, with fencing tokens.
 --
 --   op  KEYS          ARGV
 --   a   lock, fence   a, owner, lease, nonce        acquire
@@ -61,8 +52,7 @@
 -- the failover took 100 ms or more (Sentinel and Cluster take seconds) —
 -- provided the server's clock is not stepped back.
 --
--- Returns an array with one element per operation: a string 'failed: <the
--- error>' for an operation that failed, else an integer:
+-- Each operation answers an integer:
 --   a, w  token >= 1   acquired: a free lock gets a fresh token; a hold of
 --                      the owner (through another client) is re-entered and
 --                      keeps its token, the counter's value
@@ -79,34 +69,16 @@
 --   e     1 renewed (or held), 0 not held by owner (nothing changed)
 --   u     as r
 --   f     1 a lock was freed, 0 there was none
-local call = redis.call
--- Where the keys are: in KEYS; or, in a call to one Redis Cluster node that
--- spans several of its slots (declared keys must share one slot), among the
--- arguments: ARGV = '#k', n, <n keys>, client id, operations. Every key of
--- one operation still shares one slot.
-local K, first_key, client, first_arg
-if ARGV[1] == '#k' then
-  local n = tonumber(ARGV[2])
-  K, first_key, client, first_arg = ARGV, 3, ARGV[3 + n], 4 + n
-else
-  K, first_key, client, first_arg = KEYS, 1, ARGV[1], 2
-end
 
--- Fresh tokens (see "Tokens" above). The server's clock is read once per
--- call (Redis freezes time while a script runs). The common case is one
+-- Fresh tokens (see "Tokens" above). The common case is one
 -- INCR: the counter is written again only when it is missing (its data was
 -- lost: seeded with the exact microseconds) or behind the clock's 100 ms
 -- floor (a replica that missed the last increments: at most once per 100
 -- ms per name).
-local now_us, floor_us
 local function next_token(fence)
-  if not now_us then
-    local now = call('time')
-    now_us = now[1] * 1000000 + now[2]
-    floor_us = now_us - now_us % 100000
-  end
+  local now = clock_us()
   local token = call('incr', fence)
-  local least = token == 1 and now_us or floor_us
+  local least = token == 1 and now or now - now % 100000
   if token < least then
     token = least
     call('set', fence, string.format('%d', token))
@@ -229,44 +201,27 @@ local function force(lock)
   return 1
 end
 
-local results = {}
-local key, arg = first_key, first_arg
-while arg <= #ARGV do
-  local op, lock = ARGV[arg], K[key]
-  local ok, result
-  if op == 'a' or op == 'w' then
-    ok, result = pcall(acquire, lock, K[key + 1], ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3], op == 'w')
-    key, arg = key + 2, arg + 4
-  elseif op == 'r' then
-    ok, result = pcall(release, lock, ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3])
-    key, arg = key + 1, arg + 4
-  elseif op == 'h' then
-    ok, result = pcall(hand_off, lock, K[key + 1], ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3],
-      ARGV[arg + 4], ARGV[arg + 5])
-    key, arg = key + 2, arg + 6
-  elseif op == 'e' then
-    ok, result = pcall(extend, lock, ARGV[arg + 1], ARGV[arg + 2])
-    key, arg = key + 1, arg + 3
-  elseif op == 'u' then
-    ok, result = pcall(undo, lock, ARGV[arg + 1], ARGV[arg + 2])
-    key, arg = key + 1, arg + 3
-  elseif op == 's' then
-    ok, result = pcall(settle, lock, ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3])
-    key, arg = key + 1, arg + 4
-  elseif op == 'f' then
-    ok, result = pcall(force, lock)
-    key, arg = key + 1, arg + 1
-  else
-    return redis.error_reply('hasp batch: unknown opcode ' .. tostring(op))
-  end
-  if not ok then
-    -- A string, not an error reply: clients turn an error anywhere in the
-    -- reply into a failure of the whole call.
-    if type(result) == 'table' then
-      result = result.err or tostring(result)
-    end
-    result = 'failed: ' .. tostring(result)
-  end
-  results[#results + 1] = result
-end
-return results
+ops.a = { 2, 4, function(k, a)
+  return acquire(K[k], K[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], false)
+end }
+ops.w = { 2, 4, function(k, a)
+  return acquire(K[k], K[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], true)
+end }
+ops.r = { 1, 4, function(k, a)
+  return release(K[k], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end }
+ops.h = { 2, 6, function(k, a)
+  return hand_off(K[k], K[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
+end }
+ops.e = { 1, 3, function(k, a)
+  return extend(K[k], ARGV[a + 1], ARGV[a + 2])
+end }
+ops.u = { 1, 3, function(k, a)
+  return undo(K[k], ARGV[a + 1], ARGV[a + 2])
+end }
+ops.s = { 1, 4, function(k, a)
+  return settle(K[k], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end }
+ops.f = { 1, 1, function(k)
+  return force(K[k])
+end }

@@ -1,0 +1,337 @@
+-- Semaphores: a capacity of permits, held by owners under leases, with a
+-- queue of waiters served in order of arrival.
+--
+--   op  KEYS                     ARGV
+--   pa  sem, leases, queue, due  pa, owner, k, lease, nonce   take k permits
+--                                                             now, never queue
+--   pw  sem, leases, queue, due  pw, owner, k, lease, nonce, waiter, wttl
+--                                                             take k permits, or
+--                                                             queue as waiter (or
+--                                                             refresh its place)
+--   pr  sem, leases, queue, due  pr, owner, k, nonce          give back k permits
+--   pe  sem, leases, queue, due  pe, owner, lease             extend the owner's
+--                                                             lease ('0': check)
+--   pu  sem, leases, queue, due  pu, owner, k, nonce          undo acquisition nonce
+--   ps  sem, leases, queue, due  ps, owner, k, nonce          give back k, unless
+--                                                             release nonce was
+--                                                             applied already
+--   pq  sem, leases, queue, due  pq, <k>|<waiter>             leave the queue
+--   pv  sem, leases, queue, due  pv                           available permits
+--   pc  sem, leases, queue, due  pc, mode, n, expiry          capacity: 'try' sets
+--                                                             n if none is set
+--                                                             (and the expiry, ms,
+--                                                             if not '0'); 'set'
+--                                                             sets n; 'add' adds n
+--   pd  sem, leases, queue, due  pd, owner, lease, nonce      take every permit
+--                                                             available now
+--   pl  sem, leases, queue, due  pl, owner                    lease left
+--
+-- sem     hash: ':cap' = capacity; ':held' = permits held by live grants;
+--         <owner> = permits the owner holds; ':n:<owner>' = the nonce of the
+--         last operation that changed the owner's permits (see lock.lua's
+--         "nonce": 'pu' and 'ps' settle lost replies as 'u' and 's' do)
+-- leases  zset: owner -> the end of its lease, server milliseconds. A grant
+--         whose end has come holds nothing: every operation first removes
+--         up to 100 of them and gives their permits back
+-- queue   zset: '<k>|<waiter>' -> order of arrival; due: the same members ->
+--         the end of the waiter's place, server milliseconds. A waiter
+--         refreshes its place each time it asks; one that stops asking (its
+--         process died) is removed once its place ends, up to 100 per call
+-- waiter  an id unique per wait ('<client id>/<nonce>'), without ',' or '|'
+--
+-- Order. A waiter may take its k permits when they are free after the
+-- permits the live waiters ahead of it want: so a request for many is not
+-- starved by a stream of small ones, and a small one behind it is served
+-- first only when both fit. 'pa' and 'pd' count as arriving last.
+--
+-- Wake-ups. When permits may have become free for the head of the queue (a
+-- release, a lease that ended, a new capacity, a waiter that left), the
+-- script publishes '>' and the ids of the waiters at the head that now fit,
+-- comma-separated, on <sem>:released; each client wakes those of its own.
+--
+-- Each operation answers an integer:
+--   pa, pw  1    taken
+--           -t   not taken; the first lease ends in t ms (ask again then)
+--           0    not taken, and no lease is running
+--   pr, ps  -1   the owner does not hold k permits (nothing changed)
+--           n    permits the owner still holds (0: none, its lease is gone)
+--   pu      as pr
+--   pe      1 held (and re-armed), 0 not held
+--   pq      1 left the queue, 0 was not in it
+--   pv      capacity - permits held (negative after the capacity was lowered)
+--   pc      1 done; 0 ('try') a capacity was set already; -1 ('add') the
+--           capacity would go below zero (nothing changed)
+--   pd      permits taken (0: none)
+--   pl      ms left on the owner's lease, -1 when it holds nothing
+
+local function expire_at_last(key, at_key)
+  local last = call('zrange', at_key or key, -1, -1, 'WITHSCORES')
+  if last[2] then
+    call('pexpireat', key, last[2])
+  end
+end
+
+-- Gives back the permits of grants whose lease has ended (at most 100).
+local function purge_grants(sem, leases, now)
+  local ended = call('zrangebyscore', leases, '-inf', now, 'LIMIT', 0, 100)
+  if #ended == 0 then
+    return false
+  end
+  local freed = 0
+  for _, owner in ipairs(ended) do
+    freed = freed + (tonumber(call('hget', sem, owner)) or 0)
+    call('hdel', sem, owner, ':n:' .. owner)
+  end
+  call('zrem', leases, unpack(ended))
+  if freed > 0 then
+    call('hincrby', sem, ':held', -freed)
+  end
+  return true
+end
+
+-- Removes waiters whose place has ended (at most 100).
+local function purge_waiters(queue, due, now)
+  local dead = call('zrangebyscore', due, '-inf', now, 'LIMIT', 0, 100)
+  if #dead > 0 then
+    call('zrem', due, unpack(dead))
+    call('zrem', queue, unpack(dead))
+  end
+  return #dead > 0
+end
+
+local function free_permits(sem)
+  local state = call('hmget', sem, ':cap', ':held')
+  return (tonumber(state[1]) or 0) - (tonumber(state[2]) or 0)
+end
+
+local function wanted(member)
+  return tonumber(string.match(member, '^(%d+)|'))
+end
+
+-- Permits the waiters ahead of member want (all waiters if member is not
+-- queued); nil when more than 100 are ahead.
+local function wanted_ahead(queue, member)
+  local rank = member and call('zrank', queue, member)
+  if rank then
+    if rank > 100 then
+      return nil
+    end
+  elseif call('zcard', queue) > 100 then
+    return nil
+  end
+  local last = rank and rank - 1 or 99
+  local sum = 0
+  if last >= 0 then
+    for _, m in ipairs(call('zrange', queue, 0, last)) do
+      sum = sum + wanted(m)
+    end
+  end
+  return sum
+end
+
+-- Publishes the waiters at the head of the queue whose permits are free.
+local function wake(sem, queue)
+  local heads = call('zrange', queue, 0, 99)
+  if #heads == 0 then
+    return
+  end
+  local free = free_permits(sem)
+  local ids = {}
+  for _, m in ipairs(heads) do
+    local k = wanted(m)
+    if k > free then
+      break
+    end
+    free = free - k
+    ids[#ids + 1] = string.sub(m, string.find(m, '|', 1, true) + 1)
+  end
+  if #ids > 0 then
+    call('publish', sem .. ':released', '>' .. table.concat(ids, ','))
+  end
+end
+
+-- Removes ended grants and places; wakes the head if permits came back.
+local function tidy(sem, leases, queue, due, now)
+  local freed = purge_grants(sem, leases, now)
+  local left = purge_waiters(queue, due, now)
+  if freed or left then
+    wake(sem, queue)
+  end
+end
+
+local function grant(sem, leases, owner, k, lease, nonce, now)
+  call('hincrby', sem, owner, k)
+  call('hincrby', sem, ':held', k)
+  call('hset', sem, ':n:' .. owner, nonce)
+  call('zadd', leases, now + lease, owner)
+  expire_at_last(leases)
+end
+
+local function first_lease_ends(leases, now)
+  local first = call('zrange', leases, 0, 0, 'WITHSCORES')
+  if first[2] then
+    return -math.max(tonumber(first[2]) - now, 1)
+  end
+  return 0
+end
+
+local function take(sem, leases, queue, due, owner, k, lease, nonce, waiter, wttl)
+  local now = clock_ms()
+  tidy(sem, leases, queue, due, now)
+  k = tonumber(k)
+  local member = waiter and (k .. '|' .. waiter)
+  local ahead = wanted_ahead(queue, member)
+  if ahead and k + ahead <= free_permits(sem) then
+    grant(sem, leases, owner, k, lease, nonce, now)
+    if member and call('zrem', queue, member) == 1 then
+      call('zrem', due, member)
+      -- Others behind may fit too; they were told when these permits
+      -- came free, but not if they arrived since.
+      wake(sem, queue)
+    end
+    return 1
+  end
+  if member then
+    if not call('zscore', queue, member) then
+      local last = call('zrange', queue, -1, -1, 'WITHSCORES')
+      call('zadd', queue, (tonumber(last[2]) or 0) + 1, member)
+    end
+    call('zadd', due, now + wttl, member)
+    expire_at_last(due)
+    expire_at_last(queue, due)
+  end
+  return first_lease_ends(leases, now)
+end
+
+local function give(sem, leases, queue, due, owner, k, nonce)
+  local now = clock_ms()
+  tidy(sem, leases, queue, due, now)
+  k = tonumber(k)
+  local has = tonumber(call('hget', sem, owner))
+  if not has or has < k then
+    return -1
+  end
+  local left = has - k
+  if left == 0 then
+    call('hdel', sem, owner, ':n:' .. owner)
+    call('zrem', leases, owner)
+  else
+    call('hset', sem, owner, left, ':n:' .. owner, nonce)
+  end
+  call('hincrby', sem, ':held', -k)
+  wake(sem, queue)
+  return left
+end
+
+local function prolong(leases, owner, lease)
+  local now = clock_ms()
+  local ends = tonumber(call('zscore', leases, owner))
+  if not ends or ends <= now then
+    return 0
+  end
+  if lease ~= '0' then
+    call('zadd', leases, now + lease, owner)
+    expire_at_last(leases)
+  end
+  return 1
+end
+
+local function leave(sem, queue, due, waiter_member)
+  local rank = call('zrank', queue, waiter_member)
+  if not rank then
+    return 0
+  end
+  call('zrem', queue, waiter_member)
+  call('zrem', due, waiter_member)
+  if rank == 0 then
+    wake(sem, queue)
+  end
+  return 1
+end
+
+local function resize(sem, queue, mode, n, expiry)
+  n = tonumber(n)
+  if mode == 'try' then
+    if call('hexists', sem, ':cap') == 1 then
+      return 0
+    end
+    call('hset', sem, ':cap', n)
+    if expiry ~= '0' then
+      call('pexpire', sem, expiry)
+    end
+  elseif mode == 'set' then
+    call('hset', sem, ':cap', n)
+  else
+    local cap = (tonumber(call('hget', sem, ':cap')) or 0) + n
+    if cap < 0 then
+      return -1
+    end
+    call('hset', sem, ':cap', cap)
+  end
+  wake(sem, queue)
+  return 1
+end
+
+local function drain(sem, leases, queue, due, owner, lease, nonce)
+  local now = clock_ms()
+  tidy(sem, leases, queue, due, now)
+  local ahead = wanted_ahead(queue, nil)
+  local k = ahead and free_permits(sem) - ahead or 0
+  if k <= 0 then
+    return 0
+  end
+  grant(sem, leases, owner, k, lease, nonce, now)
+  return k
+end
+
+local function lease_left(leases, owner)
+  local now = clock_ms()
+  local ends = tonumber(call('zscore', leases, owner))
+  if not ends or ends <= now then
+    return -1
+  end
+  return ends - now
+end
+
+ops.pa = { 4, 5, function(k, a)
+  return take(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    ARGV[a + 4], nil, nil)
+end }
+ops.pw = { 4, 7, function(k, a)
+  return take(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6])
+end }
+ops.pr = { 4, 4, function(k, a)
+  return give(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end }
+ops.pe = { 4, 3, function(k, a)
+  return prolong(K[k + 1], ARGV[a + 1], ARGV[a + 2])
+end }
+ops.pu = { 4, 4, function(k, a)
+  if call('hget', K[k], ':n:' .. ARGV[a + 1]) ~= ARGV[a + 3] then
+    return -1
+  end
+  return give(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end }
+ops.ps = { 4, 4, function(k, a)
+  if call('hget', K[k], ':n:' .. ARGV[a + 1]) == ARGV[a + 3] then
+    return -1
+  end
+  return give(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end }
+ops.pq = { 4, 2, function(k, a)
+  return leave(K[k], K[k + 2], K[k + 3], ARGV[a + 1])
+end }
+ops.pv = { 4, 1, function(k)
+  tidy(K[k], K[k + 1], K[k + 2], K[k + 3], clock_ms())
+  return free_permits(K[k])
+end }
+ops.pc = { 4, 4, function(k, a)
+  return resize(K[k], K[k + 2], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end }
+ops.pd = { 4, 4, function(k, a)
+  return drain(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end }
+ops.pl = { 4, 2, function(k, a)
+  return lease_left(K[k + 1], ARGV[a + 1])
+end }
