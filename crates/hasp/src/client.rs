@@ -6,6 +6,7 @@ use crate::config::Settings;
 use crate::core::Core;
 use crate::error::Result;
 use crate::lock::Lock;
+use crate::semaphore::Semaphore;
 
 /// A handle on one Redis server, shared by every lock made from it.
 ///
@@ -165,6 +166,17 @@ impl Client {
     /// call is made.
     pub fn lock(&self, name: &str) -> Result<Lock> {
         Lock::new(self.core.clone(), name)
+    }
+
+    /// A handle on the semaphore called `name` (names as for
+    /// [`lock`](Self::lock); a semaphore and a lock of one name are
+    /// distinct objects).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// empty or over-long name; no Redis call is made.
+    pub fn semaphore(&self, name: &str) -> Result<Semaphore> {
+        Semaphore::new(self.core.clone(), name)
     }
 
     /// This client's id (a UUID), the prefix of its default owner ids.

@@ -32,6 +32,7 @@ pub struct Settings {
     pub(crate) response_timeout: Duration,
     pub(crate) connection_timeout: Duration,
     pub(crate) replica_ack: Option<ReplicaAck>,
+    pub(crate) waiter_ttl: Duration,
 }
 
 /// Replicas that must confirm each acquisition and renewal (see
@@ -56,6 +57,7 @@ impl Default for Settings {
             response_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(5),
             replica_ack: None,
+            waiter_ttl: Duration::from_secs(10),
         }
     }
 }
@@ -146,6 +148,16 @@ impl Settings {
         self
     }
 
+    /// How long a waiter's place in a queue kept in Redis (a semaphore's)
+    /// lasts unless its client asks again (default 10 s, at least 30 ms). A
+    /// waiting task asks again every third of it, so its place never ends
+    /// while it waits; the place of a waiter whose process died ends within
+    /// this time, and the waiters behind it move up.
+    pub fn set_waiter_ttl(mut self, ttl: Duration) -> Self {
+        self.waiter_ttl = ttl;
+        self
+    }
+
     /// The configured watchdog timeout.
     pub fn watchdog_timeout(&self) -> Duration {
         self.watchdog_timeout
@@ -223,6 +235,12 @@ impl Settings {
             }
         }
         check_positive_ms("connection_timeout", self.connection_timeout)?;
+        if self.waiter_ttl < Duration::from_millis(30) || self.waiter_ttl > self.max_lease {
+            return Err(Error::invalid(
+                "waiter_ttl",
+                format!("{:?} is not in 30 ms ..= max_lease", self.waiter_ttl),
+            ));
+        }
         Ok(())
     }
 

@@ -114,6 +114,7 @@ mod guard;
 mod lock;
 mod multi;
 mod owner;
+mod semaphore;
 
 /// Not part of the API: what the lock benchmark (`benches/lock.rs`) needs to
 /// drive Redis with hasp's own script, without a copy of its wire format.
@@ -146,3 +147,4 @@ pub use multi::fence::{Fence, FenceVector};
 pub use multi::multi_lock::{MultiGuard, MultiLock};
 pub use multi::red_lock::{RedGuard, RedLock};
 pub use owner::Owner;
+pub use semaphore::{Permit, Semaphore, MAX_PERMITS};

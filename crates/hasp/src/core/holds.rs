@@ -32,10 +32,21 @@ pub(crate) enum Lease {
     Fixed(u64),
 }
 
+/// What a hold holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A (reentrant) lock.
+    Lock,
+    /// Permits of a semaphore: the entry's Redis count is the permits the
+    /// owner holds through this client, and every guard gives back its own.
+    Permits,
+}
+
 /// What every guard of one hold shares.
 #[derive(Debug)]
 pub(crate) struct HoldState {
     id: u64,
+    pub(crate) kind: Kind,
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) owner: Owner,
     pub(crate) token: u64,
@@ -224,6 +235,7 @@ impl Holds {
         }
         let state = Arc::new(HoldState {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            kind: Kind::Lock,
             keys: keys.clone(),
             owner: owner.clone(),
             token,
@@ -241,6 +253,71 @@ impl Holds {
             },
         );
         state
+    }
+
+    /// Records `permits` just taken in Redis for `owner` by a call sent at
+    /// `sent_at` with a lease of `lease_ms`: added to the owner's live entry
+    /// (one lease covers all of an owner's permits), or a new one.
+    pub(crate) fn insert_permits(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        permits: u32,
+        lease: Lease,
+        (sent_at, lease_ms): (Instant, u64),
+    ) -> Arc<HoldState> {
+        let mut map = self.map(keys);
+        let key = Self::key(keys, owner);
+        if let Some(entry) = map.get_mut(&key) {
+            if !entry.state.is_lost() {
+                entry.count += 1;
+                entry.redis_holds += permits;
+                entry.state.confirm(sent_at, lease_ms);
+                return entry.state.clone();
+            }
+        }
+        let state = Arc::new(HoldState {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            kind: Kind::Permits,
+            keys: keys.clone(),
+            owner: owner.clone(),
+            token: 0,
+            lease,
+            gone: AtomicBool::new(false),
+            lost_notify: Notify::new(),
+            valid_until: Mutex::new(sent_at + Duration::from_millis(lease_ms)),
+        });
+        map.insert(
+            key,
+            Entry {
+                count: 1,
+                redis_holds: permits,
+                state: state.clone(),
+            },
+        );
+        state
+    }
+
+    /// Gives back one guard's `permits` of `state`: always a release in
+    /// Redis ([`ReleaseStep::Final`] with the permits), unless the entry is
+    /// gone.
+    pub(crate) fn release_permits(&self, state: &HoldState, permits: u32) -> ReleaseStep {
+        let mut map = self.map(&state.keys);
+        let key = Self::key(&state.keys, &state.owner);
+        let Some(entry) = map.get_mut(&key) else {
+            return ReleaseStep::NotHeld;
+        };
+        if entry.state.id != state.id {
+            return ReleaseStep::NotHeld;
+        }
+        entry.count -= 1;
+        entry.redis_holds = entry.redis_holds.saturating_sub(permits);
+        if entry.count == 0 {
+            map.remove(&key);
+        }
+        ReleaseStep::Final {
+            redis_holds: permits,
+        }
     }
 
     /// Gives back one local hold of `state`.

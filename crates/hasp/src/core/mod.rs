@@ -53,6 +53,7 @@ mod commands;
 pub(crate) mod endpoint;
 pub(crate) mod holds;
 pub(crate) mod keys;
+mod permits;
 mod pubsub;
 mod reply;
 mod scripts;
@@ -313,8 +314,10 @@ impl Core {
         let attempt = || self.attempt(keys, owner, lease, true);
         let granted = |grant: waiters::Grant| {
             let confirmed = (grant.sent_at, lease_ms);
-            self.holds
-                .insert(keys, owner, grant.token, lease, confirmed)
+            Some(
+                self.holds
+                    .insert(keys, owner, grant.token, lease, confirmed),
+            )
         };
         waiter
             .wait_for(deadline, ttl, behind_local_waiters, attempt, granted)
@@ -423,11 +426,7 @@ impl Core {
             flag_waiting,
             nonce: self.queue.nonce(),
         };
-        let undo = Undo {
-            keys: keys.clone(),
-            owner: owner.clone(),
-            queue: self.queue.clone(),
-        };
+        let undo = Undo::lock(keys, owner, &self.queue);
         let reply = HoldReply::new(self.queue.call(op), undo, |reply| {
             matches!(reply, Ok(Reply::Acquired { .. }))
         });

@@ -16,21 +16,49 @@ use tokio::sync::oneshot;
 
 use super::batcher::Queue;
 use super::keys::LockKeys;
+use super::wire::Op;
 use crate::owner::Owner;
 
-/// The release of one hold of `owner` on a lock, to queue if its recipient
-/// is gone.
+/// What gives back a grant (a hold, permits) whose recipient is gone, to
+/// queue then.
 #[derive(Debug)]
 pub(crate) struct Undo {
-    pub(crate) keys: Arc<LockKeys>,
-    pub(crate) owner: Owner,
-    pub(crate) queue: Queue,
+    give_back: Option<Op>,
+    queue: Queue,
 }
 
 impl Undo {
+    /// The release of one hold of `owner` on a lock.
+    pub(crate) fn lock(keys: &Arc<LockKeys>, owner: &Owner, queue: &Queue) -> Self {
+        let op = Op::Release {
+            keys: keys.clone(),
+            owner: owner.clone(),
+            holds: 1,
+            nonce: queue.nonce(),
+        };
+        Self::of_release(op, queue)
+    }
+
+    /// What gives back what `op` grants (nothing if it grants nothing).
+    pub(crate) fn of(op: &Op, queue: &Queue) -> Self {
+        Self {
+            give_back: op.give_back(queue.nonce()),
+            queue: queue.clone(),
+        }
+    }
+
+    fn of_release(op: Op, queue: &Queue) -> Self {
+        Self {
+            give_back: Some(op),
+            queue: queue.clone(),
+        }
+    }
+
     /// Queues the release (in the background; a failure is logged).
     pub(crate) fn release(self) {
-        self.queue.release_one(self.keys, self.owner);
+        if let Some(op) = self.give_back {
+            self.queue.detach(op);
+        }
     }
 }
 

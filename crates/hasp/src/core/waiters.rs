@@ -26,11 +26,14 @@
 //!   out, served by its own attempt) is released again on whichever side
 //!   sees it last (`reply`).
 //!
-//! A second kind of lock (a semaphore, say) waits the same way: its waiters
-//! join the queue of its own channel, run its own attempt in
-//! [`Waiter::wait_for`], and a release of it may hand permits over with an
-//! offer that says how many. Nothing here is about the reentrant lock's
-//! layout beyond the hand-off's heir and lease.
+//! * **Named wake-ups.** A kind whose waiters also queue in Redis (a
+//!   semaphore) joins with [`Waiters::join_place`]: its waiter has an id, no
+//!   offer, and a wake-up of its own. A message `>id,id,...` wakes exactly
+//!   those waiters of this client (the script names the ones it serves
+//!   next), and nobody else.
+//!
+//! Nothing here is about the reentrant lock's layout beyond the hand-off's
+//! heir and lease.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -98,6 +101,8 @@ pub(crate) struct WaitQueue {
     /// Counts the times the lock may have become free (release messages,
     /// local releases, reconnects), for [`Watch`]es.
     freed: watch::Sender<u64>,
+    /// Waiters that queue in Redis, by id: woken by name.
+    named: Mutex<HashMap<Arc<str>, Arc<Notify>, foldhash::fast::RandomState>>,
 }
 
 fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -115,6 +120,7 @@ impl WaitQueue {
             offers: Mutex::default(),
             held_back_until: Mutex::default(),
             freed: watch::Sender::new(0),
+            named: Mutex::default(),
         }
     }
 
@@ -224,16 +230,30 @@ impl Waiters {
             lease_ms,
             grant: tx,
         });
-        let undo = Undo {
-            keys: keys.clone(),
-            owner: owner.clone(),
-            queue: batch.clone(),
-        };
+        let undo = Undo::lock(keys, owner, batch);
         Waiter {
             waiters: self.clone(),
             channel: keys.channel.clone(),
             queue,
-            grant: HoldReply::new(rx, undo, |_| true),
+            grant: Some(HoldReply::new(rx, undo, |_| true)),
+            named: None,
+        }
+    }
+
+    /// Joins the waiters of `keys`' object as the waiter `id`, which queues
+    /// in Redis and is woken by name (see the module docs); subscribes if
+    /// first.
+    pub(crate) fn join_place(self: &Arc<Self>, keys: &Arc<LockKeys>, id: Arc<str>) -> Waiter {
+        let queue = self.enter(keys);
+        queue.waiting.fetch_add(1, Ordering::AcqRel);
+        let wake = Arc::new(Notify::new());
+        guard(&queue.named).insert(id.clone(), wake.clone());
+        Waiter {
+            waiters: self.clone(),
+            channel: keys.channel.clone(),
+            queue,
+            grant: None,
+            named: Some((id, wake)),
         }
     }
 
@@ -373,6 +393,19 @@ impl Waiters {
         if payload == self.client_id.as_bytes() {
             return;
         }
+        if let Some(ids) = payload.strip_prefix(b">") {
+            if let Some(queue) = self.queue(channel) {
+                queue.tell_watches();
+                let named = guard(&queue.named);
+                for id in ids.split(|b| *b == b',') {
+                    let wake = std::str::from_utf8(id).ok().and_then(|id| named.get(id));
+                    if let Some(wake) = wake {
+                        wake.notify_one();
+                    }
+                }
+            }
+            return;
+        }
         if let Some(queue) = self.queue(channel) {
             queue.tell_watches();
             queue.notify.notify_one();
@@ -412,7 +445,10 @@ pub(crate) struct Waiter {
     waiters: Arc<Waiters>,
     channel: Arc<str>,
     queue: Arc<WaitQueue>,
-    grant: HoldReply<Grant>,
+    /// The hand-off offer's reply (none for a waiter that queues in Redis).
+    grant: Option<HoldReply<Grant>>,
+    /// The id and wake-up of a waiter that queues in Redis.
+    named: Option<(Arc<str>, Arc<Notify>)>,
 }
 
 impl Waiter {
@@ -426,7 +462,8 @@ impl Waiter {
     /// Tries `attempt` whenever the lock may have become free — woken by a
     /// release or a reconnect, or when the last known TTL ran out — until it
     /// succeeds, a hand-off grants the lock (turned into the result by
-    /// `granted`), or `deadline` passes (`Ok(None)`). `ttl` is what the
+    /// `granted`; `None` from it: ask again), or `deadline` passes
+    /// (`Ok(None)`). `ttl` is what the
     /// caller's own first attempt found; `queued_blind` says it has not
     /// asked Redis yet (it queued behind other waiters).
     pub(crate) async fn wait_for<T, F, Fut>(
@@ -435,23 +472,26 @@ impl Waiter {
         mut ttl: Option<Duration>,
         mut queued_blind: bool,
         mut attempt: F,
-        granted: impl Fn(Grant) -> T,
+        granted: impl Fn(Grant) -> Option<T>,
     ) -> Result<Option<T>, Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Attempt<T>, Error>>,
     {
         let queue = self.queue.clone();
+        let named = self.named.as_ref().map(|(_, wake)| wake.clone());
         loop {
             let notified = queue.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(Some(grant)) = (&mut self.grant).now_or_never() {
-                return Ok(Some(granted(grant)));
+            if let Some(Some(grant)) = self.grant.as_mut().and_then(FutureExt::now_or_never) {
+                if let Some(done) = granted(grant) {
+                    return Ok(Some(done));
+                }
             }
             if !queued_blind {
-                if let Some(grant) = self.hold_back().await {
-                    return Ok(Some(granted(grant)));
+                if let Some(done) = self.hold_back().await.and_then(&granted) {
+                    return Ok(Some(done));
                 }
                 match attempt().await? {
                     Attempt::Done(done) => return Ok(Some(done)),
@@ -464,13 +504,32 @@ impl Waiter {
                 return Ok(None);
             }
             let slice = ttl.unwrap_or(RECHECK).min(left);
+            let pending_grant = self.grant.as_mut().filter(|g| !g.is_done());
+            let has_grant = pending_grant.is_some();
+            let grant = async {
+                match pending_grant {
+                    Some(grant) => grant.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let by_name = async {
+                match &named {
+                    Some(wake) => wake.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             let woken = tokio::select! {
                 biased;
-                grant = &mut self.grant, if !self.grant.is_done() => match grant {
-                    Some(grant) => return Ok(Some(granted(grant))),
+                grant = grant, if has_grant => match grant.and_then(&granted) {
+                    Some(done) => return Ok(Some(done)),
                     None => true, // no hand-off will come (shutting down): ask
                 },
-                notified = tokio::time::timeout(slice, notified.as_mut()) => notified.is_ok(),
+                woken = tokio::time::timeout(slice, async {
+                    tokio::select! {
+                        () = notified.as_mut() => {},
+                        () = by_name => {},
+                    }
+                }) => woken.is_ok(),
             };
             if !woken && deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
@@ -481,12 +540,13 @@ impl Waiter {
     /// After a hand-off yielded to another client, waits out the grace
     /// before asking (a grant may still come meanwhile).
     async fn hold_back(&mut self) -> Option<Grant> {
+        let grant = self.grant.as_mut()?;
         let until = guard(&self.queue.held_back_until).take()?;
         if until <= Instant::now() {
             return None;
         }
         tokio::select! {
-            grant = &mut self.grant, if !self.grant.is_done() => grant,
+            grant = grant, if !grant.is_done() => grant,
             () = tokio::time::sleep_until(until.into()) => None,
         }
     }
@@ -494,6 +554,9 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
+        if let Some((id, _)) = &self.named {
+            guard(&self.queue.named).remove(id);
+        }
         self.queue.waiting.fetch_sub(1, Ordering::AcqRel);
         self.waiters.leave(&self.channel);
     }

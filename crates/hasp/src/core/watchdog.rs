@@ -1,7 +1,7 @@
 //! Lease renewal and hold checks: one task per client.
 //!
 //! Every third of the watchdog timeout the task extends the lease of every
-//! hold in watchdog mode, as `extend` operations through the batcher (so they
+//! hold in watchdog mode (locks and semaphore permits alike), as `extend` operations through the batcher (so they
 //! share its calls: at most `renew_batch` per call). When a connection to
 //! Redis is made again after it broke, it checks every hold at once, fixed
 //! leases included (faults spec 5).
@@ -19,7 +19,8 @@ use futures_util::future::join_all;
 use tokio::sync::{oneshot, watch, Notify};
 
 use super::batcher::Queue;
-use super::holds::{HoldState, Holds, Lease};
+use super::holds::{HoldState, Holds, Kind, Lease};
+use super::wire::permits::PermitOp;
 use super::wire::{Op, Reply};
 
 /// What the watchdog task works with.
@@ -67,10 +68,18 @@ impl Watchdog {
             Lease::Watchdog => Some(self.lease_ms),
             Lease::Fixed(_) => None, // checked, never extended
         };
-        let op = Op::Extend {
-            keys: hold.keys.clone(),
-            owner: hold.owner.clone(),
-            lease_ms,
+        let (keys, owner) = (hold.keys.clone(), hold.owner.clone());
+        let op = match hold.kind {
+            Kind::Lock => Op::Extend {
+                keys,
+                owner,
+                lease_ms,
+            },
+            Kind::Permits => Op::Permits(PermitOp::Extend {
+                keys,
+                owner,
+                lease_ms,
+            }),
         };
         self.queue.send(
             op,

@@ -447,6 +447,12 @@ impl Op {
     }
 }
 
+impl std::fmt::Display for Nonce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 impl redis::ToRedisArgs for Nonce {
     fn write_redis_args<W>(&self, out: &mut W)
     where

@@ -88,7 +88,7 @@ pub(crate) enum PermitOp {
 }
 
 impl PermitOp {
-    pub(super) fn keys(&self) -> &Arc<LockKeys> {
+    pub(crate) fn keys(&self) -> &Arc<LockKeys> {
         match self {
             PermitOp::Acquire { keys, .. }
             | PermitOp::Release { keys, .. }
