@@ -8,5 +8,5 @@ scripts/ensure-deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
-# The single-lock suite again, on a private 3-master Redis Cluster (spec multi 21).
-HASP_SPEC_DEPLOYMENT=cluster cargo test -p hasp --test spec --locked
+# The single-lock and family suites again, on a private 3-master Redis Cluster (spec multi 21).
+HASP_SPEC_DEPLOYMENT=cluster cargo test -p hasp --test spec --test family --locked

@@ -286,7 +286,11 @@ impl Semaphore {
         }
         let owner = self.owner();
         if permits == 0 {
-            return Ok(Some(Permit::empty(self.core.clone(), self.keys.clone(), owner)));
+            return Ok(Some(Permit::empty(
+                self.core.clone(),
+                self.keys.clone(),
+                owner,
+            )));
         }
         let hold = self
             .core

@@ -12,8 +12,9 @@
 //!
 //! | key / channel                  | type    | content                                |
 //! |--------------------------------|---------|----------------------------------------|
-//! | `P:{E}:sem`                    | hash    | `:cap` → capacity; `:held` → permits held; `<owner id>` → its permits; `:n:<owner id>` → nonce of the last operation that changed them |
-//! | `P:{E}:sem:leases`             | zset    | owner id → end of its lease (server ms) |
+//! | `P:{E}:sem`                    | hash    | `:cap` → capacity |
+//! | `P:{E}:sem:grants`             | hash    | `:held` → permits held; `<owner id>` → its permits; `:n:<owner id>` → nonce of the last operation that changed them (expires with the last lease) |
+//! | `P:{E}:sem:leases`             | zset    | owner id → end of its lease (server ms; expires with the last) |
 //! | `P:{E}:sem:queue`              | zset    | `<k>\|<waiter id>` → order of arrival |
 //! | `P:{E}:sem:due`                | zset    | `<k>\|<waiter id>` → end of the waiter's place (server ms) |
 //! | `P:{E}:sem:released` (channel) | pub/sub | `>` and the ids of the waiters whose permits are free |
@@ -38,7 +39,7 @@ pub(crate) struct LockKeys {
     /// The Redis Cluster slot of every key of the lock (that of `{E}`).
     pub(crate) slot: u16,
     /// The other keys of a kind that has more than one (a semaphore's
-    /// leases, queue and due); empty for a lock.
+    /// grants, leases, queue and due); empty for a lock.
     pub(crate) extra: Box<[String]>,
 }
 
@@ -52,7 +53,7 @@ impl LockKeys {
     pub(crate) fn semaphore(prefix: &str, name: &str) -> Self {
         let tag = encode_name(name);
         let base = format!("{prefix}:{{{tag}}}:sem");
-        Self::with_base(base, name, &tag, &["leases", "queue", "due"])
+        Self::with_base(base, name, &tag, &["grants", "leases", "queue", "due"])
     }
 
     fn with_base(lock: String, name: &str, tag: &str, extra: &[&str]) -> Self {

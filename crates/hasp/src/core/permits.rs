@@ -22,7 +22,10 @@ impl Core {
     /// The keys of the semaphore called `name`, after checking the name.
     pub(crate) fn semaphore_keys(&self, name: &str) -> Result<Arc<LockKeys>> {
         let lock = self.keys(name)?; // the same checks as a lock's name
-        Ok(Arc::new(LockKeys::semaphore(&self.settings.prefix, &lock.name)))
+        Ok(Arc::new(LockKeys::semaphore(
+            &self.settings.prefix,
+            &lock.name,
+        )))
     }
 
     /// Takes `permits` for `owner`. Without `wait`, one try that never

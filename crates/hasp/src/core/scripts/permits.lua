@@ -1,38 +1,41 @@
 -- Semaphores: a capacity of permits, held by owners under leases, with a
 -- queue of waiters served in order of arrival.
 --
---   op  KEYS                     ARGV
---   pa  sem, leases, queue, due  pa, owner, k, lease, nonce   take k permits
+--   op  KEYS                             ARGV
+--   pa  sem, grants, leases, queue, due  pa, owner, k, lease, nonce   take k permits
 --                                                             now, never queue
---   pw  sem, leases, queue, due  pw, owner, k, lease, nonce, waiter, wttl
+--   pw  sem, grants, leases, queue, due  pw, owner, k, lease, nonce, waiter, wttl
 --                                                             take k permits, or
 --                                                             queue as waiter (or
 --                                                             refresh its place)
---   pr  sem, leases, queue, due  pr, owner, k, nonce          give back k permits
---   pe  sem, leases, queue, due  pe, owner, lease             extend the owner's
+--   pr  sem, grants, leases, queue, due  pr, owner, k, nonce          give back k permits
+--   pe  sem, grants, leases, queue, due  pe, owner, lease             extend the owner's
 --                                                             lease ('0': check)
---   pu  sem, leases, queue, due  pu, owner, k, nonce          undo acquisition nonce
---   ps  sem, leases, queue, due  ps, owner, k, nonce          give back k, unless
+--   pu  sem, grants, leases, queue, due  pu, owner, k, nonce          undo acquisition nonce
+--   ps  sem, grants, leases, queue, due  ps, owner, k, nonce          give back k, unless
 --                                                             release nonce was
 --                                                             applied already
---   pq  sem, leases, queue, due  pq, <k>|<waiter>             leave the queue
---   pv  sem, leases, queue, due  pv                           available permits
---   pc  sem, leases, queue, due  pc, mode, n, expiry          capacity: 'try' sets
+--   pq  sem, grants, leases, queue, due  pq, <k>|<waiter>             leave the queue
+--   pv  sem, grants, leases, queue, due  pv                           available permits
+--   pc  sem, grants, leases, queue, due  pc, mode, n, expiry          capacity: 'try' sets
 --                                                             n if none is set
 --                                                             (and the expiry, ms,
 --                                                             if not '0'); 'set'
 --                                                             sets n; 'add' adds n
---   pd  sem, leases, queue, due  pd, owner, lease, nonce      take every permit
+--   pd  sem, grants, leases, queue, due  pd, owner, lease, nonce      take every permit
 --                                                             available now
---   pl  sem, leases, queue, due  pl, owner                    lease left
+--   pl  sem, grants, leases, queue, due  pl, owner                    lease left
 --
--- sem     hash: ':cap' = capacity; ':held' = permits held by live grants;
---         <owner> = permits the owner holds; ':n:<owner>' = the nonce of the
---         last operation that changed the owner's permits (see lock.lua's
---         "nonce": 'pu' and 'ps' settle lost replies as 'u' and 's' do)
+-- sem     hash: ':cap' = capacity (no expiry, unless 'try' set one)
+-- grants  hash: ':held' = permits held by live grants; <owner> = permits the
+--         owner holds; ':n:<owner>' = the nonce of the last operation that
+--         changed the owner's permits (see lock.lua's "nonce": 'pu' and 'ps'
+--         settle lost replies as 'u' and 's' do)
 -- leases  zset: owner -> the end of its lease, server milliseconds. A grant
 --         whose end has come holds nothing: every operation first removes
---         up to 100 of them and gives their permits back
+--         up to 100 of them and gives their permits back. grants and leases
+--         expire together when the last lease ends, so an idle semaphore
+--         keeps only its capacity
 -- queue   zset: '<k>|<waiter>' -> order of arrival; due: the same members ->
 --         the end of the waiter's place, server milliseconds. A waiter
 --         refreshes its place each time it asks; one that stops asking (its
@@ -64,28 +67,44 @@
 --   pd      permits taken (0: none)
 --   pl      ms left on the owner's lease, -1 when it holds nothing
 
-local function expire_at_last(key, at_key)
-  local last = call('zrange', at_key or key, -1, -1, 'WITHSCORES')
+-- Sets key (and also_key) to expire when the last deadline in the zset
+-- at_key ends.
+local function expire_at_last(at_key, key, also_key)
+  local last = call('zrange', at_key, -1, -1, 'WITHSCORES')
   if last[2] then
     call('pexpireat', key, last[2])
+    if also_key then
+      call('pexpireat', also_key, last[2])
+    end
+  end
+end
+
+-- Forgets owners' grants; with no lease left, the grants too.
+local function drop_owners(grants, leases, owners)
+  call('zrem', leases, unpack(owners))
+  if call('exists', leases) == 0 then
+    call('del', grants)
+    return
+  end
+  for _, owner in ipairs(owners) do
+    call('hdel', grants, owner, ':n:' .. owner)
   end
 end
 
 -- Gives back the permits of grants whose lease has ended (at most 100).
-local function purge_grants(sem, leases, now)
+local function purge_grants(grants, leases, now)
   local ended = call('zrangebyscore', leases, '-inf', now, 'LIMIT', 0, 100)
   if #ended == 0 then
     return false
   end
   local freed = 0
   for _, owner in ipairs(ended) do
-    freed = freed + (tonumber(call('hget', sem, owner)) or 0)
-    call('hdel', sem, owner, ':n:' .. owner)
+    freed = freed + (tonumber(call('hget', grants, owner)) or 0)
   end
-  call('zrem', leases, unpack(ended))
   if freed > 0 then
-    call('hincrby', sem, ':held', -freed)
+    call('hincrby', grants, ':held', -freed)
   end
+  drop_owners(grants, leases, ended)
   return true
 end
 
@@ -99,9 +118,9 @@ local function purge_waiters(queue, due, now)
   return #dead > 0
 end
 
-local function free_permits(sem)
-  local state = call('hmget', sem, ':cap', ':held')
-  return (tonumber(state[1]) or 0) - (tonumber(state[2]) or 0)
+local function free_permits(sem, grants)
+  local cap = tonumber(call('hget', sem, ':cap')) or 0
+  return cap - (tonumber(call('hget', grants, ':held')) or 0)
 end
 
 local function wanted(member)
@@ -130,12 +149,12 @@ local function wanted_ahead(queue, member)
 end
 
 -- Publishes the waiters at the head of the queue whose permits are free.
-local function wake(sem, queue)
+local function wake(sem, grants, queue)
   local heads = call('zrange', queue, 0, 99)
   if #heads == 0 then
     return
   end
-  local free = free_permits(sem)
+  local free = free_permits(sem, grants)
   local ids = {}
   for _, m in ipairs(heads) do
     local k = wanted(m)
@@ -151,20 +170,20 @@ local function wake(sem, queue)
 end
 
 -- Removes ended grants and places; wakes the head if permits came back.
-local function tidy(sem, leases, queue, due, now)
-  local freed = purge_grants(sem, leases, now)
+local function tidy(sem, grants, leases, queue, due, now)
+  local freed = purge_grants(grants, leases, now)
   local left = purge_waiters(queue, due, now)
   if freed or left then
-    wake(sem, queue)
+    wake(sem, grants, queue)
   end
 end
 
-local function grant(sem, leases, owner, k, lease, nonce, now)
-  call('hincrby', sem, owner, k)
-  call('hincrby', sem, ':held', k)
-  call('hset', sem, ':n:' .. owner, nonce)
+local function grant(grants, leases, owner, k, lease, nonce, now)
+  call('hincrby', grants, owner, k)
+  call('hincrby', grants, ':held', k)
+  call('hset', grants, ':n:' .. owner, nonce)
   call('zadd', leases, now + lease, owner)
-  expire_at_last(leases)
+  expire_at_last(leases, leases, grants)
 end
 
 local function first_lease_ends(leases, now)
@@ -175,19 +194,19 @@ local function first_lease_ends(leases, now)
   return 0
 end
 
-local function take(sem, leases, queue, due, owner, k, lease, nonce, waiter, wttl)
+local function take(sem, grants, leases, queue, due, owner, k, lease, nonce, waiter, wttl)
   local now = clock_ms()
-  tidy(sem, leases, queue, due, now)
+  tidy(sem, grants, leases, queue, due, now)
   k = tonumber(k)
   local member = waiter and (k .. '|' .. waiter)
   local ahead = wanted_ahead(queue, member)
-  if ahead and k + ahead <= free_permits(sem) then
-    grant(sem, leases, owner, k, lease, nonce, now)
+  if ahead and k + ahead <= free_permits(sem, grants) then
+    grant(grants, leases, owner, k, lease, nonce, now)
     if member and call('zrem', queue, member) == 1 then
       call('zrem', due, member)
       -- Others behind may fit too; they were told when these permits
       -- came free, but not if they arrived since.
-      wake(sem, queue)
+      wake(sem, grants, queue)
     end
     return 1
   end
@@ -197,33 +216,31 @@ local function take(sem, leases, queue, due, owner, k, lease, nonce, waiter, wtt
       call('zadd', queue, (tonumber(last[2]) or 0) + 1, member)
     end
     call('zadd', due, now + wttl, member)
-    expire_at_last(due)
-    expire_at_last(queue, due)
+    expire_at_last(due, due, queue)
   end
   return first_lease_ends(leases, now)
 end
 
-local function give(sem, leases, queue, due, owner, k, nonce)
+local function give(sem, grants, leases, queue, due, owner, k, nonce)
   local now = clock_ms()
-  tidy(sem, leases, queue, due, now)
+  tidy(sem, grants, leases, queue, due, now)
   k = tonumber(k)
-  local has = tonumber(call('hget', sem, owner))
+  local has = tonumber(call('hget', grants, owner))
   if not has or has < k then
     return -1
   end
   local left = has - k
+  call('hincrby', grants, ':held', -k)
   if left == 0 then
-    call('hdel', sem, owner, ':n:' .. owner)
-    call('zrem', leases, owner)
+    drop_owners(grants, leases, { owner })
   else
-    call('hset', sem, owner, left, ':n:' .. owner, nonce)
+    call('hset', grants, owner, left, ':n:' .. owner, nonce)
   end
-  call('hincrby', sem, ':held', -k)
-  wake(sem, queue)
+  wake(sem, grants, queue)
   return left
 end
 
-local function prolong(leases, owner, lease)
+local function prolong(grants, leases, owner, lease)
   local now = clock_ms()
   local ends = tonumber(call('zscore', leases, owner))
   if not ends or ends <= now then
@@ -231,12 +248,12 @@ local function prolong(leases, owner, lease)
   end
   if lease ~= '0' then
     call('zadd', leases, now + lease, owner)
-    expire_at_last(leases)
+    expire_at_last(leases, leases, grants)
   end
   return 1
 end
 
-local function leave(sem, queue, due, waiter_member)
+local function leave(sem, grants, queue, due, waiter_member)
   local rank = call('zrank', queue, waiter_member)
   if not rank then
     return 0
@@ -244,12 +261,12 @@ local function leave(sem, queue, due, waiter_member)
   call('zrem', queue, waiter_member)
   call('zrem', due, waiter_member)
   if rank == 0 then
-    wake(sem, queue)
+    wake(sem, grants, queue)
   end
   return 1
 end
 
-local function resize(sem, queue, mode, n, expiry)
+local function resize(sem, grants, queue, mode, n, expiry)
   n = tonumber(n)
   if mode == 'try' then
     if call('hexists', sem, ':cap') == 1 then
@@ -268,19 +285,19 @@ local function resize(sem, queue, mode, n, expiry)
     end
     call('hset', sem, ':cap', cap)
   end
-  wake(sem, queue)
+  wake(sem, grants, queue)
   return 1
 end
 
-local function drain(sem, leases, queue, due, owner, lease, nonce)
+local function drain(sem, grants, leases, queue, due, owner, lease, nonce)
   local now = clock_ms()
-  tidy(sem, leases, queue, due, now)
+  tidy(sem, grants, leases, queue, due, now)
   local ahead = wanted_ahead(queue, nil)
-  local k = ahead and free_permits(sem) - ahead or 0
+  local k = ahead and free_permits(sem, grants) - ahead or 0
   if k <= 0 then
     return 0
   end
-  grant(sem, leases, owner, k, lease, nonce, now)
+  grant(grants, leases, owner, k, lease, nonce, now)
   return k
 end
 
@@ -293,45 +310,48 @@ local function lease_left(leases, owner)
   return ends - now
 end
 
-ops.pa = { 4, 5, function(k, a)
-  return take(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-    ARGV[a + 4], nil, nil)
+ops.pa = { 5, 5, function(k, a)
+  return take(K[k], K[k + 1], K[k + 2], K[k + 3], K[k + 4], ARGV[a + 1], ARGV[a + 2],
+    ARGV[a + 3], ARGV[a + 4], nil, nil)
 end }
-ops.pw = { 4, 7, function(k, a)
-  return take(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6])
+ops.pw = { 5, 7, function(k, a)
+  return take(K[k], K[k + 1], K[k + 2], K[k + 3], K[k + 4], ARGV[a + 1], ARGV[a + 2],
+    ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6])
 end }
-ops.pr = { 4, 4, function(k, a)
-  return give(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+local function release_op(k, a)
+  return give(K[k], K[k + 1], K[k + 2], K[k + 3], K[k + 4], ARGV[a + 1], ARGV[a + 2],
+    ARGV[a + 3])
+end
+ops.pr = { 5, 4, release_op }
+ops.pe = { 5, 3, function(k, a)
+  return prolong(K[k + 1], K[k + 2], ARGV[a + 1], ARGV[a + 2])
 end }
-ops.pe = { 4, 3, function(k, a)
-  return prolong(K[k + 1], ARGV[a + 1], ARGV[a + 2])
-end }
-ops.pu = { 4, 4, function(k, a)
-  if call('hget', K[k], ':n:' .. ARGV[a + 1]) ~= ARGV[a + 3] then
+ops.pu = { 5, 4, function(k, a)
+  if call('hget', K[k + 1], ':n:' .. ARGV[a + 1]) ~= ARGV[a + 3] then
     return -1
   end
-  return give(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+  return release_op(k, a)
 end }
-ops.ps = { 4, 4, function(k, a)
-  if call('hget', K[k], ':n:' .. ARGV[a + 1]) == ARGV[a + 3] then
+ops.ps = { 5, 4, function(k, a)
+  if call('hget', K[k + 1], ':n:' .. ARGV[a + 1]) == ARGV[a + 3] then
     return -1
   end
-  return give(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+  return release_op(k, a)
 end }
-ops.pq = { 4, 2, function(k, a)
-  return leave(K[k], K[k + 2], K[k + 3], ARGV[a + 1])
+ops.pq = { 5, 2, function(k, a)
+  return leave(K[k], K[k + 1], K[k + 3], K[k + 4], ARGV[a + 1])
 end }
-ops.pv = { 4, 1, function(k)
-  tidy(K[k], K[k + 1], K[k + 2], K[k + 3], clock_ms())
-  return free_permits(K[k])
+ops.pv = { 5, 1, function(k)
+  tidy(K[k], K[k + 1], K[k + 2], K[k + 3], K[k + 4], clock_ms())
+  return free_permits(K[k], K[k + 1])
 end }
-ops.pc = { 4, 4, function(k, a)
-  return resize(K[k], K[k + 2], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+ops.pc = { 5, 4, function(k, a)
+  return resize(K[k], K[k + 1], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
 end }
-ops.pd = { 4, 4, function(k, a)
-  return drain(K[k], K[k + 1], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+ops.pd = { 5, 4, function(k, a)
+  return drain(K[k], K[k + 1], K[k + 2], K[k + 3], K[k + 4], ARGV[a + 1], ARGV[a + 2],
+    ARGV[a + 3])
 end }
-ops.pl = { 4, 2, function(k, a)
-  return lease_left(K[k + 1], ARGV[a + 1])
+ops.pl = { 5, 2, function(k, a)
+  return lease_left(K[k + 2], ARGV[a + 1])
 end }

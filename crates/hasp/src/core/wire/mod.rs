@@ -15,9 +15,9 @@ use redis::{Cmd, Script, Value};
 
 use super::keys::LockKeys;
 use super::scripts::{self, BATCH};
-use permits::PermitOp;
 use crate::error::Error;
 use crate::owner::Owner;
+use permits::PermitOp;
 
 pub(crate) mod permits;
 
@@ -247,10 +247,7 @@ impl Op {
     pub(crate) fn is_release(&self) -> bool {
         match self {
             Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } => true,
-            Op::Permits(op) => matches!(
-                op,
-                PermitOp::Release { .. } | PermitOp::Settle { .. }
-            ),
+            Op::Permits(op) => matches!(op, PermitOp::Release { .. } | PermitOp::Settle { .. }),
             _ => false,
         }
     }

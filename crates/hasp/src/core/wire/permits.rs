@@ -71,7 +71,10 @@ pub(crate) enum PermitOp {
         nonce: Nonce,
     },
     /// Leave the queue.
-    Leave { keys: Arc<LockKeys>, member: Arc<str> },
+    Leave {
+        keys: Arc<LockKeys>,
+        member: Arc<str>,
+    },
     /// Capacity minus the permits held.
     Available { keys: Arc<LockKeys> },
     /// Change the capacity.
@@ -207,7 +210,7 @@ impl PermitOp {
 
     pub(super) fn size(&self) -> (usize, usize, usize) {
         let keys = self.keys();
-        let key_bytes = 4 * keys.lock.len() + 24;
+        let key_bytes = 5 * keys.lock.len() + 30;
         let owner = match self {
             PermitOp::Acquire { owner, .. }
             | PermitOp::Release { owner, .. }
@@ -225,7 +228,7 @@ impl PermitOp {
             } => place.member.len() + 20,
             _ => 0,
         };
-        (4, 7, key_bytes + owner + place + 60)
+        (5, 7, key_bytes + owner + place + 60)
     }
 
     pub(super) fn write_keys(&self, cmd: &mut Cmd) {
