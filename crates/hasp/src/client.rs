@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::config::Settings;
 use crate::core::Core;
 use crate::error::Result;
+use crate::latch::CountDownLatch;
 use crate::lock::Lock;
 use crate::semaphore::Semaphore;
 
@@ -177,6 +178,16 @@ impl Client {
     /// empty or over-long name; no Redis call is made.
     pub fn semaphore(&self, name: &str) -> Result<Semaphore> {
         Semaphore::new(self.core.clone(), name)
+    }
+
+    /// A handle on the count-down latch called `name` (names as for
+    /// [`lock`](Self::lock)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// empty or over-long name; no Redis call is made.
+    pub fn latch(&self, name: &str) -> Result<CountDownLatch> {
+        CountDownLatch::new(self.core.clone(), name)
     }
 
     /// This client's id (a UUID), the prefix of its default owner ids.

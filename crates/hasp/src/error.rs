@@ -30,6 +30,22 @@ pub enum Error {
         name: String,
     },
 
+    /// A count-down latch that was never set (or whose expiry ended it) was
+    /// counted down or waited for. Nothing was created.
+    #[error("latch {name:?} is not set")]
+    NotSet {
+        /// The latch's name.
+        name: String,
+    },
+
+    /// A count-down latch was deleted (or expired) while this task waited
+    /// for it.
+    #[error("latch {name:?} was deleted while waited for")]
+    Deleted {
+        /// The latch's name.
+        name: String,
+    },
+
     /// A wait that the caller asked to treat as an error ran out.
     #[error("lock {name:?} was not acquired within {waited:?}")]
     TimedOut {

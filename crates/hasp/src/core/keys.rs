@@ -19,6 +19,14 @@
 //! | `P:{E}:sem:due`                | zset    | `<k>\|<waiter id>` → end of the waiter's place (server ms) |
 //! | `P:{E}:sem:released` (channel) | pub/sub | `>` and the ids of the waiters whose permits are free |
 //!
+//! And a count-down latch named `N`:
+//!
+//! | key / channel                    | type    | content                              |
+//! |----------------------------------|---------|--------------------------------------|
+//! | `P:{E}:latch`                    | hash    | `n` → the count left (0: completed, kept as a tombstone for an hour) |
+//! | `P:{E}:latch:ids`                | set     | ids counted down by `count_down_once` |
+//! | `P:{E}:latch:released` (channel) | pub/sub | `set`, `0` (completed) or `deleted`  |
+//!
 //! `E` is `N` with `%`, `{` and `}` percent-encoded (`%25`, `%7B`, `%7D`).
 //! The encoding is injective, so distinct names never share keys, and `E`
 //! contains no brace, so `{E}` is the Redis Cluster hash tag of all three:
@@ -54,6 +62,13 @@ impl LockKeys {
         let tag = encode_name(name);
         let base = format!("{prefix}:{{{tag}}}:sem");
         Self::with_base(base, name, &tag, &["grants", "leases", "queue", "due"])
+    }
+
+    /// The keys of the count-down latch called `name`.
+    pub(crate) fn latch(prefix: &str, name: &str) -> Self {
+        let tag = encode_name(name);
+        let base = format!("{prefix}:{{{tag}}}:latch");
+        Self::with_base(base, name, &tag, &["ids"])
     }
 
     fn with_base(lock: String, name: &str, tag: &str, extra: &[&str]) -> Self {

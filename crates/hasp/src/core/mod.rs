@@ -53,6 +53,7 @@ mod commands;
 pub(crate) mod endpoint;
 pub(crate) mod holds;
 pub(crate) mod keys;
+mod latch;
 mod permits;
 mod pubsub;
 mod reply;

@@ -19,6 +19,7 @@ pub(crate) const BATCH_SOURCE: &str = concat!(
     include_str!("scripts/prelude.lua"),
     include_str!("scripts/lock.lua"),
     include_str!("scripts/permits.lua"),
+    include_str!("scripts/latch.lua"),
     include_str!("scripts/dispatch.lua"),
 );
 

@@ -11,4 +11,5 @@
 mod helpers;
 
 mod child;
+mod latch;
 mod semaphore;

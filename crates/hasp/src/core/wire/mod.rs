@@ -17,8 +17,10 @@ use super::keys::LockKeys;
 use super::scripts::{self, BATCH};
 use crate::error::Error;
 use crate::owner::Owner;
+use latch::LatchOp;
 use permits::PermitOp;
 
+pub(crate) mod latch;
 pub(crate) mod permits;
 
 /// Identifies one operation, so that the client can tell afterwards whether
@@ -93,6 +95,8 @@ pub(crate) enum Op {
     Force { keys: Arc<LockKeys> },
     /// An operation on a semaphore.
     Permits(PermitOp),
+    /// An operation on a count-down latch.
+    Latch(LatchOp),
 }
 
 /// What Redis answered for one operation.
@@ -139,6 +143,7 @@ impl Op {
             | Op::Settle { keys, .. }
             | Op::Force { keys } => keys,
             Op::Permits(op) => op.keys(),
+            Op::Latch(op) => op.keys(),
         }
     }
 
@@ -215,7 +220,9 @@ impl Op {
                 },
             ],
             Op::Undo { .. } | Op::Settle { .. } => vec![self.clone()],
-            Op::Extend { .. } | Op::Force { .. } => Vec::new(),
+            // A count down sent again may count twice (documented; an id
+            // makes it once).
+            Op::Extend { .. } | Op::Force { .. } | Op::Latch(_) => Vec::new(),
             Op::Permits(op) => op.settlement(),
         }
     }
@@ -276,7 +283,7 @@ impl Op {
             Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } | Op::Undo { .. } => {
                 self.settlement()
             }
-            Op::Acquire { .. } | Op::Extend { .. } | Op::Force { .. } => Vec::new(),
+            Op::Acquire { .. } | Op::Extend { .. } | Op::Force { .. } | Op::Latch(_) => Vec::new(),
             Op::Permits(op) => op.unfinished(),
         }
     }
@@ -297,12 +304,15 @@ impl Op {
             }
             Op::Force { .. } => (1, 1, lock + 4),
             Op::Permits(op) => op.size(),
+            Op::Latch(op) => op.size(),
         }
     }
 
     fn write_keys(&self, cmd: &mut Cmd) {
-        if let Op::Permits(op) = self {
-            return op.write_keys(cmd);
+        match self {
+            Op::Permits(op) => return op.write_keys(cmd),
+            Op::Latch(op) => return op.write_keys(cmd),
+            _ => {}
         }
         let keys = self.keys();
         cmd.arg(&*keys.lock);
@@ -366,6 +376,7 @@ impl Op {
                 cmd.arg("f");
             }
             Op::Permits(op) => op.write_args(cmd),
+            Op::Latch(op) => op.write_args(cmd),
         }
     }
 
@@ -432,6 +443,7 @@ impl Op {
             },
             Op::Force { .. } => Reply::Forced(code == 1),
             Op::Permits(op) => op.decode(code).ok_or_else(|| self.unexpected(value))?,
+            Op::Latch(op) => op.decode(code),
         };
         Ok(reply)
     }
