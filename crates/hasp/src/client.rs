@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::config::Settings;
 use crate::core::Core;
 use crate::error::Result;
+use crate::fair_lock::FairLock;
 use crate::latch::CountDownLatch;
 use crate::lock::Lock;
 use crate::semaphore::Semaphore;
@@ -167,6 +168,17 @@ impl Client {
     /// call is made.
     pub fn lock(&self, name: &str) -> Result<Lock> {
         Lock::new(self.core.clone(), name)
+    }
+
+    /// A handle on the fair lock called `name` (names as for
+    /// [`lock`](Self::lock); a fair lock and a lock of one name are distinct
+    /// locks).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// empty or over-long name; no Redis call is made.
+    pub fn fair_lock(&self, name: &str) -> Result<FairLock> {
+        Ok(FairLock::new(Lock::new_fair(self.core.clone(), name)?))
     }
 
     /// A handle on the semaphore called `name` (names as for

@@ -110,6 +110,7 @@ mod client;
 mod config;
 mod core;
 mod error;
+mod fair_lock;
 mod guard;
 mod latch;
 mod lock;
@@ -142,6 +143,7 @@ pub mod __bench {
 pub use client::{Client, Stats};
 pub use config::{ReplicaAck, Settings, MAX_LEASE};
 pub use error::{Error, Result};
+pub use fair_lock::FairLock;
 pub use guard::Guard;
 pub use latch::CountDownLatch;
 pub use lock::Lock;

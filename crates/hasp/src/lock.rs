@@ -107,12 +107,22 @@ pub struct Lock {
 impl Lock {
     pub(crate) fn new(core: Arc<Core>, name: &str) -> Result<Self> {
         let keys = core.keys(name)?;
-        Ok(Self {
+        Ok(Self::with_keys(core, keys))
+    }
+
+    /// The lock under a fair lock's keys (see [`FairLock`](crate::FairLock)).
+    pub(crate) fn new_fair(core: Arc<Core>, name: &str) -> Result<Self> {
+        let keys = core.fair_keys(name)?;
+        Ok(Self::with_keys(core, keys))
+    }
+
+    fn with_keys(core: Arc<Core>, keys: Arc<LockKeys>) -> Self {
+        Self {
             core,
             keys,
             lease: Lease::Watchdog,
             owner: None,
-        })
+        }
     }
 
     /// The lock's name.

@@ -1,4 +1,6 @@
-//! The client's registry of the locks it holds.
+//! The client's registry of the locks it holds (and semaphore permits:
+//! then an entry's Redis count is the permits its owner holds through this
+//! client, and every guard gives back its own).
 //!
 //! Re-entries are counted here, not in Redis: the client that holds a lock
 //! already knows it does (seed 001), so a re-entry in watchdog mode costs no
@@ -32,21 +34,10 @@ pub(crate) enum Lease {
     Fixed(u64),
 }
 
-/// What a hold holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// A (reentrant) lock.
-    Lock,
-    /// Permits of a semaphore: the entry's Redis count is the permits the
-    /// owner holds through this client, and every guard gives back its own.
-    Permits,
-}
-
 /// What every guard of one hold shares.
 #[derive(Debug)]
 pub(crate) struct HoldState {
     id: u64,
-    pub(crate) kind: Kind,
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) owner: Owner,
     pub(crate) token: u64,
@@ -235,7 +226,6 @@ impl Holds {
         }
         let state = Arc::new(HoldState {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            kind: Kind::Lock,
             keys: keys.clone(),
             owner: owner.clone(),
             token,
@@ -255,7 +245,7 @@ impl Holds {
         state
     }
 
-    /// Records `permits` just taken in Redis for `owner` by a call sent at
+    /// Records `permits` of a semaphore just taken in Redis for `owner` by a call sent at
     /// `sent_at` with a lease of `lease_ms`: added to the owner's live entry
     /// (one lease covers all of an owner's permits), or a new one.
     pub(crate) fn insert_permits(
@@ -278,7 +268,6 @@ impl Holds {
         }
         let state = Arc::new(HoldState {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            kind: Kind::Permits,
             keys: keys.clone(),
             owner: owner.clone(),
             token: 0,

@@ -19,6 +19,11 @@
 //! | `P:{E}:sem:due`                | zset    | `<k>\|<waiter id>` → end of the waiter's place (server ms) |
 //! | `P:{E}:sem:released` (channel) | pub/sub | `>` and the ids of the waiters whose permits are free |
 //!
+//! A fair lock named `N` has a lock's hash and fencing counter under
+//! `P:{E}:fair` and `P:{E}:fair:fence`, and a queue of waiters as a
+//! semaphore's (`P:{E}:fair:queue`, `P:{E}:fair:due`, members `1|<waiter id>`);
+//! its channel `P:{E}:fair:released` carries `>` and the head waiter's id.
+//!
 //! And a count-down latch named `N`:
 //!
 //! | key / channel                    | type    | content                              |
@@ -34,9 +39,19 @@
 
 use std::sync::Arc;
 
-/// The precomputed keys of one lock name.
+/// What kind of object a name's keys are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Lock,
+    FairLock,
+    Semaphore,
+    Latch,
+}
+
+/// The precomputed keys of one object (a lock, by default) of one name.
 #[derive(Debug)]
 pub(crate) struct LockKeys {
+    pub(crate) kind: Kind,
     pub(crate) name: Arc<str>,
     pub(crate) lock: Arc<str>,
     pub(crate) fence: String,
@@ -54,25 +69,39 @@ pub(crate) struct LockKeys {
 impl LockKeys {
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
         let tag = encode_name(name);
-        Self::with_base(format!("{prefix}:{{{tag}}}"), name, &tag, &[])
+        Self::with_base(Kind::Lock, format!("{prefix}:{{{tag}}}"), name, &tag, &[])
+    }
+
+    /// The keys of the fair lock called `name`.
+    pub(crate) fn fair(prefix: &str, name: &str) -> Self {
+        let tag = encode_name(name);
+        let base = format!("{prefix}:{{{tag}}}:fair");
+        Self::with_base(Kind::FairLock, base, name, &tag, &["queue", "due"])
     }
 
     /// The keys of the semaphore called `name`.
     pub(crate) fn semaphore(prefix: &str, name: &str) -> Self {
         let tag = encode_name(name);
         let base = format!("{prefix}:{{{tag}}}:sem");
-        Self::with_base(base, name, &tag, &["grants", "leases", "queue", "due"])
+        Self::with_base(
+            Kind::Semaphore,
+            base,
+            name,
+            &tag,
+            &["grants", "leases", "queue", "due"],
+        )
     }
 
     /// The keys of the count-down latch called `name`.
     pub(crate) fn latch(prefix: &str, name: &str) -> Self {
         let tag = encode_name(name);
         let base = format!("{prefix}:{{{tag}}}:latch");
-        Self::with_base(base, name, &tag, &["ids"])
+        Self::with_base(Kind::Latch, base, name, &tag, &["ids"])
     }
 
-    fn with_base(lock: String, name: &str, tag: &str, extra: &[&str]) -> Self {
+    fn with_base(kind: Kind, lock: String, name: &str, tag: &str, extra: &[&str]) -> Self {
         Self {
+            kind,
             extra: extra.iter().map(|e| format!("{lock}:{e}")).collect(),
             name: name.into(),
             fence: format!("{lock}:fence"),

@@ -51,9 +51,11 @@ use crate::owner::Owner;
 mod batcher;
 mod commands;
 pub(crate) mod endpoint;
+mod fair;
 pub(crate) mod holds;
 pub(crate) mod keys;
 mod latch;
+mod line;
 mod permits;
 mod pubsub;
 mod reply;
@@ -66,7 +68,7 @@ use batcher::{Batcher, CallStats, Queue, Target};
 use commands::Commands;
 use endpoint::Endpoint;
 use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
-use keys::LockKeys;
+use keys::{Kind, LockKeys};
 use pubsub::{Listener, PubSub};
 use reply::{HoldReply, Undo};
 use waiters::{Waiters, RECHECK};
@@ -292,6 +294,9 @@ impl Core {
         if let Some(hold) = self.reenter(keys, owner, lease).await? {
             return Ok(Some(hold));
         }
+        if keys.kind == Kind::FairLock {
+            return self.acquire_fair(keys, owner, lease, deadline, wait).await;
+        }
         // Queue behind local waiters rather than barge past them.
         let behind_local_waiters = wait && self.waiters.has_waiters(&keys.channel);
         let mut ttl = None;
@@ -462,9 +467,7 @@ impl Core {
         let then = Box::new(move |reply| {
             let _ = tx.send(reply);
         });
-        let (op, done) =
-            self.waiters
-                .release(&self.queue, &hold.keys, &hold.owner, redis_holds, then);
+        let (op, done) = self.release_op(&hold.keys, &hold.owner, redis_holds, then);
         self.queue.send(op, done);
         match rx.await.map_err(|_| closed())?? {
             Reply::Released | Reply::StillHeld => Ok(()),
@@ -489,8 +492,24 @@ impl Core {
                 tracing::warn!(error = %e, lock = %name, "background release failed");
             }
         });
-        let (op, done) = self.waiters.release(&self.queue, keys, owner, holds, log);
+        let (op, done) = self.release_op(keys, owner, holds, log);
         self.queue.send(op, done);
+    }
+
+    /// The operation that gives back `holds` holds of `owner`, and its
+    /// completion: for a lock, handed to this client's first waiter if
+    /// there is one (`waiters`); for a fair lock, to the head of its line.
+    fn release_op(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        holds: u32,
+        then: batcher::Completion,
+    ) -> (Op, batcher::Completion) {
+        match keys.kind {
+            Kind::FairLock => (self.fair_release(keys, owner, holds), then),
+            _ => self.waiters.release(&self.queue, keys, owner, holds, then),
+        }
     }
 
     /// Frees the lock whoever holds it and wakes every client's waiters.

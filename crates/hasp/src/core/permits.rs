@@ -5,16 +5,15 @@
 //! are served in order of arrival (`permits.lua`).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::holds::{Found, HoldState, Lease, ReleaseStep};
 use super::keys::LockKeys;
 use super::reply::{HoldReply, Undo};
-use super::waiters::{remaining, Attempt};
+use super::waiters::Attempt;
 use super::wire::permits::{PermitOp, Place, Resize};
 use super::wire::{Op, Reply};
 use super::{closed, Core};
-use crate::config::lease_millis;
 use crate::error::{Error, Result};
 use crate::owner::Owner;
 
@@ -52,59 +51,13 @@ impl Core {
                 Attempt::Busy(_) => Ok(None),
             };
         }
-        let id: Arc<str> = format!("{}/{}", self.id, self.queue.nonce()).into();
-        let place = Place {
-            member: format!("{permits}|{id}").into(),
-            ttl_ms: lease_millis(self.settings.waiter_ttl).unwrap_or(u64::MAX),
-        };
-        // From the first try on, a place may exist in Redis: whatever ends
-        // this wait but a grant (time, an error, cancellation) leaves it.
-        let mut leave = LeaveOnDrop {
-            core: self,
-            keys,
-            member: Some(place.member.clone()),
-        };
-        // Ask again before the place can end, and when the first lease ends.
-        let refresh = self.settings.waiter_ttl / 3;
-        let busy_for = |ttl: Option<Duration>| Some(ttl.unwrap_or(refresh).min(refresh));
-        let first = self
-            .take_permits(keys, owner, permits, lease, Some(place.clone()))
-            .await?;
-        let ttl = match first {
-            Attempt::Done(hold) => {
-                leave.member = None;
-                return Ok(Some(hold));
-            }
-            Attempt::Busy(ttl) => busy_for(ttl),
-        };
-        if remaining(deadline).is_zero() {
-            return Ok(None);
-        }
-        let waiter = self.waiters.join_place(keys, id);
-        let confirm = remaining(deadline)
-            .min(self.settings.response_timeout)
-            .min(refresh);
-        waiter.ready(confirm).await;
-        let attempt = || async {
-            Ok(
-                match self
-                    .take_permits(keys, owner, permits, lease, Some(place.clone()))
-                    .await?
-                {
-                    Attempt::Busy(ttl) => Attempt::Busy(busy_for(ttl)),
-                    done => done,
-                },
-            )
-        };
-        // No hand-off grants permits (a waiter with a place has no offer):
-        // a waiter takes them itself.
-        let hold = waiter
-            .wait_for(deadline, ttl, false, attempt, |_| None)
-            .await?;
-        if hold.is_some() {
-            leave.member = None;
-        }
-        Ok(hold)
+        let (id, place) = self.new_place(permits);
+        let leave = Op::Permits(PermitOp::Leave {
+            keys: keys.clone(),
+            member: place.member.clone(),
+        });
+        let attempt = || self.take_permits(keys, owner, permits, lease, Some(place.clone()));
+        self.wait_in_line(keys, id, leave, deadline, attempt).await
     }
 
     /// One try (batched with whatever else is pending).
@@ -285,25 +238,6 @@ impl Core {
                 "permits",
                 "would lower the capacity below zero",
             )),
-        }
-    }
-}
-
-/// Leaves a semaphore's queue in Redis when dropped, unless disarmed
-/// (`member` taken): the wait ended without the permits.
-struct LeaveOnDrop<'a> {
-    core: &'a Core,
-    keys: &'a Arc<LockKeys>,
-    member: Option<Arc<str>>,
-}
-
-impl Drop for LeaveOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(member) = self.member.take() {
-            self.core.queue.detach(Op::Permits(PermitOp::Leave {
-                keys: self.keys.clone(),
-                member,
-            }));
         }
     }
 }

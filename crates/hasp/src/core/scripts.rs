@@ -17,7 +17,9 @@ use crate::config::ReplicaAck;
 /// one file per kind between the prelude and the dispatch loop.
 pub(crate) const BATCH_SOURCE: &str = concat!(
     include_str!("scripts/prelude.lua"),
+    include_str!("scripts/line.lua"),
     include_str!("scripts/lock.lua"),
+    include_str!("scripts/fair.lua"),
     include_str!("scripts/permits.lua"),
     include_str!("scripts/latch.lua"),
     include_str!("scripts/dispatch.lua"),

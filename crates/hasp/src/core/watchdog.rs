@@ -19,7 +19,8 @@ use futures_util::future::join_all;
 use tokio::sync::{oneshot, watch, Notify};
 
 use super::batcher::Queue;
-use super::holds::{HoldState, Holds, Kind, Lease};
+use super::holds::{HoldState, Holds, Lease};
+use super::keys::Kind;
 use super::wire::permits::PermitOp;
 use super::wire::{Op, Reply};
 
@@ -69,17 +70,18 @@ impl Watchdog {
             Lease::Fixed(_) => None, // checked, never extended
         };
         let (keys, owner) = (hold.keys.clone(), hold.owner.clone());
-        let op = match hold.kind {
-            Kind::Lock => Op::Extend {
-                keys,
-                owner,
-                lease_ms,
-            },
-            Kind::Permits => Op::Permits(PermitOp::Extend {
+        let op = match keys.kind {
+            Kind::Semaphore => Op::Permits(PermitOp::Extend {
                 keys,
                 owner,
                 lease_ms,
             }),
+            // A fair lock's hash is a lock's: the same extend.
+            Kind::Lock | Kind::FairLock | Kind::Latch => Op::Extend {
+                keys,
+                owner,
+                lease_ms,
+            },
         };
         self.queue.send(
             op,

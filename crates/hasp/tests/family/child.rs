@@ -115,6 +115,15 @@ async fn child_process() {
             println!("HELD {}", permit.permits());
             std::future::pending::<()>().await;
         }
+        // args: fair lock name. Waits for it until killed.
+        "wait-fair" => {
+            let lock = client.fair_lock(args[0]).unwrap();
+            let waiting = lock.lock();
+            println!("WAITING");
+            let guard = waiting.await.unwrap();
+            println!("HELD {}", guard.fencing_token());
+            std::future::pending::<()>().await;
+        }
         other => panic!("unknown child role {other}"),
     }
 }

@@ -11,5 +11,6 @@
 mod helpers;
 
 mod child;
+mod fair_lock;
 mod latch;
 mod semaphore;

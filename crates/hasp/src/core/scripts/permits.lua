@@ -36,11 +36,7 @@
 --         up to 100 of them and gives their permits back. grants and leases
 --         expire together when the last lease ends, so an idle semaphore
 --         keeps only its capacity
--- queue   zset: '<k>|<waiter>' -> order of arrival; due: the same members ->
---         the end of the waiter's place, server milliseconds. A waiter
---         refreshes its place each time it asks; one that stops asking (its
---         process died) is removed once its place ends, up to 100 per call
--- waiter  an id unique per wait ('<client id>/<nonce>'), without ',' or '|'
+-- queue, due  the line of waiters (see line.lua)
 --
 -- Order. A waiter may take its k permits when they are free after the
 -- permits the live waiters ahead of it want: so a request for many is not
@@ -49,12 +45,13 @@
 --
 -- Wake-ups. When permits may have become free for the head of the queue (a
 -- release, a lease that ended, a new capacity, a waiter that left), the
--- script publishes '>' and the ids of the waiters at the head that now fit,
--- comma-separated, on <sem>:released; each client wakes those of its own.
+-- script publishes the waiters at the head that now fit (see line.lua) on
+-- <sem>:released.
 --
 -- Each operation answers an integer:
 --   pa, pw  1    taken
---           -t   not taken; the first lease ends in t ms (ask again then)
+--           -t   not taken; ask again in t ms (when the first lease, or the
+--                place of the waiter at the head, ends)
 --           0    not taken, and no lease is running
 --   pr, ps  -1   the owner does not hold k permits (nothing changed)
 --           n    permits the owner still holds (0: none, its lease is gone)
@@ -66,18 +63,6 @@
 --           capacity would go below zero (nothing changed)
 --   pd      permits taken (0: none)
 --   pl      ms left on the owner's lease, -1 when it holds nothing
-
--- Sets key (and also_key) to expire when the last deadline in the zset
--- at_key ends.
-local function expire_at_last(at_key, key, also_key)
-  local last = call('zrange', at_key, -1, -1, 'WITHSCORES')
-  if last[2] then
-    call('pexpireat', key, last[2])
-    if also_key then
-      call('pexpireat', also_key, last[2])
-    end
-  end
-end
 
 -- Forgets owners' grants; with no lease left, the grants too.
 local function drop_owners(grants, leases, owners)
@@ -108,23 +93,9 @@ local function purge_grants(grants, leases, now)
   return true
 end
 
--- Removes waiters whose place has ended (at most 100).
-local function purge_waiters(queue, due, now)
-  local dead = call('zrangebyscore', due, '-inf', now, 'LIMIT', 0, 100)
-  if #dead > 0 then
-    call('zrem', due, unpack(dead))
-    call('zrem', queue, unpack(dead))
-  end
-  return #dead > 0
-end
-
 local function free_permits(sem, grants)
   local cap = tonumber(call('hget', sem, ':cap')) or 0
   return cap - (tonumber(call('hget', grants, ':held')) or 0)
-end
-
-local function wanted(member)
-  return tonumber(string.match(member, '^(%d+)|'))
 end
 
 -- Permits the waiters ahead of member want (all waiters if member is not
@@ -162,7 +133,7 @@ local function wake(sem, grants, queue)
       break
     end
     free = free - k
-    ids[#ids + 1] = string.sub(m, string.find(m, '|', 1, true) + 1)
+    ids[#ids + 1] = waiter_of(m)
   end
   if #ids > 0 then
     call('publish', sem .. ':released', '>' .. table.concat(ids, ','))
@@ -189,9 +160,9 @@ end
 local function first_lease_ends(leases, now)
   local first = call('zrange', leases, 0, 0, 'WITHSCORES')
   if first[2] then
-    return -math.max(tonumber(first[2]) - now, 1)
+    return math.max(tonumber(first[2]) - now, 1)
   end
-  return 0
+  return nil
 end
 
 local function take(sem, grants, leases, queue, due, owner, k, lease, nonce, waiter, wttl)
@@ -202,8 +173,7 @@ local function take(sem, grants, leases, queue, due, owner, k, lease, nonce, wai
   local ahead = wanted_ahead(queue, member)
   if ahead and k + ahead <= free_permits(sem, grants) then
     grant(grants, leases, owner, k, lease, nonce, now)
-    if member and call('zrem', queue, member) == 1 then
-      call('zrem', due, member)
+    if member and leave_line(queue, due, member) then
       -- Others behind may fit too; they were told when these permits
       -- came free, but not if they arrived since.
       wake(sem, grants, queue)
@@ -211,14 +181,13 @@ local function take(sem, grants, leases, queue, due, owner, k, lease, nonce, wai
     return 1
   end
   if member then
-    if not call('zscore', queue, member) then
-      local last = call('zrange', queue, -1, -1, 'WITHSCORES')
-      call('zadd', queue, (tonumber(last[2]) or 0) + 1, member)
-    end
-    call('zadd', due, now + wttl, member)
-    expire_at_last(due, due, queue)
+    join_line(queue, due, member, now, wttl)
   end
-  return first_lease_ends(leases, now)
+  -- Ask again when the first lease ends, or the place of the waiter at the
+  -- head (it is told when its permits are free; if it is dead, it is purged
+  -- then).
+  local wait = sooner(first_lease_ends(leases, now), head_due_in(queue, due, member, now))
+  return wait and -wait or 0
 end
 
 local function give(sem, grants, leases, queue, due, owner, k, nonce)
@@ -254,12 +223,10 @@ local function prolong(grants, leases, owner, lease)
 end
 
 local function leave(sem, grants, queue, due, waiter_member)
-  local rank = call('zrank', queue, waiter_member)
+  local rank = leave_line(queue, due, waiter_member)
   if not rank then
     return 0
   end
-  call('zrem', queue, waiter_member)
-  call('zrem', due, waiter_member)
   if rank == 0 then
     wake(sem, grants, queue)
   end

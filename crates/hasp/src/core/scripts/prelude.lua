@@ -5,8 +5,9 @@
 -- answers its error in its own slot and changes nothing, and its
 -- neighbours carry on.
 --
--- The script is five files run as one: prelude.lua (this), lock.lua,
--- permits.lua, latch.lua and dispatch.lua. Each kind of object registers its
+-- The script is several files run as one: prelude.lua (this), line.lua
+-- (a line of waiters, shared), lock.lua, fair.lua, permits.lua, latch.lua
+-- and dispatch.lua. Each kind of object registers its
 -- operations in `ops` under their opcodes, with how many keys and
 -- arguments (the opcode included) each takes.
 --

@@ -17,9 +17,11 @@ use super::keys::LockKeys;
 use super::scripts::{self, BATCH};
 use crate::error::Error;
 use crate::owner::Owner;
+use fair::FairOp;
 use latch::LatchOp;
 use permits::PermitOp;
 
+pub(crate) mod fair;
 pub(crate) mod latch;
 pub(crate) mod permits;
 
@@ -93,6 +95,8 @@ pub(crate) enum Op {
     },
     /// Free the lock whoever holds it.
     Force { keys: Arc<LockKeys> },
+    /// An operation on a fair lock.
+    Fair(FairOp),
     /// An operation on a semaphore.
     Permits(PermitOp),
     /// An operation on a count-down latch.
@@ -142,6 +146,7 @@ impl Op {
             | Op::Undo { keys, .. }
             | Op::Settle { keys, .. }
             | Op::Force { keys } => keys,
+            Op::Fair(op) => op.keys(),
             Op::Permits(op) => op.keys(),
             Op::Latch(op) => op.keys(),
         }
@@ -159,8 +164,10 @@ impl Op {
     /// Whether, with replica acknowledgement on, this operation counts only
     /// once replicas confirmed it: what gives or extends a hold.
     pub(crate) fn needs_replicas(&self) -> bool {
-        if let Op::Permits(op) = self {
-            return op.needs_replicas();
+        match self {
+            Op::Fair(op) => return op.needs_replicas(),
+            Op::Permits(op) => return op.needs_replicas(),
+            _ => {}
         }
         matches!(
             self,
@@ -223,6 +230,7 @@ impl Op {
             // A count down sent again may count twice (documented; an id
             // makes it once).
             Op::Extend { .. } | Op::Force { .. } | Op::Latch(_) => Vec::new(),
+            Op::Fair(op) => op.settlement(),
             Op::Permits(op) => op.settlement(),
         }
     }
@@ -244,6 +252,7 @@ impl Op {
                 flag_waiting: *flag_waiting,
                 nonce,
             }),
+            Op::Fair(op) => op.renonced(nonce),
             Op::Permits(op) => op.renonced(nonce),
             _ => None,
         }
@@ -254,6 +263,7 @@ impl Op {
     pub(crate) fn is_release(&self) -> bool {
         match self {
             Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } => true,
+            Op::Fair(op) => op.is_release(),
             Op::Permits(op) => matches!(op, PermitOp::Release { .. } | PermitOp::Settle { .. }),
             _ => false,
         }
@@ -269,6 +279,7 @@ impl Op {
                 holds: 1,
                 nonce,
             }),
+            Op::Fair(op) => op.give_back(nonce),
             Op::Permits(op) => op.give_back(nonce),
             _ => None,
         }
@@ -284,6 +295,7 @@ impl Op {
                 self.settlement()
             }
             Op::Acquire { .. } | Op::Extend { .. } | Op::Force { .. } | Op::Latch(_) => Vec::new(),
+            Op::Fair(op) => op.unfinished(),
             Op::Permits(op) => op.unfinished(),
         }
     }
@@ -303,6 +315,7 @@ impl Op {
                 (1, 3, lock + owner.id().len() + 24)
             }
             Op::Force { .. } => (1, 1, lock + 4),
+            Op::Fair(op) => op.size(),
             Op::Permits(op) => op.size(),
             Op::Latch(op) => op.size(),
         }
@@ -310,6 +323,7 @@ impl Op {
 
     fn write_keys(&self, cmd: &mut Cmd) {
         match self {
+            Op::Fair(op) => return op.write_keys(cmd),
             Op::Permits(op) => return op.write_keys(cmd),
             Op::Latch(op) => return op.write_keys(cmd),
             _ => {}
@@ -375,6 +389,7 @@ impl Op {
             Op::Force { .. } => {
                 cmd.arg("f");
             }
+            Op::Fair(op) => op.write_args(cmd),
             Op::Permits(op) => op.write_args(cmd),
             Op::Latch(op) => op.write_args(cmd),
         }
@@ -443,6 +458,7 @@ impl Op {
             },
             Op::Force { .. } => Reply::Forced(code == 1),
             Op::Permits(op) => op.decode(code).ok_or_else(|| self.unexpected(value))?,
+            Op::Fair(op) => op.decode(code),
             Op::Latch(op) => op.decode(code),
         };
         Ok(reply)
