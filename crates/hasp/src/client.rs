@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::fair_lock::FairLock;
 use crate::latch::CountDownLatch;
 use crate::lock::Lock;
+use crate::rw_lock::RwLock;
 use crate::semaphore::Semaphore;
 
 /// A handle on one Redis server, shared by every lock made from it.
@@ -179,6 +180,16 @@ impl Client {
     /// empty or over-long name; no Redis call is made.
     pub fn fair_lock(&self, name: &str) -> Result<FairLock> {
         Ok(FairLock::new(Lock::new_fair(self.core.clone(), name)?))
+    }
+
+    /// A handle on the read-write lock called `name` (names as for
+    /// [`lock`](Self::lock); distinct from a lock of that name).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// empty or over-long name; no Redis call is made.
+    pub fn rw_lock(&self, name: &str) -> Result<RwLock> {
+        RwLock::new(self.core.clone(), name)
     }
 
     /// A handle on the semaphore called `name` (names as for

@@ -46,6 +46,15 @@ pub enum Error {
         name: String,
     },
 
+    /// A read holder asked for the write lock of the same read-write lock:
+    /// it would wait for itself forever, so it is refused at once. Release
+    /// the read first (or take the write lock first and downgrade).
+    #[error("lock {name:?}: a read hold cannot be upgraded to write")]
+    UpgradeNotSupported {
+        /// The lock's name.
+        name: String,
+    },
+
     /// A wait that the caller asked to treat as an error ran out.
     #[error("lock {name:?} was not acquired within {waited:?}")]
     TimedOut {

@@ -116,6 +116,7 @@ mod latch;
 mod lock;
 mod multi;
 mod owner;
+mod rw_lock;
 mod semaphore;
 
 /// Not part of the API: what the lock benchmark (`benches/lock.rs`) needs to
@@ -151,4 +152,5 @@ pub use multi::fence::{Fence, FenceVector};
 pub use multi::multi_lock::{MultiGuard, MultiLock};
 pub use multi::red_lock::{RedGuard, RedLock};
 pub use owner::Owner;
+pub use rw_lock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Permit, Semaphore, MAX_PERMITS};

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::keys::LockKeys;
+use super::keys::{Kind, LockKeys};
 use crate::owner::Owner;
 
 /// How a hold's lease is kept alive.
@@ -100,6 +100,8 @@ impl HoldState {
 struct HoldKey {
     lock: Arc<str>,
     owner: Arc<str>,
+    /// A read-write lock's read and write holds share its keys.
+    kind: Kind,
 }
 
 #[derive(Debug)]
@@ -166,6 +168,7 @@ impl Holds {
         HoldKey {
             lock: keys.lock.clone(),
             owner: owner.as_arc().clone(),
+            kind: keys.kind,
         }
     }
 

@@ -24,6 +24,13 @@
 //! semaphore's (`P:{E}:fair:queue`, `P:{E}:fair:due`, members `1|<waiter id>`);
 //! its channel `P:{E}:fair:released` carries `>` and the head waiter's id.
 //!
+//! A read-write lock named `N`: `P:{E}:rw` (hash: `w:<owner>`,
+//! `r:<owner>` hold counts, `:writer`, `:rc` readers, nonces),
+//! `P:{E}:rw:leases` (zset: `<side>:<owner>` → end of that hold's lease,
+//! server ms), `P:{E}:rw:fence`, and a line (`P:{E}:rw:queue`,
+//! `P:{E}:rw:due`, members `W|`, `R|` or `P|` and the waiter's id);
+//! channel `P:{E}:rw:released`.
+//!
 //! And a count-down latch named `N`:
 //!
 //! | key / channel                    | type    | content                              |
@@ -40,10 +47,14 @@
 use std::sync::Arc;
 
 /// What kind of object a name's keys are for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     Lock,
     FairLock,
+    /// The read side of a read-write lock.
+    RwRead,
+    /// The write side of a read-write lock (same keys as the read side).
+    RwWrite,
     Semaphore,
     Latch,
 }
@@ -77,6 +88,14 @@ impl LockKeys {
         let tag = encode_name(name);
         let base = format!("{prefix}:{{{tag}}}:fair");
         Self::with_base(Kind::FairLock, base, name, &tag, &["queue", "due"])
+    }
+
+    /// The keys of one side (`kind`: [`Kind::RwRead`] or [`Kind::RwWrite`])
+    /// of the read-write lock called `name`.
+    pub(crate) fn rw(prefix: &str, name: &str, kind: Kind) -> Self {
+        let tag = encode_name(name);
+        let base = format!("{prefix}:{{{tag}}}:rw");
+        Self::with_base(kind, base, name, &tag, &["leases", "queue", "due"])
     }
 
     /// The keys of the semaphore called `name`.

@@ -57,6 +57,7 @@ pub(crate) mod keys;
 mod latch;
 mod line;
 mod permits;
+mod rw;
 mod pubsub;
 mod reply;
 mod scripts;
@@ -357,11 +358,7 @@ impl Core {
     /// to the send time plus the lease.
     pub(crate) async fn extend(&self, hold: &HoldState, lease_ms: u64) -> Result<bool> {
         let sent_at = Instant::now();
-        let op = Op::Extend {
-            keys: hold.keys.clone(),
-            owner: hold.owner.clone(),
-            lease_ms: Some(lease_ms),
-        };
+        let op = Op::extend(hold.keys.clone(), hold.owner.clone(), Some(lease_ms));
         match self.queue.call(op).await.map_err(|_| closed())?? {
             Reply::Extended => {
                 hold.confirm(sent_at, lease_ms);
@@ -399,11 +396,7 @@ impl Core {
                 Lease::Watchdog => held_ms,
             };
             let sent_at = Instant::now();
-            let op = Op::Extend {
-                keys: keys.clone(),
-                owner: owner.clone(),
-                lease_ms: Some(ms),
-            };
+            let op = Op::extend(keys.clone(), owner.clone(), Some(ms));
             match self.queue.call(op).await.map_err(|_| closed())?? {
                 Reply::Extended => state.confirm(sent_at, ms),
                 _ => {
@@ -508,6 +501,7 @@ impl Core {
     ) -> (Op, batcher::Completion) {
         match keys.kind {
             Kind::FairLock => (self.fair_release(keys, owner, holds), then),
+            Kind::RwRead | Kind::RwWrite => (self.rw_release(keys, owner, holds), then),
             _ => self.waiters.release(&self.queue, keys, owner, holds, then),
         }
     }

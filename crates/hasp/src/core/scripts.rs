@@ -20,6 +20,7 @@ pub(crate) const BATCH_SOURCE: &str = concat!(
     include_str!("scripts/line.lua"),
     include_str!("scripts/lock.lua"),
     include_str!("scripts/fair.lua"),
+    include_str!("scripts/rw.lua"),
     include_str!("scripts/permits.lua"),
     include_str!("scripts/latch.lua"),
     include_str!("scripts/dispatch.lua"),

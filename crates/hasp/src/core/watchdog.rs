@@ -1,7 +1,7 @@
 //! Lease renewal and hold checks: one task per client.
 //!
 //! Every third of the watchdog timeout the task extends the lease of every
-//! hold in watchdog mode (locks and semaphore permits alike), as `extend` operations through the batcher (so they
+//! hold in watchdog mode (locks, read and write holds, semaphore permits), as `extend` operations through the batcher (so they
 //! share its calls: at most `renew_batch` per call). When a connection to
 //! Redis is made again after it broke, it checks every hold at once, fixed
 //! leases included (faults spec 5).
@@ -20,8 +20,6 @@ use tokio::sync::{oneshot, watch, Notify};
 
 use super::batcher::Queue;
 use super::holds::{HoldState, Holds, Lease};
-use super::keys::Kind;
-use super::wire::permits::PermitOp;
 use super::wire::{Op, Reply};
 
 /// What the watchdog task works with.
@@ -69,20 +67,7 @@ impl Watchdog {
             Lease::Watchdog => Some(self.lease_ms),
             Lease::Fixed(_) => None, // checked, never extended
         };
-        let (keys, owner) = (hold.keys.clone(), hold.owner.clone());
-        let op = match keys.kind {
-            Kind::Semaphore => Op::Permits(PermitOp::Extend {
-                keys,
-                owner,
-                lease_ms,
-            }),
-            // A fair lock's hash is a lock's: the same extend.
-            Kind::Lock | Kind::FairLock | Kind::Latch => Op::Extend {
-                keys,
-                owner,
-                lease_ms,
-            },
-        };
+        let op = Op::extend(hold.keys.clone(), hold.owner.clone(), lease_ms);
         self.queue.send(
             op,
             Box::new(move |reply| {

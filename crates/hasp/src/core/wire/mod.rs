@@ -13,17 +13,19 @@ use std::time::Duration;
 
 use redis::{Cmd, Script, Value};
 
-use super::keys::LockKeys;
+use super::keys::{Kind, LockKeys};
 use super::scripts::{self, BATCH};
 use crate::error::Error;
 use crate::owner::Owner;
 use fair::FairOp;
 use latch::LatchOp;
 use permits::PermitOp;
+use rw::RwOp;
 
 pub(crate) mod fair;
 pub(crate) mod latch;
 pub(crate) mod permits;
+pub(crate) mod rw;
 
 /// Identifies one operation, so that the client can tell afterwards whether
 /// a call whose reply was lost applied it (see `batch.lua`, "nonce").
@@ -97,6 +99,8 @@ pub(crate) enum Op {
     Force { keys: Arc<LockKeys> },
     /// An operation on a fair lock.
     Fair(FairOp),
+    /// An operation on a read-write lock.
+    Rw(RwOp),
     /// An operation on a semaphore.
     Permits(PermitOp),
     /// An operation on a count-down latch.
@@ -137,6 +141,30 @@ impl Reply {
 }
 
 impl Op {
+    /// The renewal (`lease_ms`) or check (`None`) of `owner`'s hold on the
+    /// object `keys` name, whatever its kind.
+    pub(crate) fn extend(keys: Arc<LockKeys>, owner: Owner, lease_ms: Option<u64>) -> Op {
+        match keys.kind {
+            Kind::Semaphore => Op::Permits(PermitOp::Extend {
+                keys,
+                owner,
+                lease_ms,
+            }),
+            Kind::RwRead | Kind::RwWrite => Op::Rw(RwOp::Extend {
+                keys,
+                owner,
+                lease_ms,
+            }),
+            // A fair lock's hash is a lock's: the same extend (a latch has
+            // no holds).
+            Kind::Lock | Kind::FairLock | Kind::Latch => Op::Extend {
+                keys,
+                owner,
+                lease_ms,
+            },
+        }
+    }
+
     pub(crate) fn keys(&self) -> &Arc<LockKeys> {
         match self {
             Op::Acquire { keys, .. }
@@ -147,6 +175,7 @@ impl Op {
             | Op::Settle { keys, .. }
             | Op::Force { keys } => keys,
             Op::Fair(op) => op.keys(),
+            Op::Rw(op) => op.keys(),
             Op::Permits(op) => op.keys(),
             Op::Latch(op) => op.keys(),
         }
@@ -157,6 +186,7 @@ impl Op {
     pub(crate) fn is_extend(&self) -> bool {
         match self {
             Op::Permits(op) => op.is_extend(),
+            Op::Rw(op) => op.is_extend(),
             op => matches!(op, Op::Extend { .. }),
         }
     }
@@ -166,6 +196,7 @@ impl Op {
     pub(crate) fn needs_replicas(&self) -> bool {
         match self {
             Op::Fair(op) => return op.needs_replicas(),
+            Op::Rw(op) => return op.needs_replicas(),
             Op::Permits(op) => return op.needs_replicas(),
             _ => {}
         }
@@ -231,6 +262,7 @@ impl Op {
             // makes it once).
             Op::Extend { .. } | Op::Force { .. } | Op::Latch(_) => Vec::new(),
             Op::Fair(op) => op.settlement(),
+            Op::Rw(op) => op.settlement(),
             Op::Permits(op) => op.settlement(),
         }
     }
@@ -253,6 +285,7 @@ impl Op {
                 nonce,
             }),
             Op::Fair(op) => op.renonced(nonce),
+            Op::Rw(op) => op.renonced(nonce),
             Op::Permits(op) => op.renonced(nonce),
             _ => None,
         }
@@ -264,6 +297,7 @@ impl Op {
         match self {
             Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } => true,
             Op::Fair(op) => op.is_release(),
+            Op::Rw(op) => op.is_release(),
             Op::Permits(op) => matches!(op, PermitOp::Release { .. } | PermitOp::Settle { .. }),
             _ => false,
         }
@@ -280,6 +314,7 @@ impl Op {
                 nonce,
             }),
             Op::Fair(op) => op.give_back(nonce),
+            Op::Rw(op) => op.give_back(nonce),
             Op::Permits(op) => op.give_back(nonce),
             _ => None,
         }
@@ -296,6 +331,7 @@ impl Op {
             }
             Op::Acquire { .. } | Op::Extend { .. } | Op::Force { .. } | Op::Latch(_) => Vec::new(),
             Op::Fair(op) => op.unfinished(),
+            Op::Rw(op) => op.unfinished(),
             Op::Permits(op) => op.unfinished(),
         }
     }
@@ -316,6 +352,7 @@ impl Op {
             }
             Op::Force { .. } => (1, 1, lock + 4),
             Op::Fair(op) => op.size(),
+            Op::Rw(op) => op.size(),
             Op::Permits(op) => op.size(),
             Op::Latch(op) => op.size(),
         }
@@ -324,6 +361,7 @@ impl Op {
     fn write_keys(&self, cmd: &mut Cmd) {
         match self {
             Op::Fair(op) => return op.write_keys(cmd),
+            Op::Rw(op) => return op.write_keys(cmd),
             Op::Permits(op) => return op.write_keys(cmd),
             Op::Latch(op) => return op.write_keys(cmd),
             _ => {}
@@ -390,6 +428,7 @@ impl Op {
                 cmd.arg("f");
             }
             Op::Fair(op) => op.write_args(cmd),
+            Op::Rw(op) => op.write_args(cmd),
             Op::Permits(op) => op.write_args(cmd),
             Op::Latch(op) => op.write_args(cmd),
         }
@@ -409,6 +448,11 @@ impl Op {
                 "the operation reached a node that does not serve its slot",
                 message.to_owned(),
             )));
+        }
+        if message.contains("UPGRADE:") {
+            return Error::UpgradeNotSupported {
+                name: self.keys().name.to_string(),
+            };
         }
         if message.starts_with("READONLY") {
             return Error::Redis(redis::RedisError::from((
@@ -459,6 +503,7 @@ impl Op {
             Op::Force { .. } => Reply::Forced(code == 1),
             Op::Permits(op) => op.decode(code).ok_or_else(|| self.unexpected(value))?,
             Op::Fair(op) => op.decode(code),
+            Op::Rw(op) => op.decode(code),
             Op::Latch(op) => op.decode(code),
         };
         Ok(reply)
