@@ -53,9 +53,8 @@ impl Core {
                 });
             }
         }
-        let attempt = |place: Option<Place>| {
-            self.rw_attempt(keys, owner, lease, place, prefer_readers)
-        };
+        let attempt =
+            |place: Option<Place>| self.rw_attempt(keys, owner, lease, place, prefer_readers);
         if !wait {
             return match attempt(None).await? {
                 Attempt::Done(hold) => Ok(Some(hold)),

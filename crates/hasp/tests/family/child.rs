@@ -65,6 +65,22 @@ impl ChildProcess {
         }
     }
 
+    /// Kills the child and returns every line it printed (not yet read)
+    /// that starts with one of `prefixes`.
+    pub async fn kill_and_collect(&mut self, prefixes: &[&str]) -> Vec<String> {
+        self.kill();
+        let mut lines = Vec::new();
+        // The reader thread reaches the end of the pipe, then closes.
+        while let Ok(Some(line)) =
+            tokio::time::timeout(Duration::from_secs(5), self.lines.recv()).await
+        {
+            if prefixes.iter().any(|p| line.starts_with(p)) {
+                lines.push(line);
+            }
+        }
+        lines
+    }
+
     /// SIGKILL, and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -123,6 +139,38 @@ async fn child_process() {
             let guard = waiting.await.unwrap();
             println!("HELD {}", guard.fencing_token());
             std::future::pending::<()>().await;
+        }
+        // args: rw lock name, holder label. Holds a read until killed.
+        "hold-read" => {
+            let lock = client.rw_lock(args[0]).unwrap();
+            let guard = lock.read().await.unwrap();
+            println!("HELD {}", guard.fencing_token());
+            std::future::pending::<()>().await;
+        }
+        // args: rw lock name, holder label. Reads and writes in turn (one
+        // in four a write), printing `IN`/`OUT` lines with the monotonic
+        // time, until killed.
+        "rw-worker" => {
+            let lock = client.rw_lock(args[0]).unwrap();
+            println!("READY");
+            for round in 0u64.. {
+                let write = round.is_multiple_of(4);
+                let side = if write { "w" } else { "r" };
+                let holder = format!("{}-{round}", args[1]);
+                if write {
+                    let guard = lock.write().await.unwrap();
+                    println!("IN {side} {holder} {}", testkit::now_us());
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    println!("OUT {side} {holder} {}", testkit::now_us());
+                    guard.unlock().await.unwrap();
+                } else {
+                    let guard = lock.read().await.unwrap();
+                    println!("IN {side} {holder} {}", testkit::now_us());
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    println!("OUT {side} {holder} {}", testkit::now_us());
+                    guard.unlock().await.unwrap();
+                }
+            }
         }
         other => panic!("unknown child role {other}"),
     }

@@ -13,4 +13,5 @@ mod helpers;
 mod child;
 mod fair_lock;
 mod latch;
+mod rw_lock;
 mod semaphore;

@@ -52,7 +52,10 @@ pub(crate) enum RwOp {
         nonce: Nonce,
     },
     /// Leave the line.
-    Leave { keys: Arc<LockKeys>, member: Arc<str> },
+    Leave {
+        keys: Arc<LockKeys>,
+        member: Arc<str>,
+    },
 }
 
 impl RwOp {
@@ -217,7 +220,11 @@ impl RwOp {
                 nonce,
                 ..
             } => {
-                cmd.arg("yr").arg(side).arg(owner.id()).arg(*holds).arg(nonce);
+                cmd.arg("yr")
+                    .arg(side)
+                    .arg(owner.id())
+                    .arg(*holds)
+                    .arg(nonce);
             }
             RwOp::Extend {
                 owner, lease_ms, ..
@@ -236,7 +243,11 @@ impl RwOp {
                 nonce,
                 ..
             } => {
-                cmd.arg("ys").arg(side).arg(owner.id()).arg(*holds).arg(nonce);
+                cmd.arg("ys")
+                    .arg(side)
+                    .arg(owner.id())
+                    .arg(*holds)
+                    .arg(nonce);
             }
             RwOp::Leave { member, .. } => {
                 cmd.arg("yq").arg(&**member);
