@@ -25,6 +25,10 @@
 //!   Cluster beside one server at C = 1, 16, 64.
 //! * **(c) renewal cost**: script calls per renewal period while holding
 //!   10,000 locks.
+//! * **f: the family** beside the basic lock, same run: uncontended pairs/s
+//!   at C = 1 and 64 (each task its own name) for FairLock, RwLock write and
+//!   read, Semaphore; and W2 (32 tasks over 2 clients, one name) for each,
+//!   Semaphore with 1 and with 8 permits.
 //!
 //! See `benches/README.md` for how to read the figures.
 
@@ -44,7 +48,7 @@ const W2_HOLD: Duration = Duration::from_millis(1);
 
 struct Args {
     duration: Duration,
-    /// Sections to run (w1, rb, ri, w2, wait, m, c); empty = all.
+    /// Sections to run (w1, rb, ri, w2, wait, m, c, f); empty = all.
     only: Vec<String>,
     /// W1 concurrency levels to run; empty = all of [`W1_CONCURRENCY`].
     levels: Vec<usize>,
@@ -76,7 +80,7 @@ fn parse_args() -> Args {
         if a == "--only" {
             only.extend(
                 args.next()
-                    .expect("--only w1,rb,ri,w2,wait,m,c")
+                    .expect("--only w1,rb,ri,w2,wait,m,c,f")
                     .split(',')
                     .map(str::to_owned),
             );
@@ -235,6 +239,9 @@ async fn run(args: Args) {
     }
     if args.runs("m") {
         several_servers(args.duration).await;
+    }
+    if args.runs("f") {
+        family(args.duration, hasp_c1).await;
     }
     if !args.runs("c") {
         return;
@@ -789,11 +796,17 @@ struct W2Report {
 
 impl W2Report {
     fn print(&self, lib: &str, uncontended_pairs_per_sec: f64) {
+        self.print_holders(lib, uncontended_pairs_per_sec, 1.0);
+    }
+
+    /// As `print`, for a lock `holders` can hold at once (a semaphore's
+    /// permits): the ceiling is that many times one holder's.
+    fn print_holders(&self, lib: &str, uncontended_pairs_per_sec: f64, holders: f64) {
         let rate = self.acquisitions as f64 / self.elapsed.as_secs_f64();
         // Ceiling: one hold (as actually slept) plus one uncontended
         // release + acquire (W1 at C = 1) per acquisition.
         let cycle = self.hold.mean() / 1e6 + 1.0 / uncontended_pairs_per_sec;
-        let ceiling = 1.0 / cycle;
+        let ceiling = holders / cycle;
         let us = |h: &Histogram<u64>, q: f64| {
             format!("{:.2} ms", h.value_at_quantile(q) as f64 / 1000.0)
         };
@@ -904,6 +917,187 @@ where
         wait,
         overtaken_by: Arc::try_unwrap(overtaken_by).unwrap().into_inner().unwrap(),
         served,
+    }
+}
+
+/// One lock/unlock pair of some kind, boxed so that the kinds share a row.
+type Pair =
+    Box<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
+/// The kinds the family section measures.
+const FAMILY: [&str; 5] = ["lock", "fair lock", "rw write", "rw read", "semaphore"];
+
+/// A pair of `kind` on `name` through `client` (a semaphore's capacity must
+/// be set already).
+fn family_pair(client: &Client, kind: &str, name: &str) -> Pair {
+    match kind {
+        "lock" => {
+            let lock = client.lock(name).unwrap();
+            Box::new(move || {
+                let lock = lock.clone();
+                Box::pin(async move { lock.lock().await.unwrap().unlock().await.unwrap() })
+            })
+        }
+        "fair lock" => {
+            let lock = client.fair_lock(name).unwrap();
+            Box::new(move || {
+                let lock = lock.clone();
+                Box::pin(async move { lock.lock().await.unwrap().unlock().await.unwrap() })
+            })
+        }
+        "rw write" => {
+            let lock = client.rw_lock(name).unwrap();
+            Box::new(move || {
+                let lock = lock.clone();
+                Box::pin(async move { lock.write().await.unwrap().unlock().await.unwrap() })
+            })
+        }
+        "rw read" => {
+            let lock = client.rw_lock(name).unwrap();
+            Box::new(move || {
+                let lock = lock.clone();
+                Box::pin(async move { lock.read().await.unwrap().unlock().await.unwrap() })
+            })
+        }
+        _ => {
+            let semaphore = client.semaphore(name).unwrap();
+            Box::new(move || {
+                let semaphore = semaphore.clone();
+                Box::pin(
+                    async move { semaphore.acquire(1).await.unwrap().release().await.unwrap() },
+                )
+            })
+        }
+    }
+}
+
+/// Section f: the synchronizer family beside the basic lock (spec family
+/// 18, research 39).
+async fn family(duration: Duration, hasp_c1: f64) {
+    println!("\n## f: the family, uncontended pairs/s (each task its own name)\n");
+    println!("| kind | C = 1 | C = 64 | C = 64 / lock's |");
+    println!("|---|---:|---:|---:|");
+    let mut lock_64 = 0.0;
+    for kind in FAMILY {
+        let mut rates = Vec::new();
+        for c in [1, 64] {
+            let server = RedisServer::start_tcp();
+            let client = Client::open(&server.url()).await.unwrap();
+            if kind == "semaphore" {
+                for i in 0..c {
+                    let semaphore = client.semaphore(&format!("f-{i}")).unwrap();
+                    semaphore.try_set_capacity(1).await.unwrap();
+                }
+            }
+            let rate = concurrent_pairs(c, duration, |i| {
+                family_pair(&client, kind, &format!("f-{i}"))
+            })
+            .await;
+            rates.push(rate);
+        }
+        if kind == "lock" {
+            lock_64 = rates[1];
+        }
+        println!(
+            "| {kind} | {:.0} | {:.0} | {:.2} |",
+            rates[0],
+            rates[1],
+            rates[1] / lock_64
+        );
+    }
+
+    println!("\n## f: W2 contended, 32 tasks over 2 clients, one name, {W2_HOLD:?} hold\n");
+    println!("| kind | tasks | acq/s | ceiling | % of ceiling | hand-off p50 | hand-off p99 | wait p99 | wait max | tasks served | most served during one wait |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let kinds = FAMILY
+        .iter()
+        .map(|&k| (k, 1u64))
+        .chain(std::iter::once(("semaphore", 8)));
+    for (kind, permits) in kinds {
+        let server = RedisServer::start_tcp();
+        let clients = [
+            Client::open(&server.url()).await.unwrap(),
+            Client::open(&server.url()).await.unwrap(),
+        ];
+        if kind == "semaphore" {
+            let semaphore = clients[0].semaphore("w2").unwrap();
+            semaphore.try_set_capacity(permits).await.unwrap();
+        }
+        // Each call takes the next client: both clients contend.
+        let turn = Arc::new(AtomicU64::new(0));
+        let handles = Arc::new(FamilyHandles::new(&clients, kind));
+        let report = w2(32, duration * 2, move || {
+            let (handles, turn) = (handles.clone(), turn.clone());
+            async move {
+                let i = (turn.fetch_add(1, Ordering::Relaxed) % 2) as usize;
+                handles.acquire(i).await
+            }
+        })
+        .await;
+        let label = if kind == "semaphore" {
+            format!("semaphore ({permits} permits)")
+        } else {
+            kind.to_owned()
+        };
+        report.print_holders(&label, hasp_c1, permits as f64);
+    }
+}
+
+/// Handles of every kind on the name "w2" through two clients, for W2.
+struct FamilyHandles {
+    kind: &'static str,
+    locks: Vec<hasp::Lock>,
+    fair: Vec<hasp::FairLock>,
+    rw: Vec<hasp::RwLock>,
+    semaphores: Vec<hasp::Semaphore>,
+}
+
+/// What a W2 acquisition gives back to release.
+enum Held {
+    Guard(hasp::Guard),
+    Read(hasp::ReadGuard),
+    Write(hasp::WriteGuard),
+    Permit(hasp::Permit),
+}
+
+impl FamilyHandles {
+    fn new(clients: &[Client; 2], kind: &str) -> Self {
+        let kind = FAMILY
+            .iter()
+            .copied()
+            .find(|k| *k == kind)
+            .unwrap_or("semaphore");
+        Self {
+            kind,
+            locks: clients.iter().map(|c| c.lock("w2").unwrap()).collect(),
+            fair: clients.iter().map(|c| c.fair_lock("w2").unwrap()).collect(),
+            rw: clients.iter().map(|c| c.rw_lock("w2").unwrap()).collect(),
+            semaphores: clients.iter().map(|c| c.semaphore("w2").unwrap()).collect(),
+        }
+    }
+
+    async fn acquire(
+        &self,
+        i: usize,
+    ) -> impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send
+    {
+        let held = match self.kind {
+            "lock" => Held::Guard(self.locks[i].lock().await.unwrap()),
+            "fair lock" => Held::Guard(self.fair[i].lock().await.unwrap()),
+            "rw write" => Held::Write(self.rw[i].write().await.unwrap()),
+            "rw read" => Held::Read(self.rw[i].read().await.unwrap()),
+            _ => Held::Permit(self.semaphores[i].acquire(1).await.unwrap()),
+        };
+        move || -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+            Box::pin(async move {
+                match held {
+                    Held::Guard(g) => g.unlock().await.unwrap(),
+                    Held::Read(g) => g.unlock().await.unwrap(),
+                    Held::Write(g) => g.unlock().await.unwrap(),
+                    Held::Permit(p) => p.release().await.unwrap(),
+                }
+            })
+        }
     }
 }
 

@@ -38,10 +38,16 @@
 //!   time; [`Lock::with_lease`] / [`Lock::with_owner`] configure it.
 //! * [`Guard`] — a held lock: [`Guard::unlock`], [`Guard::fencing_token`],
 //!   [`Guard::lost`].
+//! * The family, each a thin type over the same machinery: [`FairLock`]
+//!   (waiters of every client served in order of arrival), [`RwLock`]
+//!   (many readers or one writer, writers not starved, per-hold leases,
+//!   downgrade), [`Semaphore`] (owned, leased permits; [`Permit`]) and
+//!   [`CountDownLatch`]. Each type's docs give its key layout.
 //! * [`MultiLock`] — every one of several locks (on several servers) or
 //!   none; [`RedLock`] — a majority of N independent servers. Both give a
 //!   [`FenceVector`] instead of a single token.
-//! * [`Error`] — separates outcomes ([`Error::NotHeld`]) from failures
+//! * [`Error`] — separates outcomes ([`Error::NotHeld`],
+//!   [`Error::UpgradeNotSupported`], [`Error::NotSet`]) from failures
 //!   ([`Error::Redis`]).
 //!
 //! ## Safety under faults
@@ -103,6 +109,14 @@
 //! `{E}` is the hash tag of all three, so one lock lives in one Redis
 //! Cluster slot whatever characters its name holds, and distinct names never
 //! share keys.
+//!
+//! The family's objects of name `N` live beside the lock, under the same
+//! hash tag: a [`FairLock`] under `P:{E}:fair…`, an [`RwLock`] under
+//! `P:{E}:rw…`, a [`Semaphore`] under `P:{E}:sem…`, a [`CountDownLatch`]
+//! under `P:{E}:latch…` (a hash of counts or holds, zsets of leases and of
+//! a line of waiters where it has them, and a release channel; the README's
+//! family section lists every key). They are distinct objects: a lock and a
+//! semaphore of one name never share a key.
 
 #![warn(missing_docs)]
 

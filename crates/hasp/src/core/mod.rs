@@ -3,13 +3,14 @@
 //! [`Core`] owns a client's connections and background tasks and offers the
 //! kinds of lock above it a handful of operations on holds: acquire (with
 //! re-entry and waiting), release, force, read-only queries. It knows
-//! nothing of `Lock` or `Guard`; they are thin types over it.
+//! nothing of `Lock`, `Guard`, `Semaphore` and the rest; they are thin types
+//! over it.
 //!
 //! | module | concept |
 //! |---|---|
-//! | `keys` | the key layout of one lock name, and its cluster slot |
-//! | `wire` | `batch.lua`'s operations and replies: the one encoder and decoder |
-//! | `scripts` | the Lua script (and its cluster form), loaded once, re-loaded on `NOSCRIPT` |
+//! | `keys` | the key layout of one object (lock, fair lock, read-write lock, semaphore, latch), and its cluster slot |
+//! | `wire` | the batch script's operations and replies, one submodule per kind: the one encoder and decoder |
+//! | `scripts` | the batch script (one `.lua` file per kind, and its cluster form), loaded once, re-loaded on `NOSCRIPT` |
 //! | `endpoint` | where the server is: an address, or a Sentinel service's current master |
 //! | `commands` | the connection for read-only queries |
 //! | `batcher` | group commit of every change, settling calls whose replies were lost |
@@ -18,8 +19,11 @@
 //! | `pubsub` | the pub/sub connection: subscriptions, messages, reconnects |
 //! | `holds` | the registry of held locks, re-entry counts, belief ends |
 //! | `watchdog` | lease renewal, and the check of every hold after a reconnect |
+//! | `line` | waiting in a line kept in Redis (fair lock, read-write lock, semaphore) |
+//! | `fair`, `rw`, `permits`, `latch` | each kind's operations on the floor |
 //!
-//! Imports run one way: `mod.rs` → `watchdog`, `waiters` → `batcher`,
+//! Imports run one way: the kinds' modules (`fair`, `rw`, `permits`,
+//! `latch`) → `mod.rs`, `line` → `watchdog`, `waiters` → `batcher`,
 //! `reply`, `pubsub`, `holds`, `commands` → `endpoint`, `wire` → `keys`,
 //! `scripts`.
 //!
@@ -31,12 +35,13 @@
 //! pub/sub transport (sharded channels) and the script (`SPUBLISH`); every
 //! lock's keys share one slot, so no operation spans two shards.
 //!
-//! **Growing.** A second kind of lock (a semaphore) adds its operations to
-//! `wire` and `batch.lua` (a permit acquire, a permit release that may hand
-//! permits to a waiter), a method here that runs its attempt in
-//! [`waiters::Waiter::wait_for`], and registry entries for its holds, so
-//! that the watchdog renews them and reconnects check them. The kinds made
-//! of several locks (`multi`) use [`Core::try_once`], [`Core::watch`] and
+//! **Growing.** A kind adds its operations to `wire` (a submodule) and the
+//! batch script (a `.lua` file), and a module here that runs its attempts
+//! through the batcher: a lock-like kind registers its holds (so that the
+//! watchdog renews them, `Op::extend` picks its renewal, reconnects check
+//! them, and `release_op` its release), and a kind whose waiters of every
+//! client must be served in order waits in `line`. The kinds made of
+//! several locks (`multi`) use [`Core::try_once`], [`Core::watch`] and
 //! [`Core::extend`].
 
 use std::sync::{Arc, Weak};
