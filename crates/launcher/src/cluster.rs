@@ -56,24 +56,7 @@ impl RedisCluster {
             ));
         }
         let nodes = (0..masters * (1 + replicas))
-            .map(|_| {
-                RedisServer::try_start_with(ServerOptions {
-                    transport: Transport::Tcp,
-                    extra_args: vec![
-                        "--cluster-enabled".into(),
-                        "yes".into(),
-                        "--cluster-config-file".into(),
-                        "nodes.conf".into(),
-                        "--cluster-node-timeout".into(),
-                        "2000".into(),
-                        // The bus port defaults to port + 10000, which may
-                        // be taken, or past 65535 for a high free port.
-                        "--cluster-port".into(),
-                        free_tcp_port().to_string(),
-                    ],
-                    ..ServerOptions::default()
-                })
-            })
+            .map(|_| start_node())
             .collect::<Result<Vec<RedisServer>, LaunchError>>()?;
         let addresses: Vec<String> = nodes
             .iter()
@@ -206,5 +189,34 @@ impl RedisCluster {
     /// `redis://` URLs of every node (seed list for a cluster client).
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
+
+/// One cluster node; a bus port taken between choosing and binding it (tests
+/// start clusters in parallel) is chosen again.
+fn start_node() -> Result<RedisServer, LaunchError> {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let started = RedisServer::try_start_with(ServerOptions {
+            transport: Transport::Tcp,
+            extra_args: vec![
+                "--cluster-enabled".into(),
+                "yes".into(),
+                "--cluster-config-file".into(),
+                "nodes.conf".into(),
+                "--cluster-node-timeout".into(),
+                "2000".into(),
+                // The bus port defaults to port + 10000, which may be taken,
+                // or past 65535 for a high free port.
+                "--cluster-port".into(),
+                free_tcp_port().to_string(),
+            ],
+            ..ServerOptions::default()
+        });
+        match started {
+            Err(e) if attempts < 5 && crate::redis::is_port_clash(&e) => continue,
+            other => return other,
+        }
     }
 }

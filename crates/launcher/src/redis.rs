@@ -90,6 +90,12 @@ pub fn free_tcp_port() -> u16 {
         .map_or(0, |a| a.port())
 }
 
+/// Whether a start failed because a port was taken between choosing it and
+/// binding it.
+pub(crate) fn is_port_clash(e: &LaunchError) -> bool {
+    e.to_string().contains("Address already in use")
+}
+
 pub(crate) fn unique_dir() -> Result<PathBuf, LaunchError> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -135,18 +141,27 @@ impl RedisServer {
     /// install it), exits, or does not answer within 10 s (60 s while it
     /// loads its data).
     pub fn try_start_with(options: ServerOptions) -> Result<Self, LaunchError> {
-        let port = match options.transport {
-            Transport::Tcp => Some(free_tcp_port()),
-            Transport::Unix => None,
-        };
-        let mut server = Self {
-            child: None,
-            dir: unique_dir()?,
-            port,
-            options,
-        };
-        server.spawn()?;
-        Ok(server)
+        // A free port can be taken by another process before redis-server
+        // binds it (tests start servers in parallel): then try another.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let port = match options.transport {
+                Transport::Tcp => Some(free_tcp_port()),
+                Transport::Unix => None,
+            };
+            let mut server = Self {
+                child: None,
+                dir: unique_dir()?,
+                port,
+                options: options.clone(),
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e) if attempts < 5 && is_port_clash(&e) => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The unix socket path (meaningful for [`Transport::Unix`]).
