@@ -99,44 +99,59 @@ async fn a_hundred_tasks_over_two_clients_are_all_served() {
     assert_eq!(served.load(std::sync::atomic::Ordering::Acquire), 100);
 }
 
-/// Spec 2 and 4, research 6: three waiters at the head of the line whose
-/// processes are killed leave it within one waiter TTL by the server's
-/// clock; the live waiter behind them then acquires, without a message.
+/// Spec 2, 4 and 18, research 6: waiters whose processes are killed (three
+/// of them, at the head of the line and between live waiters of two
+/// clients) leave it within one waiter TTL by the server's clock; the live
+/// waiters then acquire in the order they arrived, without a message.
 #[tokio::test]
-async fn killed_waiters_at_the_head_leave_within_one_waiter_ttl() {
+async fn killed_waiters_leave_the_line_and_the_live_keep_their_order() {
     let ctx = Ctx::new();
-    let client = ctx.client().await;
-    let lock = client.fair_lock("heads").unwrap();
+    let clients = [ctx.client().await, ctx.client().await];
+    let lock = clients[0].fair_lock("heads").unwrap();
     let holder = lock.lock().await.unwrap();
     let mut children = Vec::new();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut live = Vec::new();
+    let mut queued = 0;
     for i in 0..3 {
         let mut child = ChildProcess::spawn("wait-fair", &ctx.urls(), "heads");
         child.wait_for("WAITING", Duration::from_secs(20)).await;
-        wait_for_line(&ctx, "heads", i + 1).await;
+        queued += 1;
+        wait_for_line(&ctx, "heads", queued).await;
         children.push(child);
-    }
-    let live = tokio::spawn({
-        let lock = lock.clone();
-        async move {
+        let lock = clients[i % 2].fair_lock("heads").unwrap();
+        let order = order.clone();
+        live.push(tokio::spawn(async move {
             let guard = lock.lock().await.unwrap();
+            order.lock().unwrap().push(i);
             let at = Instant::now();
             guard.unlock().await.unwrap();
             at
-        }
-    });
-    wait_for_line(&ctx, "heads", 4).await;
+        }));
+        queued += 1;
+        wait_for_line(&ctx, "heads", queued).await;
+    }
     for child in &mut children {
         child.kill();
     }
     holder.unlock().await.unwrap();
     let released = Instant::now();
-    let acquired = tokio::time::timeout(Duration::from_secs(10), live)
-        .await
-        .expect("the live waiter acquires")
-        .unwrap();
+    let mut first = None;
+    for task in live {
+        let at = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("every live waiter acquires")
+            .unwrap();
+        first.get_or_insert(at);
+    }
     // The children's places last 900 ms (their waiter TTL).
-    let after = acquired.saturating_duration_since(released);
+    let after = first.unwrap().saturating_duration_since(released);
     assert!(after <= Duration::from_millis(900 + 600), "{after:?}");
+    assert_eq!(
+        *order.lock().unwrap(),
+        [0, 1, 2],
+        "live waiters kept their order"
+    );
     assert_eq!(line_len(&ctx, "heads").await, 0);
 }
 
