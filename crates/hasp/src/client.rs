@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::config::Settings;
-use crate::core::Core;
+use crate::core::{Core, LearnedLease};
 use crate::error::Result;
 use crate::fair_lock::FairLock;
 use crate::latch::CountDownLatch;
@@ -211,6 +211,21 @@ impl Client {
     /// empty or over-long name; no Redis call is made.
     pub fn latch(&self, name: &str) -> Result<CountDownLatch> {
         CountDownLatch::new(self.core.clone(), name)
+    }
+
+    /// What the adaptive locks of `class` have learned (see
+    /// [`Lock::with_adaptive_lease`]): this client's samples are merged into
+    /// the history shared in Redis first (one round trip), so the figures
+    /// are every client's. The same fields are in the hash
+    /// `P:{class}:lease` (`srtt`, `rttvar` in ms, `samples`, `updated_at`
+    /// in server ms).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// empty or over-long class; [`Error::Redis`](crate::Error::Redis) if
+    /// Redis cannot be reached.
+    pub async fn learned_lease(&self, class: &str) -> Result<LearnedLease> {
+        self.core.learned(class).await
     }
 
     /// This client's id (a UUID), the prefix of its default owner ids.

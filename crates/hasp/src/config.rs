@@ -33,6 +33,166 @@ pub struct Settings {
     pub(crate) connection_timeout: Duration,
     pub(crate) replica_ack: Option<ReplicaAck>,
     pub(crate) waiter_ttl: Duration,
+    pub(crate) adaptive: AdaptiveLease,
+}
+
+/// How a lock in adaptive mode ([`Lock::with_adaptive_lease`](crate::Lock::with_adaptive_lease))
+/// learns its lease (seed 001, with TCP's retransmission-timer estimator,
+/// RFC 6298): each full release of a hold gives a sample `s`, the time it
+/// was held (ms, monotonic); the first sets `srtt = s`, `rttvar = s / 2`,
+/// each later one `rttvar = (1 − β)·rttvar + β·|srtt − s|`, then
+/// `srtt = (1 − α)·srtt + α·s`; the next lease is
+/// `clamp(srtt + k·rttvar + margin, min, max)`. A hold that had to be
+/// renewed raises the next lease to at least 1.5 × its duration plus the
+/// margin at once (the raise then decays at the EWMA rate), so the same
+/// long section again needs no renewal. Holds that were lost, dropped
+/// without release, or held longer than `max` teach nothing.
+///
+/// While a hold runs, the client's scheduler renews it (by the class's
+/// current lease) only once its remaining lease falls below
+/// `max(lease / 3, renew_floor)`: a section shorter than its learned lease
+/// costs no renewal at all.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptiveLease {
+    initial: Option<Duration>,
+    min: Option<Duration>,
+    max: Option<Duration>,
+    margin: Duration,
+    k: f64,
+    alpha: f64,
+    beta: f64,
+    renew_floor: Option<Duration>,
+    history_ttl: Duration,
+}
+
+impl Default for AdaptiveLease {
+    fn default() -> Self {
+        Self {
+            initial: None,
+            min: None,
+            max: None,
+            margin: Duration::from_millis(200),
+            k: 4.0,
+            alpha: 1.0 / 8.0,
+            beta: 1.0 / 4.0,
+            renew_floor: None,
+            history_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// [`AdaptiveLease`] with its defaults filled in for one client.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Learning {
+    pub(crate) initial: Duration,
+    pub(crate) min: Duration,
+    pub(crate) max: Duration,
+    pub(crate) margin: Duration,
+    pub(crate) k: f64,
+    pub(crate) alpha: f64,
+    pub(crate) beta: f64,
+    pub(crate) renew_floor: Duration,
+    pub(crate) history_ttl: Duration,
+}
+
+impl AdaptiveLease {
+    /// Lease before anything was learned (default: the watchdog timeout,
+    /// so turning the mode on never shortens a lease untaught).
+    pub fn set_initial(mut self, lease: Duration) -> Self {
+        self.initial = Some(lease);
+        self
+    }
+
+    /// Shortest learned lease (default 1 s, or the initial lease if
+    /// shorter; at least 3 × `renew_floor`).
+    pub fn set_min(mut self, lease: Duration) -> Self {
+        self.min = Some(lease);
+        self
+    }
+
+    /// Longest learned lease (default: the watchdog timeout; at most the
+    /// client's `max_lease`).
+    pub fn set_max(mut self, lease: Duration) -> Self {
+        self.max = Some(lease);
+        self
+    }
+
+    /// Added to every learned lease (default 200 ms).
+    pub fn set_margin(mut self, margin: Duration) -> Self {
+        self.margin = margin;
+        self
+    }
+
+    /// Weight of the deviation (default 4, as TCP's).
+    pub fn set_k(mut self, k: f64) -> Self {
+        self.k = k;
+        self
+    }
+
+    /// Gains of the averages (defaults 1/8 and 1/4, as TCP's); each in
+    /// (0, 1].
+    pub fn set_gains(mut self, alpha: f64, beta: f64) -> Self {
+        self.alpha = alpha;
+        self.beta = beta;
+        self
+    }
+
+    /// The least remaining lease at which a running hold is renewed
+    /// (default 300 ms, or a third of `min` if less).
+    pub fn set_renew_floor(mut self, floor: Duration) -> Self {
+        self.renew_floor = Some(floor);
+        self
+    }
+
+    /// How long the history shared in Redis lives without a merge (default
+    /// 24 h).
+    pub fn set_history_ttl(mut self, ttl: Duration) -> Self {
+        self.history_ttl = ttl;
+        self
+    }
+
+    /// The settings with their defaults filled in for a client whose
+    /// watchdog timeout is `watchdog`, checked against `max_lease`.
+    pub(crate) fn resolve(&self, watchdog: Duration, max_lease: Duration) -> Result<Learning> {
+        let initial = self.initial.unwrap_or(watchdog);
+        let max = self.max.unwrap_or(initial.max(watchdog));
+        let min = self.min.unwrap_or(Duration::from_secs(1).min(initial));
+        let renew_floor = self
+            .renew_floor
+            .unwrap_or(Duration::from_millis(300).min(min / 3));
+        let bad = |reason: String| Err(Error::invalid("adaptive_lease", reason));
+        if renew_floor.is_zero() || min < renew_floor * 3 {
+            return bad(format!(
+                "min {min:?} must be at least 3 × renew_floor ({renew_floor:?}), which must be > 0"
+            ));
+        }
+        if min > initial || initial > max {
+            return bad(format!(
+                "needs min {min:?} <= initial {initial:?} <= max {max:?}"
+            ));
+        }
+        if max > max_lease {
+            return bad(format!("max {max:?} exceeds max_lease {max_lease:?}"));
+        }
+        let gain = |g: f64| g > 0.0 && g <= 1.0;
+        if !(gain(self.alpha) && gain(self.beta) && self.k.is_finite() && self.k >= 0.0) {
+            return bad("alpha and beta must be in (0, 1], k finite and >= 0".to_owned());
+        }
+        if self.history_ttl < Duration::from_secs(1) || lease_millis(self.history_ttl).is_none() {
+            return bad(format!("history_ttl {:?} is not valid", self.history_ttl));
+        }
+        Ok(Learning {
+            initial,
+            min,
+            max,
+            margin: self.margin,
+            k: self.k,
+            alpha: self.alpha,
+            beta: self.beta,
+            renew_floor,
+            history_ttl: self.history_ttl,
+        })
+    }
 }
 
 /// Replicas that must confirm each acquisition and renewal (see
@@ -58,6 +218,7 @@ impl Default for Settings {
             connection_timeout: Duration::from_secs(5),
             replica_ack: None,
             waiter_ttl: Duration::from_secs(10),
+            adaptive: AdaptiveLease::default(),
         }
     }
 }
@@ -158,6 +319,12 @@ impl Settings {
         self
     }
 
+    /// How locks in adaptive mode learn their lease (see [`AdaptiveLease`]).
+    pub fn set_adaptive_lease(mut self, adaptive: AdaptiveLease) -> Self {
+        self.adaptive = adaptive;
+        self
+    }
+
     /// The configured watchdog timeout.
     pub fn watchdog_timeout(&self) -> Duration {
         self.watchdog_timeout
@@ -235,6 +402,8 @@ impl Settings {
             }
         }
         check_positive_ms("connection_timeout", self.connection_timeout)?;
+        self.adaptive
+            .resolve(self.watchdog_timeout, self.max_lease)?;
         if self.waiter_ttl < Duration::from_millis(30) || self.waiter_ttl > self.max_lease {
             return Err(Error::invalid(
                 "waiter_ttl",
@@ -242,6 +411,13 @@ impl Settings {
             ));
         }
         Ok(())
+    }
+
+    /// The longest lease an adaptive lock of this client may learn.
+    pub(crate) fn longest_adaptive_lease(&self) -> Duration {
+        self.adaptive
+            .resolve(self.watchdog_timeout, self.max_lease)
+            .map_or(self.watchdog_timeout, |learning| learning.max)
     }
 
     pub(crate) fn renew_period(&self) -> Duration {

@@ -156,7 +156,8 @@ pub mod __bench {
 }
 
 pub use client::{Client, Stats};
-pub use config::{ReplicaAck, Settings, MAX_LEASE};
+pub use config::{AdaptiveLease, ReplicaAck, Settings, MAX_LEASE};
+pub use core::LearnedLease;
 pub use error::{Error, Result};
 pub use fair_lock::FairLock;
 pub use guard::Guard;

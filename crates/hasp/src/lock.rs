@@ -141,6 +141,26 @@ impl Lock {
         Ok(self)
     }
 
+    /// This handle with a lease learned from how long the holds of `class`
+    /// last (seed 001; see [`AdaptiveLease`](crate::AdaptiveLease) for the
+    /// rule and its settings): short sections get short leases, so a lock
+    /// whose holder died frees sooner, and a hold is renewed only when its
+    /// remaining lease runs low, by the client's single scheduler, so a
+    /// section that outlasts its lease keeps the lock. Locks of one class
+    /// (per-user locks such as `order:user:{id}` share a class `order`)
+    /// learn together, in memory and, at most once a second, through a
+    /// history in Redis shared by every client (`P:{class}:lease`; see
+    /// [`Client::learned_lease`](crate::Client::learned_lease)). Before
+    /// anything is learned the lease is the initial one (the watchdog
+    /// timeout by default). A later [`with_lease`](Self::with_lease) wins.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty or over-long class name.
+    pub fn with_adaptive_lease(mut self, class: &str) -> Result<Self> {
+        self.lease = Lease::Adaptive(self.core.register_class(class)?);
+        Ok(self)
+    }
+
     /// This handle in watchdog mode (the default): leases renewed while held.
     pub fn with_watchdog(mut self) -> Self {
         self.lease = Lease::Watchdog;

@@ -15,7 +15,8 @@
 //! ends before the key can expire; past that instant the hold counts as
 //! lost, whether or not Redis can be reached to say so.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -32,6 +33,9 @@ pub(crate) enum Lease {
     Watchdog,
     /// Fixed lease in milliseconds, never renewed.
     Fixed(u64),
+    /// Learned per class (the client's class index), renewed only when its
+    /// remaining lease runs low (see `adaptive`).
+    Adaptive(u32),
 }
 
 /// What every guard of one hold shares.
@@ -48,6 +52,14 @@ pub(crate) struct HoldState {
     lost_notify: Notify,
     /// The end of the holder's belief (see the module docs).
     valid_until: Mutex<Instant>,
+    /// When the acquisition's reply came: an adaptive hold's duration runs
+    /// from here.
+    pub(crate) acquired_at: Instant,
+    /// An adaptive hold had to be renewed (it overran its lease).
+    pub(crate) renewed: AtomicBool,
+    /// Bumped each time the hold is scheduled for renewal: older entries of
+    /// the schedule are stale.
+    schedule_seq: AtomicU64,
 }
 
 impl HoldState {
@@ -151,6 +163,40 @@ const SHARDS: usize = 16;
 pub(crate) struct Holds {
     shards: [Mutex<HoldMap>; SHARDS],
     next_id: AtomicU64,
+    /// Adaptive holds by the instant their renewal is due.
+    due: Mutex<BinaryHeap<Reverse<Due>>>,
+    /// Notified when a renewal falls due sooner than the schedule's head.
+    pub(crate) due_sooner: Notify,
+    /// The least lead of an adaptive renewal (`renew_floor`).
+    renew_floor: Mutex<Duration>,
+}
+
+/// One entry of the renewal schedule.
+#[derive(Debug)]
+struct Due {
+    at: Instant,
+    seq: u64,
+    state: Arc<HoldState>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq, self.state.id) == (other.at, other.seq, other.state.id)
+    }
+}
+
+impl Eq for Due {}
+
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.state.id, self.seq).cmp(&(other.at, other.state.id, other.seq))
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -236,6 +282,9 @@ impl Holds {
             gone: AtomicBool::new(false),
             lost_notify: Notify::new(),
             valid_until: Mutex::new(sent_at + Duration::from_millis(lease_ms)),
+            acquired_at: Instant::now(),
+            renewed: AtomicBool::new(false),
+            schedule_seq: AtomicU64::new(0),
         });
         map.insert(
             key,
@@ -245,6 +294,10 @@ impl Holds {
                 state: state.clone(),
             },
         );
+        drop(map);
+        if let Lease::Adaptive(_) = lease {
+            self.schedule(&state, lease_ms);
+        }
         state
     }
 
@@ -278,6 +331,9 @@ impl Holds {
             gone: AtomicBool::new(false),
             lost_notify: Notify::new(),
             valid_until: Mutex::new(sent_at + Duration::from_millis(lease_ms)),
+            acquired_at: Instant::now(),
+            renewed: AtomicBool::new(false),
+            schedule_seq: AtomicU64::new(0),
         });
         map.insert(
             key,
@@ -353,6 +409,71 @@ impl Holds {
             );
         }
         holds
+    }
+
+    /// Sets the least lead of an adaptive renewal (the client's
+    /// `renew_floor`).
+    pub(crate) fn set_renew_floor(&self, floor: Duration) {
+        *lock(&self.renew_floor) = floor;
+    }
+
+    /// Schedules the renewal of adaptive hold `state`, whose lease is now
+    /// `lease_ms`: due when its remaining lease falls below
+    /// `max(lease / 3, renew_floor)`.
+    pub(crate) fn schedule(&self, state: &Arc<HoldState>, lease_ms: u64) {
+        let lead = (Duration::from_millis(lease_ms) / 3).max(*lock(&self.renew_floor));
+        let at = state
+            .valid_until()
+            .checked_sub(lead)
+            .unwrap_or_else(Instant::now);
+        self.schedule_at(state, at);
+    }
+
+    /// Schedules the renewal of `state` at `at` (replacing its earlier
+    /// entry).
+    pub(crate) fn schedule_at(&self, state: &Arc<HoldState>, at: Instant) {
+        let seq = state.schedule_seq.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut due = lock(&self.due);
+        let sooner = due.peek().is_none_or(|Reverse(head)| at < head.at);
+        due.push(Reverse(Due {
+            at,
+            seq,
+            state: state.clone(),
+        }));
+        drop(due);
+        if sooner {
+            self.due_sooner.notify_one();
+        }
+    }
+
+    /// When the next scheduled renewal is due.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        lock(&self.due).peek().map(|Reverse(head)| head.at)
+    }
+
+    /// The adaptive holds due by `now`: still registered, not lost, and not
+    /// rescheduled since (a released or dropped hold is never renewed).
+    pub(crate) fn take_due(&self, now: Instant) -> Vec<Arc<HoldState>> {
+        let mut taken = Vec::new();
+        let mut due = lock(&self.due);
+        while due.peek().is_some_and(|Reverse(head)| head.at <= now) {
+            let Some(Reverse(entry)) = due.pop() else {
+                break;
+            };
+            if entry.seq == entry.state.schedule_seq.load(Ordering::Acquire) {
+                taken.push(entry.state);
+            }
+        }
+        drop(due);
+        taken.retain(|state| !state.is_lost() && self.is_registered(state));
+        taken
+    }
+
+    /// Whether `state` is the registered hold of its (lock, owner).
+    fn is_registered(&self, state: &HoldState) -> bool {
+        let map = self.map(&state.keys);
+        map.get(&Self::key(&state.keys, &state.owner))
+            .is_some_and(|entry| entry.state.id == state.id)
     }
 
     /// Number of registered holds (all owners, all locks).

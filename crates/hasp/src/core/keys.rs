@@ -57,6 +57,8 @@ pub(crate) enum Kind {
     RwWrite,
     Semaphore,
     Latch,
+    /// The history a class of adaptive locks shares.
+    LeaseHistory,
 }
 
 /// The precomputed keys of one object (a lock, by default) of one name.
@@ -109,6 +111,14 @@ impl LockKeys {
             &tag,
             &["grants", "leases", "queue", "due"],
         )
+    }
+
+    /// The key of the history shared by the adaptive locks of class
+    /// `class`: `P:{C}:lease`, its own slot.
+    pub(crate) fn lease_history(prefix: &str, class: &str) -> Self {
+        let tag = encode_name(class);
+        let base = format!("{prefix}:{{{tag}}}:lease");
+        Self::with_base(Kind::LeaseHistory, base, class, &tag, &[])
     }
 
     /// The keys of the count-down latch called `name`.

@@ -53,6 +53,7 @@ use crate::config::{lease_millis, Settings};
 use crate::error::{Error, Result};
 use crate::owner::Owner;
 
+mod adaptive;
 mod batcher;
 mod commands;
 pub(crate) mod endpoint;
@@ -60,6 +61,7 @@ mod fair;
 pub(crate) mod holds;
 pub(crate) mod keys;
 mod latch;
+pub(crate) mod learning;
 mod line;
 mod permits;
 mod pubsub;
@@ -81,6 +83,7 @@ use waiters::{Waiters, RECHECK};
 use watchdog::Watchdog;
 use wire::{Op, Reply};
 
+pub use learning::LearnedLease;
 pub(crate) use scripts::BATCH_SOURCE;
 pub(crate) use waiters::{deadline_after, remaining, Attempt, Watch};
 
@@ -98,6 +101,8 @@ pub(crate) struct Core {
     queue: Queue,
     waiters: Arc<Waiters>,
     holds: Arc<Holds>,
+    /// The classes of locks with learned leases.
+    classes: Arc<adaptive::Classes>,
     calls: Arc<CallStats>,
     _shutdown: watch::Sender<()>,
 }
@@ -204,6 +209,10 @@ impl Core {
     ) -> Result<Arc<Self>> {
         let watchdog_lease_ms = lease_millis(settings.watchdog_timeout)
             .ok_or_else(|| Error::invalid("watchdog_timeout", "too large"))?;
+        let learning = settings
+            .adaptive
+            .resolve(settings.watchdog_timeout, settings.max_lease)?;
+        let classes = Arc::new(adaptive::Classes::new(learning, &settings.prefix));
 
         let id: Arc<str> = format!("c:{}", uuid::Uuid::new_v4()).into();
         let runtime = tokio::runtime::Handle::current();
@@ -226,6 +235,7 @@ impl Core {
             Waiters::new(id.clone(), pubsub, settings.replica_ack.is_none())
         });
         let holds = Arc::new(Holds::default());
+        holds.set_renew_floor(learning.renew_floor);
         let (shutdown, shutdown_rx) = watch::channel(());
         let watchdog = Watchdog {
             holds: holds.clone(),
@@ -234,6 +244,7 @@ impl Core {
             period: settings.renew_period(),
             recheck,
             shutdown: shutdown_rx,
+            classes: classes.clone(),
         };
         runtime.spawn(watchdog.run());
         let core = Arc::new(Self {
@@ -245,6 +256,7 @@ impl Core {
             queue,
             waiters,
             holds,
+            classes,
             calls,
             _shutdown: shutdown,
         });
@@ -283,6 +295,7 @@ impl Core {
         match lease {
             Lease::Fixed(ms) => ms,
             Lease::Watchdog => self.watchdog_lease_ms,
+            Lease::Adaptive(class) => self.classes.lease_ms(class),
         }
     }
 
@@ -398,7 +411,7 @@ impl Core {
         if let Lease::Fixed(held_ms) = state.lease {
             let ms = match lease {
                 Lease::Fixed(ms) => ms,
-                Lease::Watchdog => held_ms,
+                Lease::Watchdog | Lease::Adaptive(_) => held_ms,
             };
             let sent_at = Instant::now();
             let op = Op::extend(keys.clone(), owner.clone(), Some(ms));
@@ -460,6 +473,9 @@ impl Core {
                 self.release_in_background(&hold.keys, &hold.owner, redis_holds);
             }
             return Err(not_held(hold));
+        }
+        if let Lease::Adaptive(class) = hold.lease {
+            self.learn(class, hold);
         }
         let (tx, rx) = oneshot::channel();
         let then = Box::new(move |reply| {

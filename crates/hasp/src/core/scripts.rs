@@ -23,6 +23,7 @@ pub(crate) const BATCH_SOURCE: &str = concat!(
     include_str!("scripts/rw.lua"),
     include_str!("scripts/permits.lua"),
     include_str!("scripts/latch.lua"),
+    include_str!("scripts/lease.lua"),
     include_str!("scripts/dispatch.lua"),
 );
 

@@ -378,6 +378,8 @@ impl MultiHold {
             .map(|lock| match lock.lease() {
                 Lease::Fixed(ms) => drift(Duration::from_millis(ms)),
                 Lease::Watchdog => drift(lock.settings().watchdog_timeout()),
+                // The longest lease it may learn.
+                Lease::Adaptive(_) => drift(lock.settings().longest_adaptive_lease()),
             })
             .collect();
         let fences = FenceVector::new(

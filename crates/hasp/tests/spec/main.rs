@@ -9,6 +9,7 @@
 mod helpers;
 
 mod acquire_release;
+mod adaptive;
 mod connect;
 mod fencing;
 mod input;

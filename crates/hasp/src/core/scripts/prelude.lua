@@ -7,7 +7,7 @@
 --
 -- The script is several files run as one: prelude.lua (this), line.lua
 -- (a line of waiters, shared), lock.lua, fair.lua, rw.lua, permits.lua,
--- latch.lua and dispatch.lua. Each kind of object registers its
+-- latch.lua, lease.lua and dispatch.lua. Each kind of object registers its
 -- operations in `ops` under their opcodes, with how many keys and
 -- arguments (the opcode included) each takes.
 --

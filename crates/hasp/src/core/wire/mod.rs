@@ -19,11 +19,13 @@ use crate::error::Error;
 use crate::owner::Owner;
 use fair::FairOp;
 use latch::LatchOp;
+use lease::LeaseMerge;
 use permits::PermitOp;
 use rw::RwOp;
 
 pub(crate) mod fair;
 pub(crate) mod latch;
+pub(crate) mod lease;
 pub(crate) mod permits;
 pub(crate) mod rw;
 
@@ -105,6 +107,8 @@ pub(crate) enum Op {
     Permits(PermitOp),
     /// An operation on a count-down latch.
     Latch(LatchOp),
+    /// A merge into a class's shared lease history.
+    Lease(LeaseMerge),
 }
 
 /// What Redis answered for one operation.
@@ -131,6 +135,13 @@ pub(crate) enum Reply {
     /// What a semaphore's query or capacity change answered (see
     /// `permits.lua`).
     Value(i64),
+    /// A lease history after a merge (all 0: nothing known).
+    Learned {
+        srtt_us: i64,
+        rttvar_us: i64,
+        samples: i64,
+        updated_at_ms: i64,
+    },
 }
 
 impl Reply {
@@ -157,7 +168,7 @@ impl Op {
             }),
             // A fair lock's hash is a lock's: the same extend (a latch has
             // no holds).
-            Kind::Lock | Kind::FairLock | Kind::Latch => Op::Extend {
+            Kind::Lock | Kind::FairLock | Kind::Latch | Kind::LeaseHistory => Op::Extend {
                 keys,
                 owner,
                 lease_ms,
@@ -178,6 +189,7 @@ impl Op {
             Op::Rw(op) => op.keys(),
             Op::Permits(op) => op.keys(),
             Op::Latch(op) => op.keys(),
+            Op::Lease(op) => &op.keys,
         }
     }
 
@@ -260,7 +272,7 @@ impl Op {
             Op::Undo { .. } | Op::Settle { .. } => vec![self.clone()],
             // A count down sent again may count twice (documented; an id
             // makes it once).
-            Op::Extend { .. } | Op::Force { .. } | Op::Latch(_) => Vec::new(),
+            Op::Extend { .. } | Op::Force { .. } | Op::Latch(_) | Op::Lease(_) => Vec::new(),
             Op::Fair(op) => op.settlement(),
             Op::Rw(op) => op.settlement(),
             Op::Permits(op) => op.settlement(),
@@ -329,7 +341,11 @@ impl Op {
             Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } | Op::Undo { .. } => {
                 self.settlement()
             }
-            Op::Acquire { .. } | Op::Extend { .. } | Op::Force { .. } | Op::Latch(_) => Vec::new(),
+            Op::Acquire { .. }
+            | Op::Extend { .. }
+            | Op::Force { .. }
+            | Op::Latch(_)
+            | Op::Lease(_) => Vec::new(),
             Op::Fair(op) => op.unfinished(),
             Op::Rw(op) => op.unfinished(),
             Op::Permits(op) => op.unfinished(),
@@ -355,6 +371,7 @@ impl Op {
             Op::Rw(op) => op.size(),
             Op::Permits(op) => op.size(),
             Op::Latch(op) => op.size(),
+            Op::Lease(op) => op.size(),
         }
     }
 
@@ -364,6 +381,7 @@ impl Op {
             Op::Rw(op) => return op.write_keys(cmd),
             Op::Permits(op) => return op.write_keys(cmd),
             Op::Latch(op) => return op.write_keys(cmd),
+            Op::Lease(op) => return op.write_keys(cmd),
             _ => {}
         }
         let keys = self.keys();
@@ -431,6 +449,7 @@ impl Op {
             Op::Rw(op) => op.write_args(cmd),
             Op::Permits(op) => op.write_args(cmd),
             Op::Latch(op) => op.write_args(cmd),
+            Op::Lease(op) => op.write_args(cmd),
         }
     }
 
@@ -466,6 +485,9 @@ impl Op {
 
     /// This operation's slot of the reply.
     pub(crate) fn decode(&self, value: &Value) -> Result<Reply, Error> {
+        if let (Op::Lease(op), Value::Array(_)) = (self, value) {
+            return op.decode(value).ok_or_else(|| op.unexpected(value));
+        }
         let code = match value {
             Value::Int(code) => *code,
             // An operation that failed alone (see `batch.lua`).
@@ -505,6 +527,7 @@ impl Op {
             Op::Fair(op) => op.decode(code),
             Op::Rw(op) => op.decode(code),
             Op::Latch(op) => op.decode(code),
+            Op::Lease(_) => return Err(self.unexpected(value)),
         };
         Ok(reply)
     }
