@@ -25,6 +25,9 @@
 //!   Cluster beside one server at C = 1, 16, 64.
 //! * **(c) renewal cost**: script calls per renewal period while holding
 //!   10,000 locks.
+//! * **a: adaptive lease**: renewal script calls while 400 tasks take
+//!   short locks (5–50 ms sections, about 10,000 locks/s) for three
+//!   measurement times, in watchdog mode and in adaptive mode.
 //! * **f: the family** beside the basic lock, same run: uncontended pairs/s
 //!   at C = 1 and 64 (each task its own name) for FairLock, RwLock write and
 //!   read, Semaphore; and W2 (32 tasks over 2 clients, one name) for each,
@@ -48,7 +51,7 @@ const W2_HOLD: Duration = Duration::from_millis(1);
 
 struct Args {
     duration: Duration,
-    /// Sections to run (w1, rb, ri, w2, wait, m, c, f); empty = all.
+    /// Sections to run (w1, rb, ri, w2, wait, m, c, f, a); empty = all.
     only: Vec<String>,
     /// W1 concurrency levels to run; empty = all of [`W1_CONCURRENCY`].
     levels: Vec<usize>,
@@ -80,7 +83,7 @@ fn parse_args() -> Args {
         if a == "--only" {
             only.extend(
                 args.next()
-                    .expect("--only w1,rb,ri,w2,wait,m,c,f")
+                    .expect("--only w1,rb,ri,w2,wait,m,c,f,a")
                     .split(',')
                     .map(str::to_owned),
             );
@@ -242,6 +245,9 @@ async fn run(args: Args) {
     }
     if args.runs("f") {
         family(args.duration, hasp_c1).await;
+    }
+    if args.runs("a") {
+        adaptive_renewals(args.duration * 3).await;
     }
     if !args.runs("c") {
         return;
@@ -917,6 +923,58 @@ where
         wait,
         overtaken_by: Arc::try_unwrap(overtaken_by).unwrap().into_inner().unwrap(),
         served,
+    }
+}
+
+/// Section a: what the adaptive lease saves (seeds spec 5): renewal script
+/// calls while many short sections run, watchdog mode beside adaptive mode.
+async fn adaptive_renewals(duration: Duration) {
+    println!("\n## a: renewal calls, 400 tasks, 5–50 ms sections, {duration:?}\n");
+    println!("| mode | locks/s | renewal script calls | per second | lease |");
+    println!("|---|---:|---:|---:|---:|");
+    for adaptive in [false, true] {
+        let server = RedisServer::start_tcp();
+        let client = Client::open(&server.url()).await.unwrap();
+        let deadline = Instant::now() + duration;
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..400u64)
+            .map(|t| {
+                let lock = client.lock(&format!("a-{t}")).unwrap();
+                let lock = if adaptive {
+                    lock.with_adaptive_lease("a").unwrap()
+                } else {
+                    lock
+                };
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        let guard = lock.lock().await.unwrap();
+                        tokio::time::sleep(Duration::from_millis(5 + (t * 7 + n * 13) % 46)).await;
+                        guard.unlock().await.unwrap();
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let mut locks = 0;
+        for task in tasks {
+            locks += task.await.unwrap();
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let calls = client.stats().renew_calls;
+        let lease = if adaptive {
+            let learned = client.learned_lease("a").await.unwrap();
+            format!("{:?} (learned)", learned.lease)
+        } else {
+            format!("{:?} (watchdog)", client.settings().watchdog_timeout())
+        };
+        println!(
+            "| {} | {:.0} | {calls} | {:.2} | {lease} |",
+            if adaptive { "adaptive" } else { "watchdog" },
+            locks as f64 / elapsed,
+            calls as f64 / elapsed
+        );
     }
 }
 

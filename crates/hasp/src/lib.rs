@@ -35,7 +35,9 @@
 //!   [`Client::open_cluster`]); clone it freely.
 //! * [`Lock`] — a named lock handle: [`Lock::lock`] waits,
 //!   [`Lock::try_lock`] never waits, [`Lock::try_lock_for`] waits a bounded
-//!   time; [`Lock::with_lease`] / [`Lock::with_owner`] configure it.
+//!   time; [`Lock::with_lease`] / [`Lock::with_owner`] configure it, and
+//!   [`Lock::with_adaptive_lease`] makes it learn its lease from how long
+//!   its class's holds last ([`AdaptiveLease`], [`Client::learned_lease`]).
 //! * [`Guard`] — a held lock: [`Guard::unlock`], [`Guard::fencing_token`],
 //!   [`Guard::lost`].
 //! * The family, each a thin type over the same machinery: [`FairLock`]
@@ -116,7 +118,8 @@
 //! under `P:{E}:latch…` (a hash of counts or holds, zsets of leases and of
 //! a line of waiters where it has them, and a release channel; the README's
 //! family section lists every key). They are distinct objects: a lock and a
-//! semaphore of one name never share a key.
+//! semaphore of one name never share a key. The adaptive locks of class `C`
+//! share the hash `P:{C}:lease` (`srtt`, `rttvar`, `samples`, `updated_at`).
 
 #![warn(missing_docs)]
 
