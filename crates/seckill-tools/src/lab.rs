@@ -54,9 +54,10 @@ enum Strategy {
     CheckThenDelete,
     HaspLock,
     AtomicLua,
+    TableLock,
 }
 
-const ALL: [Strategy; 7] = [
+const ALL: [Strategy; 8] = [
     Strategy::ReadModifyWrite,
     Strategy::LocalMutex,
     Strategy::SetNxNoExpiry,
@@ -64,6 +65,7 @@ const ALL: [Strategy; 7] = [
     Strategy::CheckThenDelete,
     Strategy::HaspLock,
     Strategy::AtomicLua,
+    Strategy::TableLock,
 ];
 
 impl Strategy {
@@ -76,6 +78,7 @@ impl Strategy {
             Strategy::CheckThenDelete => "5 owner check, then DEL (two commands)",
             Strategy::HaspLock => "6 hasp lock with watchdog",
             Strategy::AtomicLua => "7 atomic Lua fast path",
+            Strategy::TableLock => "8 database table lock (hasp-sql, SQLite)",
         }
     }
 
@@ -98,6 +101,9 @@ impl Strategy {
                 "owner-checked atomic release; the watchdog keeps a slow holder's lease"
             }
             Strategy::AtomicLua => "check and decrement in one script: nothing can interleave",
+            Strategy::TableLock => {
+                "seed 004 done properly: one atomic upsert per try, owner-checked release, renewal"
+            }
         }
     }
 }
@@ -109,7 +115,7 @@ const GIVE_UP: Duration = Duration::from_millis(1500);
 /// Lease of strategies 4 and 5.
 const LEASE: Duration = Duration::from_millis(50);
 
-/// Runs every strategy and prints the table; true if rows 6 and 7 held.
+/// Runs every strategy and prints the table; true if rows 6, 7 and 8 held.
 pub async fn run(args: LabArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(
         args.stock > 0 && args.buyers > 0,
@@ -142,7 +148,7 @@ pub async fn run(args: LabArgs) -> anyhow::Result<bool> {
             );
         }
     }
-    Ok(rows[5].oversold == 0 && rows[6].oversold == 0)
+    Ok(rows[5..].iter().all(|row| row.oversold == 0))
 }
 
 /// What every buyer task shares.
@@ -179,10 +185,13 @@ struct Instance {
     local: tokio::sync::Mutex<()>,
     hasp: hasp::Client,
     fast: FastPath,
+    /// Strategy 8: a client of the sale's database file.
+    table: hasp_sql::SqlClient,
 }
 
 async fn run_one(strategy: Strategy, stock: i64, buyers: i64) -> anyhow::Result<Row> {
     let server = launcher::RedisServer::try_start_with(launcher::ServerOptions::default())?;
+    let database = TempFile::new("lab-locks.db");
     let client = redis::Client::open(server.url())?;
     let mut setup = client.get_multiplexed_async_connection().await?;
     let _: () = redis::cmd("SET")
@@ -220,6 +229,15 @@ async fn run_one(strategy: Strategy, stock: i64, buyers: i64) -> anyhow::Result<
             )
             .await?,
             fast,
+            table: {
+                let table = hasp_sql::SqlClient::open(
+                    &database.sqlite_url(),
+                    hasp_sql::SqlSettings::default().set_watchdog_timeout(LEASE),
+                )
+                .await?;
+                table.migrate().await?;
+                table
+            },
         }));
     }
     let sale = Arc::new(Sale {
@@ -341,11 +359,45 @@ async fn buy(sale: &Sale, instance: &Instance, user: i64) -> redis::RedisResult<
             guard.unlock().await.map_err(to_redis)?;
             Ok(Some(bought))
         }
+        Strategy::TableLock => {
+            let lock = instance.table.lock("lab:lock").map_err(to_redis)?;
+            let Some(guard) = lock.try_lock_for(GIVE_UP * 4).await.map_err(to_redis)? else {
+                return Ok(None);
+            };
+            // The same slow holders as strategy 4; the client renews the row.
+            let bought = read_modify_write_taking(&mut conn, sale.next_holder_work()).await?;
+            guard.unlock().await.map_err(to_redis)?;
+            Ok(Some(bought))
+        }
         Strategy::AtomicLua => match instance.fast.purchase(1, user + 1).await {
             Ok(Purchase::Accepted(_)) => Ok(Some(true)),
             Ok(Purchase::Refused(_)) => Ok(Some(false)),
             Err(e) => Err(to_redis(e)),
         },
+    }
+}
+
+/// A file in the temporary directory, removed (with SQLite's side files)
+/// when dropped.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str) -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        Self(std::env::temp_dir().join(format!("seckill-{}-{n}-{name}", std::process::id())))
+    }
+
+    fn sqlite_url(&self) -> String {
+        format!("sqlite://{}?mode=rwc", self.0.display())
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
+        }
     }
 }
 

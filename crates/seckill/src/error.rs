@@ -34,6 +34,9 @@ pub enum Error {
     /// A lock operation failed (Redis unreachable, lock wait timed out).
     #[error("lock error: {0}")]
     Lock(#[from] hasp::Error),
+    /// A lock kept in the database failed (database unreachable).
+    #[error("table lock error: {0}")]
+    TableLock(#[from] hasp_sql::Error),
     /// Redis restarted (it no longer knows the purchase script) and the
     /// sale state it holds has not been checked against the database since;
     /// nothing was bought. Retry once the repair is done.

@@ -15,7 +15,7 @@ use crate::http::{router, AppState, RateLimits};
 use crate::pipeline::{OrderPipeline, PipelineSettings, StepReport};
 use crate::repair::SaleRepair;
 use crate::sale::{PurchasePath, Sales};
-use crate::settings::{Mode, Settings};
+use crate::settings::{Mode, Settings, UserLocks};
 use crate::store::{FastPath, OrderIdGenerator};
 use crate::sync_path::SyncPath;
 
@@ -52,8 +52,8 @@ impl Service {
         let locks = crate::store::lock_client(&config.redis_url, hasp::Settings::default()).await?;
         let purchases = match config.mode {
             Mode::Async => PurchasePath::Async,
-            Mode::Sync => PurchasePath::Sync(Arc::new(
-                SyncPath::new(
+            Mode::Sync => {
+                let mut sync = SyncPath::new(
                     db.clone(),
                     locks.clone(),
                     OrderIdGenerator::new(conn.clone(), config.prefix.clone(), 1000)?,
@@ -61,8 +61,18 @@ impl Service {
                     // purchase (milliseconds), then is a 409.
                     Duration::from_secs(1),
                 )
-                .with_prefix(config.prefix.clone()),
-            )),
+                .with_prefix(config.prefix.clone());
+                if config.user_locks == UserLocks::Database {
+                    let table = hasp_sql::SqlClient::open(
+                        &config.database_url,
+                        hasp_sql::SqlSettings::default(),
+                    )
+                    .await?;
+                    table.migrate().await?;
+                    sync = sync.with_table_locks(table);
+                }
+                PurchasePath::Sync(Arc::new(sync))
+            }
         };
         let metrics =
             crate::metrics::Metrics::new().map_err(|e| anyhow::anyhow!("metrics registry: {e}"))?;

@@ -16,6 +16,7 @@
 //! | listen address | `--listen` `SECKILL_LISTEN` `listen` | `127.0.0.1:8080` |
 //! | token secret | `--token-secret` `SECKILL_TOKEN_SECRET` `token_secret` | none: required |
 //! | purchase path | `--mode` `SECKILL_MODE` `mode` | `async` |
+//! | sync path's user locks | `--user-locks` `SECKILL_USER_LOCKS` `user_locks` | `redis` |
 //! | key prefix | `--prefix` `SECKILL_PREFIX` `prefix` | `seckill` |
 //! | consumer name | `--consumer` `SECKILL_CONSUMER` `consumer` | `seckill-<host>-<pid>` |
 //! | takeover after | `--reclaim-idle-ms` … `reclaim_idle_ms` | 30,000 |
@@ -48,6 +49,17 @@ pub enum Mode {
     Sync,
 }
 
+/// Where the sync path keeps its per-user locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UserLocks {
+    /// `hasp` locks in Redis.
+    Redis,
+    /// `hasp-sql` locks in the service's database (table `hasp_locks`):
+    /// the sync path then needs no Redis lock server (seed 004).
+    Database,
+}
+
 /// Everything a service needs to start, checked. Build one with
 /// [`Settings::new`] (the defaults) and struct update syntax, or resolve
 /// layers with [`Layer::resolve`].
@@ -63,6 +75,8 @@ pub struct Settings {
     pub token_secret: SecretString,
     /// Purchase path.
     pub mode: Mode,
+    /// Where the sync path keeps its per-user locks.
+    pub user_locks: UserLocks,
     /// Prefix of every Redis key and lock name of the service.
     pub prefix: String,
     /// This instance's consumer name in the order pipeline (unique per
@@ -134,6 +148,9 @@ pub struct Layer {
     /// Purchase path [default: async].
     #[arg(long, env = "SECKILL_MODE", value_enum)]
     pub mode: Option<Mode>,
+    /// Where the sync path keeps its per-user locks [default: redis].
+    #[arg(long, env = "SECKILL_USER_LOCKS", value_enum)]
+    pub user_locks: Option<UserLocks>,
     /// Prefix of every Redis key and lock name of the service [default: seckill].
     #[arg(long, env = "SECKILL_PREFIX")]
     pub prefix: Option<String>,
@@ -198,6 +215,7 @@ impl Layer {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
             token_secret: None,
             mode: Some(Mode::Async),
+            user_locks: Some(UserLocks::Redis),
             prefix: Some("seckill".into()),
             consumer: Some(default_consumer()),
             reclaim_idle_ms: Some(30_000),
@@ -232,6 +250,7 @@ impl Layer {
             listen: self.listen.or(lower.listen),
             token_secret: self.token_secret.or(lower.token_secret),
             mode: self.mode.or(lower.mode),
+            user_locks: self.user_locks.or(lower.user_locks),
             prefix: self.prefix.or(lower.prefix),
             consumer: self.consumer.or(lower.consumer),
             reclaim_idle_ms: self.reclaim_idle_ms.or(lower.reclaim_idle_ms),
@@ -317,6 +336,7 @@ impl Layer {
             listen: set(all.listen, "listen")?,
             token_secret,
             mode: set(all.mode, "mode")?,
+            user_locks: set(all.user_locks, "user_locks")?,
             consumer,
             reclaim_idle: ms(all.reclaim_idle_ms, "reclaim_idle_ms")?,
             user_limit: Limit::per_second(set(all.user_rate, "user_rate")?),

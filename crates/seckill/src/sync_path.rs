@@ -1,5 +1,8 @@
-//! The locked purchase path (seeds 000 and 002): a per-user `hasp` lock
-//! around a database transaction.
+//! The locked purchase path (seeds 000 and 002): a per-user lock around a
+//! database transaction. The lock is a `hasp` lock in Redis, or (seed 004)
+//! a `hasp-sql` lock in the service's own database
+//! ([`SyncPath::with_table_locks`]), for a deployment with no Redis lock
+//! server.
 //!
 //! Slower than the [fast path](crate::store::FastPath) — every purchase is a
 //! lock round trip plus a transaction on the voucher's row — but it needs no
@@ -22,6 +25,8 @@ use crate::store::OrderIdGenerator;
 pub struct SyncPath {
     db: Database,
     locks: hasp::Client,
+    /// Locks in the database instead of Redis, if set.
+    table_locks: Option<hasp_sql::SqlClient>,
     ids: OrderIdGenerator,
     lock_wait: Duration,
     prefix: String,
@@ -39,6 +44,7 @@ impl SyncPath {
         Self {
             db,
             locks,
+            table_locks: None,
             ids,
             lock_wait,
             prefix: "seckill".into(),
@@ -49,6 +55,14 @@ impl SyncPath {
     /// prefix; `seckill` by default): `<prefix>:user:<id>`.
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// This path with its per-user locks kept in a database table (through
+    /// `client`, whose table must exist: `SqlClient::migrate`) instead of
+    /// Redis.
+    pub fn with_table_locks(mut self, client: hasp_sql::SqlClient) -> Self {
+        self.table_locks = Some(client);
         self
     }
 
@@ -74,15 +88,25 @@ impl SyncPath {
         if now >= end_ms {
             return Ok(Purchase::Refused(Refusal::Ended));
         }
-        let lock = self
-            .locks
-            .lock(&format!("{}:user:{user_id}", self.prefix))?;
+        let name = format!("{}:user:{user_id}", self.prefix);
+        // Release before reporting, whatever the outcome; a failed release
+        // only delays the user's next attempt until the lease ends.
+        if let Some(table) = &self.table_locks {
+            let lock = table.lock(&name)?;
+            let Some(guard) = lock.try_lock_for(self.lock_wait).await? else {
+                return Ok(Purchase::Refused(Refusal::InProgress));
+            };
+            let outcome = self.purchase_locked(voucher_id, user_id).await;
+            if let Err(e) = guard.unlock().await {
+                tracing::warn!(error = %e, user_id, "releasing the user lock failed");
+            }
+            return outcome;
+        }
+        let lock = self.locks.lock(&name)?;
         let Some(guard) = lock.try_lock_for(self.lock_wait).await? else {
             return Ok(Purchase::Refused(Refusal::InProgress));
         };
         let outcome = self.purchase_locked(voucher_id, user_id).await;
-        // Release before reporting, whatever the outcome; a failed release
-        // only delays the user's next attempt until the lease ends.
         if let Err(e) = guard.unlock().await {
             tracing::warn!(error = %e, user_id, "releasing the user lock failed");
         }

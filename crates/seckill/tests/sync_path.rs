@@ -18,7 +18,22 @@ async fn instance(redis: &RedisServer, db: &Database) -> SyncPath {
     SyncPath::new(db.clone(), locks, ids, Duration::from_secs(10))
 }
 
+/// An instance whose per-user locks are kept in the database at `url`
+/// (seed 004; `user_locks = "database"`).
+async fn instance_with_table_locks(redis: &RedisServer, db: &Database, url: &str) -> SyncPath {
+    let table = hasp_sql::SqlClient::open(url, hasp_sql::SqlSettings::default())
+        .await
+        .unwrap();
+    table.migrate().await.unwrap();
+    instance(redis, db).await.with_table_locks(table)
+}
+
 async fn two_instances_sell_exactly_the_stock(db: Database) {
+    two_instances_sell_exactly_the_stock_with(db, None).await;
+}
+
+/// As above; with `table_locks`, the user locks live in that database.
+async fn two_instances_sell_exactly_the_stock_with(db: Database, table_locks: Option<&str>) {
     const STOCK: i64 = 40;
     const USERS: i64 = 150;
     db.migrate().await.unwrap();
@@ -34,8 +49,16 @@ async fn two_instances_sell_exactly_the_stock(db: Database) {
         .await
         .unwrap();
     let redis = RedisServer::start();
-    let a = Arc::new(instance(&redis, &db).await);
-    let b = Arc::new(instance(&redis, &db).await);
+    let (a, b) = match table_locks {
+        Some(url) => (
+            Arc::new(instance_with_table_locks(&redis, &db, url).await),
+            Arc::new(instance_with_table_locks(&redis, &db, url).await),
+        ),
+        None => (
+            Arc::new(instance(&redis, &db).await),
+            Arc::new(instance(&redis, &db).await),
+        ),
+    };
     let mut calls = Vec::new();
     for user in 0..USERS {
         for path in [&a, &b] {
@@ -79,6 +102,22 @@ async fn two_instances_sell_exactly_the_stock_one_per_user_on_postgres() {
     let pg = PostgresServer::start();
     let db = Database::connect(&pg.url()).await.unwrap();
     two_instances_sell_exactly_the_stock(db).await;
+}
+
+/// Seed 004 in the service: the sync path with its user locks in the
+/// database (no Redis lock) sells exactly the stock, one per user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_locks_sell_exactly_the_stock_one_per_user_on_sqlite_and_postgres() {
+    let dir = std::env::temp_dir().join(format!("seckill-sync-table-{}", std::process::id()));
+    let url = format!("sqlite://{}/sync.db", dir.display());
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = Database::connect(&url).await.unwrap();
+    two_instances_sell_exactly_the_stock_with(db, Some(&url)).await;
+    let _ = std::fs::remove_dir_all(dir);
+
+    let pg = PostgresServer::start();
+    let db = Database::connect(&pg.url()).await.unwrap();
+    two_instances_sell_exactly_the_stock_with(db, Some(&pg.url())).await;
 }
 
 #[tokio::test]

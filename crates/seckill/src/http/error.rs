@@ -101,6 +101,9 @@ impl From<crate::Error> for ApiError {
             crate::Error::Database(ref d) if database_unavailable(d) => {
                 ApiError::Unavailable(Dependency::Database)
             }
+            crate::Error::TableLock(hasp_sql::Error::Db(ref d)) if database_unavailable(d) => {
+                ApiError::Unavailable(Dependency::Database)
+            }
             other => ApiError::Internal(other),
         }
     }
