@@ -374,49 +374,188 @@ impl Statements {
         }
     }
 
-    /// Re-arms `owner`'s live row to `lease_ms` from now: false if the row
-    /// expired or belongs to another owner (nothing changed).
-    pub(crate) async fn extend(
+    /// `owner`'s live holds of `name` and what is left of their lease
+    /// (`None`: `owner` does not hold it).
+    pub(crate) async fn held_by(
         &self,
         db: &Backend,
         name: &str,
         owner: &str,
-        lease_ms: i64,
-    ) -> Result<bool> {
+    ) -> Result<Option<(i64, Duration)>> {
         let t = &self.table;
-        let affected = match db {
-            Backend::Postgres(pool) => sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {t} SET expires_at = {PG_MS} + $3 \
+        let row: Option<(i64, i64)> = match db {
+            Backend::Postgres(pool) => {
+                sqlx::query_as(AssertSqlSafe(format!(
+                    "SELECT holds, expires_at - {PG_MS} FROM {t} \
                  WHERE name = $1 AND owner = $2 AND expires_at > {PG_MS}"
-            )))
-            .bind(name)
-            .bind(owner)
-            .bind(lease_ms)
-            .execute(pool)
-            .await?
-            .rows_affected(),
-            Backend::MySql(pool) => sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {t} SET expires_at = {MY_MS} + ? \
+                )))
+                .bind(name)
+                .bind(owner)
+                .fetch_optional(pool)
+                .await?
+            }
+            Backend::MySql(pool) => {
+                sqlx::query_as(AssertSqlSafe(format!(
+                    "SELECT holds, expires_at - {MY_MS} FROM {t} \
                  WHERE name = ? AND owner = ? AND expires_at > {MY_MS}"
+                )))
+                .bind(name)
+                .bind(owner)
+                .fetch_optional(pool)
+                .await?
+            }
+            Backend::Sqlite(pool) => {
+                sqlx::query_as(AssertSqlSafe(format!(
+                    "SELECT holds, expires_at - {LITE_MS} FROM {t} \
+                 WHERE name = ?1 AND owner = ?2 AND expires_at > {LITE_MS}"
+                )))
+                .bind(name)
+                .bind(owner)
+                .fetch_optional(pool)
+                .await?
+            }
+        };
+        Ok(row.map(|(holds, left)| (holds, Duration::from_millis(left.max(0).unsigned_abs()))))
+    }
+
+    /// What is left of the current holder's lease (`None`: free).
+    pub(crate) async fn remaining(&self, db: &Backend, name: &str) -> Result<Option<Duration>> {
+        if !self.is_locked(db, name).await? {
+            return Ok(None);
+        }
+        self.time_left(db, name).await
+    }
+
+    /// Frees `name` whoever holds it (the row and its token stay); true if
+    /// it was held. Wakes the waiters (PostgreSQL: NOTIFY).
+    pub(crate) async fn force_release(&self, db: &Backend, name: &str) -> Result<bool> {
+        let t = &self.table;
+        let freed = match db {
+            Backend::Postgres(pool) => {
+                let freed = sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE {t} SET owner = NULL, holds = 0, expires_at = 0 \
+                     WHERE name = $1 AND owner IS NOT NULL AND expires_at > {PG_MS}"
+                )))
+                .bind(name)
+                .execute(pool)
+                .await?
+                .rows_affected();
+                if freed > 0 {
+                    sqlx::query("SELECT pg_notify($1, $2)")
+                        .bind(self.channel())
+                        .bind(name)
+                        .execute(pool)
+                        .await?;
+                }
+                freed
+            }
+            Backend::MySql(pool) => sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {t} SET owner = NULL, holds = 0, expires_at = 0 \
+                 WHERE name = ? AND owner IS NOT NULL AND expires_at > {MY_MS}"
             )))
-            .bind(lease_ms)
             .bind(name)
-            .bind(owner)
             .execute(pool)
             .await?
             .rows_affected(),
             Backend::Sqlite(pool) => sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {t} SET expires_at = {LITE_MS} + ?3 \
-                 WHERE name = ?1 AND owner = ?2 AND expires_at > {LITE_MS}"
+                "UPDATE {t} SET owner = NULL, holds = 0, expires_at = 0 \
+                 WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {LITE_MS}"
             )))
             .bind(name)
-            .bind(owner)
-            .bind(lease_ms)
             .execute(pool)
             .await?
             .rows_affected(),
         };
-        Ok(affected == 1)
+        Ok(freed > 0)
+    }
+
+    /// Re-arms every live hold among `holds` (name, owner) to `lease_ms`
+    /// from now, in one statement per 100; returns those renewed (the others
+    /// expired or were taken: lost).
+    pub(crate) async fn extend_many(
+        &self,
+        db: &Backend,
+        holds: &[(String, String)],
+        lease_ms: i64,
+    ) -> Result<Vec<(String, String)>> {
+        let mut renewed = Vec::with_capacity(holds.len());
+        for chunk in holds.chunks(100) {
+            renewed.extend(self.extend_chunk(db, chunk, lease_ms).await?);
+        }
+        Ok(renewed)
+    }
+
+    async fn extend_chunk(
+        &self,
+        db: &Backend,
+        holds: &[(String, String)],
+        lease_ms: i64,
+    ) -> Result<Vec<(String, String)>> {
+        let t = &self.table;
+        let pairs = |first: usize, numbered: bool, dollar: bool| -> String {
+            (0..holds.len())
+                .map(|i| {
+                    let (a, b) = (first + 2 * i, first + 2 * i + 1);
+                    match (numbered, dollar) {
+                        (true, true) => format!("(${a}, ${b})"),
+                        (true, false) => format!("(?{a}, ?{b})"),
+                        _ => "(?, ?)".to_owned(),
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match db {
+            Backend::Postgres(pool) => {
+                let sql = format!(
+                    "UPDATE {t} SET expires_at = {PG_MS} + $1 \
+                     WHERE (name, owner) IN ({}) AND expires_at > {PG_MS} \
+                     RETURNING name, owner",
+                    pairs(2, true, true)
+                );
+                let mut query = sqlx::query_as(AssertSqlSafe(sql)).bind(lease_ms);
+                for (name, owner) in holds {
+                    query = query.bind(name).bind(owner);
+                }
+                Ok(query.fetch_all(pool).await?)
+            }
+            Backend::Sqlite(pool) => {
+                let sql = format!(
+                    "UPDATE {t} SET expires_at = {LITE_MS} + ?1 \
+                     WHERE (name, owner) IN ({}) AND expires_at > {LITE_MS} \
+                     RETURNING name, owner",
+                    pairs(2, true, false)
+                );
+                let mut query = sqlx::query_as(AssertSqlSafe(sql)).bind(lease_ms);
+                for (name, owner) in holds {
+                    query = query.bind(name).bind(owner);
+                }
+                Ok(query.fetch_all(pool).await?)
+            }
+            Backend::MySql(pool) => {
+                // No RETURNING: the update, then which of them are live and
+                // still ours, on the same connection.
+                let list = pairs(0, false, false);
+                let mut conn = pool.acquire().await?;
+                let mut update = sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE {t} SET expires_at = {MY_MS} + ? \
+                     WHERE (name, owner) IN ({list}) AND expires_at > {MY_MS}"
+                )))
+                .bind(lease_ms);
+                for (name, owner) in holds {
+                    update = update.bind(name).bind(owner);
+                }
+                update.execute(&mut *conn).await?;
+                let mut live = sqlx::query_as(AssertSqlSafe(format!(
+                    "SELECT CAST(name AS CHAR), CAST(owner AS CHAR) FROM {t} \
+                     WHERE (name, owner) IN ({list}) AND expires_at > {MY_MS}"
+                )));
+                for (name, owner) in holds {
+                    live = live.bind(name).bind(owner);
+                }
+                Ok(live.fetch_all(&mut *conn).await?)
+            }
+        }
     }
 
     /// Whether any owner holds `name` now (by the database's clock).

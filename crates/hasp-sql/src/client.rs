@@ -270,7 +270,8 @@ impl Inner {
 }
 
 /// Renews every hold in watchdog mode every third of the watchdog
-/// timeout; a renewal that finds the row gone marks the hold lost at once.
+/// timeout, 100 per statement; a renewal that finds the row expired or
+/// taken marks the hold lost at once.
 async fn renew(inner: std::sync::Weak<Inner>, mut stop: watch::Receiver<()>) {
     let period = match inner.upgrade() {
         Some(inner) => inner.settings.watchdog_timeout / 3,
@@ -289,24 +290,31 @@ async fn renew(inner: std::sync::Weak<Inner>, mut stop: watch::Receiver<()>) {
         };
         let lease_ms = inner.settings.watchdog_lease_ms();
         let lease = i64::try_from(lease_ms).unwrap_or(i64::MAX);
-        let mut renewals = tokio::task::JoinSet::new();
-        for hold in inner.watchdog_holds() {
-            let inner = inner.clone();
-            renewals.spawn(async move {
-                let sent_at = Instant::now();
-                match inner
-                    .sql
-                    .extend(&inner.db, &hold.name, hold.owner.id(), lease)
-                    .await
-                {
-                    Ok(true) => hold.confirm(sent_at, lease_ms),
-                    Ok(false) => hold.mark_gone(),
-                    Err(e) => tracing::warn!(error = %e, lock = %hold.name, "lease renewal failed"),
-                }
-            });
+        let holds = inner.watchdog_holds();
+        if holds.is_empty() {
+            continue;
         }
-        drop(inner);
-        while renewals.join_next().await.is_some() {}
+        let keys: Vec<(String, String)> = holds
+            .iter()
+            .map(|h| (h.name.clone(), h.owner.id().to_owned()))
+            .collect();
+        let sent_at = Instant::now();
+        match inner.sql.extend_many(&inner.db, &keys, lease).await {
+            Ok(renewed) => {
+                let renewed: std::collections::HashSet<(String, String)> =
+                    renewed.into_iter().collect();
+                for (hold, key) in holds.iter().zip(keys) {
+                    if renewed.contains(&key) {
+                        hold.confirm(sent_at, lease_ms);
+                    } else {
+                        hold.mark_gone();
+                    }
+                }
+            }
+            // Nothing is known: each hold is lost at its belief end unless
+            // a later round gets through.
+            Err(e) => tracing::warn!(error = %e, holds = holds.len(), "lease renewal failed"),
+        }
     }
 }
 

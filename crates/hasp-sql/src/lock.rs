@@ -138,6 +138,49 @@ impl SqlLock {
         inner.sql.is_locked(&inner.db, &self.name).await
     }
 
+    /// Whether this handle's owner holds the lock now.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn is_held_by_me(&self) -> Result<bool> {
+        Ok(self.hold_count().await? > 0)
+    }
+
+    /// How many holds this handle's owner has on the lock now (0 if none:
+    /// never taken, released, or expired), as the row counts them.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn hold_count(&self) -> Result<u32> {
+        let inner = &self.client.inner;
+        let held = inner
+            .sql
+            .held_by(&inner.db, &self.name, self.owner().id())
+            .await?;
+        Ok(held.map_or(0, |(holds, _)| u32::try_from(holds).unwrap_or(u32::MAX)))
+    }
+
+    /// What is left of the holder's lease, by the database's clock (`None`:
+    /// nobody holds the lock).
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
+        let inner = &self.client.inner;
+        inner.sql.remaining(&inner.db, &self.name).await
+    }
+
+    /// Frees the lock whoever holds it (an operator's tool) and wakes its
+    /// waiters; the holder learns of it at its next renewal and gets
+    /// [`Error::NotHeld`] on release. True if it was held.
+    ///
+    /// # Errors
+    /// [`Error::Db`].
+    pub async fn force_unlock(&self) -> Result<bool> {
+        let inner = &self.client.inner;
+        inner.sql.force_release(&inner.db, &self.name).await
+    }
+
     async fn acquire(&self, deadline: Option<Instant>, wait: bool) -> Result<Option<SqlGuard>> {
         let inner = &self.client.inner;
         let owner = self.owner();

@@ -51,6 +51,113 @@ async fn scenarios(url: &str) {
     an_exact_count_under_contention(url).await;
     the_watchdog_keeps_a_hold_and_a_taken_row_fires_the_loss(url).await;
     names_are_exact(url).await;
+    counts_ttl_and_force(url).await;
+    a_cancelled_wait_leaves_nothing_held(url).await;
+    many_holds_are_renewed_in_batches(url).await;
+}
+
+/// Lock spec 3, 5, 8, 9, 12 on a table: the hold count 0 → 1 → 2 → 1 → 0;
+/// "held by me" only for the owner; the remaining TTL is about the lease
+/// and a re-entry re-arms it; force-unlock frees it and wakes a waiter.
+async fn counts_ttl_and_force(url: &str) {
+    let c = client(url, SqlSettings::default()).await;
+    let me = c
+        .lock("counted")
+        .unwrap()
+        .with_owner(Owner::new())
+        .with_lease(Duration::from_secs(10))
+        .unwrap();
+    let other = c.lock("counted").unwrap().with_owner(Owner::new());
+    assert_eq!(me.hold_count().await.unwrap(), 0);
+    assert_eq!(me.remaining_ttl().await.unwrap(), None);
+    let first = me.lock().await.unwrap();
+    assert_eq!(me.hold_count().await.unwrap(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = me.lock().await.unwrap();
+    assert_eq!(me.hold_count().await.unwrap(), 2);
+    let ttl = me.remaining_ttl().await.unwrap().expect("held");
+    assert!(
+        ttl > Duration::from_millis(9500),
+        "a re-entry re-arms: {ttl:?}"
+    );
+    assert!(me.is_held_by_me().await.unwrap());
+    assert!(!other.is_held_by_me().await.unwrap());
+    second.unlock().await.unwrap();
+    assert_eq!(me.hold_count().await.unwrap(), 1);
+    first.unlock().await.unwrap();
+    assert_eq!(me.hold_count().await.unwrap(), 0);
+    assert!(!me.is_held_by_me().await.unwrap());
+
+    let held = me.lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move { other.lock_within(Duration::from_secs(5)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(other.force_unlock().await.unwrap());
+    let taken = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("woken")
+        .unwrap()
+        .expect("acquired after the force");
+    assert!(taken.fencing_token() > held.fencing_token());
+    assert!(matches!(
+        held.unlock().await.unwrap_err(),
+        Error::NotHeld { .. }
+    ));
+    assert!(
+        other.force_unlock().await.unwrap(),
+        "the waiter's hold is freed"
+    );
+    assert!(matches!(
+        taken.unlock().await.unwrap_err(),
+        Error::NotHeld { .. }
+    ));
+    assert!(!other.force_unlock().await.unwrap());
+}
+
+/// Lock spec 13: a pending acquire that is dropped leaves no lock held.
+async fn a_cancelled_wait_leaves_nothing_held(url: &str) {
+    let c = client(url, SqlSettings::default()).await;
+    let holder = c.lock("cancelled").unwrap().with_owner(Owner::new());
+    let guard = holder.lock().await.unwrap();
+    let waiter = c.lock("cancelled").unwrap().with_owner(Owner::new());
+    let pending = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    pending.abort();
+    let _ = pending.await;
+    guard.unlock().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiter.is_locked().await.unwrap(),
+        "nothing held after the cancel"
+    );
+}
+
+/// Lock spec 15, 17: many holds without a lease are renewed, 100 per
+/// statement, for several watchdog timeouts; none is lost.
+async fn many_holds_are_renewed_in_batches(url: &str) {
+    let settings = SqlSettings::default().set_watchdog_timeout(Duration::from_millis(900));
+    let c = client(url, settings).await;
+    let owner = Owner::new();
+    let mut guards = Vec::new();
+    for i in 0..250 {
+        let lock = c
+            .lock(&format!("many-{i}"))
+            .unwrap()
+            .with_owner(owner.clone());
+        guards.push(lock.lock().await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for guard in &guards {
+        assert!(!guard.is_lost(), "{} was lost", guard.name());
+    }
+    for guard in guards {
+        guard.unlock().await.unwrap();
+    }
 }
 
 /// Seed 13: the table is created once (a second run changes nothing), with
@@ -375,6 +482,13 @@ async fn a_short_database_restart_loses_nothing() {
         .lock("durable")
         .unwrap();
     assert!(other.try_lock().await.unwrap().is_none(), "still held");
+
+    // Lock spec 14: with the database down, an acquire is an error, never
+    // "not acquired" (and never success).
+    server.stop(false);
+    let err = other.try_lock().await.unwrap_err();
+    assert!(matches!(err, Error::Db(_)), "{err:?}");
+    server.try_restart().expect("restart");
     tokio::time::sleep(Duration::from_secs(5)).await; // a renewal after the restart
     assert!(!guard.is_lost());
     assert!(other.try_lock().await.unwrap().is_none());
