@@ -45,7 +45,9 @@
 //! * **Fencing**: the token grows by one on every take-over of a free or
 //!   expired row; a new row starts at the database clock in microseconds.
 //! * **Renewal**: one task per client renews every hold without a lease
-//!   every third of the watchdog timeout; a renewal that finds the row
+//!   every third of the watchdog timeout, 100 holds per statement
+//!   (`UPDATE … WHERE (name, owner) IN (…)`, `RETURNING` the renewed ones;
+//!   MySQL/MariaDB read them back); a renewal that finds the row expired or
 //!   taken fires the loss signal at once.
 //! * **Waiting**: see [`SqlLock`].
 //!
