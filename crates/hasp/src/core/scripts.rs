@@ -14,16 +14,20 @@ use redis::{Cmd, FromRedisValue, RedisResult, Script, ServerErrorKind};
 use crate::config::ReplicaAck;
 
 /// The batch script: every change hasp makes to its objects (see `wire`),
-/// one file per kind between the prelude and the dispatch loop.
+/// one file per kind between the prelude and the dispatch loop; the kinds
+/// other than the lock inside `load_kinds`, run only by calls that need
+/// them (see `prelude.lua`).
 pub(crate) const BATCH_SOURCE: &str = concat!(
     include_str!("scripts/prelude.lua"),
-    include_str!("scripts/line.lua"),
     include_str!("scripts/lock.lua"),
+    "\nlocal function load_kinds()\n",
+    include_str!("scripts/line.lua"),
     include_str!("scripts/fair.lua"),
     include_str!("scripts/rw.lua"),
     include_str!("scripts/permits.lua"),
     include_str!("scripts/latch.lua"),
     include_str!("scripts/lease.lua"),
+    "\nend\n",
     include_str!("scripts/dispatch.lua"),
 );
 

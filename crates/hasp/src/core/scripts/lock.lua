@@ -200,28 +200,3 @@ local function force(lock)
   free(lock, '*', true)
   return 1
 end
-
-ops.a = { 2, 4, function(k, a)
-  return acquire(K[k], K[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], false)
-end }
-ops.w = { 2, 4, function(k, a)
-  return acquire(K[k], K[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], true)
-end }
-ops.r = { 1, 4, function(k, a)
-  return release(K[k], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
-end }
-ops.h = { 2, 6, function(k, a)
-  return hand_off(K[k], K[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
-end }
-ops.e = { 1, 3, function(k, a)
-  return extend(K[k], ARGV[a + 1], ARGV[a + 2])
-end }
-ops.u = { 1, 3, function(k, a)
-  return undo(K[k], ARGV[a + 1], ARGV[a + 2])
-end }
-ops.s = { 1, 4, function(k, a)
-  return settle(K[k], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
-end }
-ops.f = { 1, 1, function(k)
-  return force(K[k])
-end }

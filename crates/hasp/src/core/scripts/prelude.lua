@@ -5,11 +5,15 @@
 -- answers its error in its own slot and changes nothing, and its
 -- neighbours carry on.
 --
--- The script is several files run as one: prelude.lua (this), line.lua
--- (a line of waiters, shared), lock.lua, fair.lua, rw.lua, permits.lua,
--- latch.lua, lease.lua and dispatch.lua. Each kind of object registers its
--- operations in `ops` under their opcodes, with how many keys and
--- arguments (the opcode included) each takes.
+-- The script is several files run as one: prelude.lua (this), lock.lua,
+-- then the other kinds inside one function, `load_kinds`, that the
+-- dispatch runs only when a call carries one of their operations (Redis
+-- runs the whole script on every call: defining their functions every time
+-- would cost the lock's calls), and dispatch.lua. The other kinds are
+-- line.lua (a line of waiters, shared), fair.lua, rw.lua, permits.lua,
+-- latch.lua and lease.lua; each registers its operations in `ops` under
+-- their opcodes, with how many keys and arguments (the opcode included)
+-- each takes. The lock's opcodes are dispatched directly.
 --
 -- ARGV[1] is the client's id: the payload of the release messages it
 -- publishes (it ignores its own: it wakes its local waiters directly) and
