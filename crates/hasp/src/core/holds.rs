@@ -251,6 +251,30 @@ impl Holds {
         }
     }
 
+    /// A new hold's state: its belief ends at `sent_at` + `lease_ms`.
+    fn new_state(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        token: u64,
+        lease: Lease,
+        (sent_at, lease_ms): (Instant, u64),
+    ) -> Arc<HoldState> {
+        Arc::new(HoldState {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            keys: keys.clone(),
+            owner: owner.clone(),
+            token,
+            lease,
+            gone: AtomicBool::new(false),
+            lost_notify: Notify::new(),
+            valid_until: Mutex::new(sent_at + Duration::from_millis(lease_ms)),
+            acquired_at: Instant::now(),
+            renewed: AtomicBool::new(false),
+            schedule_seq: AtomicU64::new(0),
+        })
+    }
+
     /// Records a hold just acquired in Redis by a call sent at `sent_at`
     /// with a lease of `lease_ms`.
     pub(crate) fn insert(
@@ -273,19 +297,7 @@ impl Holds {
                 return entry.state.clone();
             }
         }
-        let state = Arc::new(HoldState {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            keys: keys.clone(),
-            owner: owner.clone(),
-            token,
-            lease,
-            gone: AtomicBool::new(false),
-            lost_notify: Notify::new(),
-            valid_until: Mutex::new(sent_at + Duration::from_millis(lease_ms)),
-            acquired_at: Instant::now(),
-            renewed: AtomicBool::new(false),
-            schedule_seq: AtomicU64::new(0),
-        });
+        let state = self.new_state(keys, owner, token, lease, (sent_at, lease_ms));
         map.insert(
             key,
             Entry {
@@ -322,19 +334,7 @@ impl Holds {
                 return entry.state.clone();
             }
         }
-        let state = Arc::new(HoldState {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            keys: keys.clone(),
-            owner: owner.clone(),
-            token: 0,
-            lease,
-            gone: AtomicBool::new(false),
-            lost_notify: Notify::new(),
-            valid_until: Mutex::new(sent_at + Duration::from_millis(lease_ms)),
-            acquired_at: Instant::now(),
-            renewed: AtomicBool::new(false),
-            schedule_seq: AtomicU64::new(0),
-        });
+        let state = self.new_state(keys, owner, 0, lease, (sent_at, lease_ms));
         map.insert(
             key,
             Entry {

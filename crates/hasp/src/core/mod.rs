@@ -434,7 +434,6 @@ impl Core {
         lease: Lease,
         flag_waiting: bool,
     ) -> Result<Attempt<Arc<HoldState>>> {
-        let sent_at = Instant::now();
         let lease_ms = self.lease_ms(lease);
         let op = Op::Acquire {
             keys: keys.clone(),
@@ -443,7 +442,22 @@ impl Core {
             flag_waiting,
             nonce: self.queue.nonce(),
         };
-        let undo = Undo::lock(keys, owner, &self.queue);
+        self.take_hold(keys, owner, lease, lease_ms, op).await
+    }
+
+    /// Sends `op`, an acquisition of a lock-like kind (lock, fair lock, a
+    /// side of a read-write lock) for `owner` with a lease of `lease_ms`,
+    /// cancel-safely; registers the hold it grants.
+    pub(super) async fn take_hold(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        lease: Lease,
+        lease_ms: u64,
+        op: Op,
+    ) -> Result<Attempt<Arc<HoldState>>> {
+        let sent_at = Instant::now();
+        let undo = Undo::of(&op, &self.queue);
         let reply = HoldReply::new(self.queue.call(op), undo, |reply| {
             matches!(reply, Ok(Reply::Acquired { .. }))
         });

@@ -8,12 +8,11 @@ use std::time::Instant;
 
 use super::holds::{Found, HoldState, Lease};
 use super::keys::{Kind, LockKeys};
-use super::reply::{HoldReply, Undo};
 use super::waiters::Attempt;
 use super::wire::permits::Place;
 use super::wire::rw::RwOp;
-use super::wire::{Op, Reply};
-use super::{closed, unexpected, Core};
+use super::wire::Op;
+use super::Core;
 use crate::error::{Error, Result};
 use crate::owner::Owner;
 
@@ -85,7 +84,6 @@ impl Core {
         place: Option<Place>,
         prefer_readers: bool,
     ) -> Result<Attempt<Arc<HoldState>>> {
-        let sent_at = Instant::now();
         let lease_ms = self.lease_ms(lease);
         let op = Op::Rw(RwOp::Acquire {
             keys: keys.clone(),
@@ -95,19 +93,7 @@ impl Core {
             place,
             prefer_readers,
         });
-        let undo = Undo::of(&op, &self.queue);
-        let reply = HoldReply::new(self.queue.call(op), undo, |reply| {
-            matches!(reply, Ok(Reply::Acquired { .. }))
-        });
-        match reply.await.ok_or_else(closed)?? {
-            Reply::Acquired { token } => {
-                let confirmed = (sent_at, lease_ms);
-                let hold = self.holds.insert(keys, owner, token, lease, confirmed);
-                Ok(Attempt::Done(hold))
-            }
-            Reply::Busy { ttl } => Ok(Attempt::Busy(ttl)),
-            other => Err(unexpected(keys, other)),
-        }
+        self.take_hold(keys, owner, lease, lease_ms, op).await
     }
 
     /// The release of `holds` holds of `owner` on one side of a read-write
