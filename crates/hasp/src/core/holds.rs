@@ -283,16 +283,49 @@ impl Holds {
         owner: &Owner,
         token: u64,
         lease: Lease,
+        confirmed: (Instant, u64),
+    ) -> Arc<HoldState> {
+        // Two tasks sharing an owner raced past the local check: Redis
+        // counted a re-entry of the same hold (same token).
+        let same_hold = |state: &HoldState| state.token == token && !state.is_gone();
+        self.insert_or_join(keys, owner, token, lease, confirmed, 1, same_hold)
+    }
+
+    /// Records `permits` of a semaphore just taken in Redis for `owner` by a
+    /// call sent at `sent_at` with a lease of `lease_ms`: added to the
+    /// owner's live entry (one lease covers all of an owner's permits), or
+    /// a new one.
+    pub(crate) fn insert_permits(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        permits: u32,
+        lease: Lease,
+        confirmed: (Instant, u64),
+    ) -> Arc<HoldState> {
+        let live = |state: &HoldState| !state.is_lost();
+        self.insert_or_join(keys, owner, 0, lease, confirmed, permits, live)
+    }
+
+    /// Adds `units` held in Redis to the entry of (lock, owner) if `joins`
+    /// its state (one more guard of it), else registers a new hold.
+    #[allow(clippy::too_many_arguments)]
+    fn insert_or_join(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        token: u64,
+        lease: Lease,
         (sent_at, lease_ms): (Instant, u64),
+        units: u32,
+        joins: impl Fn(&HoldState) -> bool,
     ) -> Arc<HoldState> {
         let mut map = self.map(keys);
         let key = Self::key(keys, owner);
         if let Some(entry) = map.get_mut(&key) {
-            if entry.state.token == token && !entry.state.is_gone() {
-                // Two tasks sharing an owner raced past the local check;
-                // Redis counted a re-entry of the same hold.
+            if joins(&entry.state) {
                 entry.count += 1;
-                entry.redis_holds += 1;
+                entry.redis_holds += units;
                 entry.state.confirm(sent_at, lease_ms);
                 return entry.state.clone();
             }
@@ -302,7 +335,7 @@ impl Holds {
             key,
             Entry {
                 count: 1,
-                redis_holds: 1,
+                redis_holds: units,
                 state: state.clone(),
             },
         );
@@ -310,39 +343,6 @@ impl Holds {
         if let Lease::Adaptive(_) = lease {
             self.schedule(&state, lease_ms);
         }
-        state
-    }
-
-    /// Records `permits` of a semaphore just taken in Redis for `owner` by a call sent at
-    /// `sent_at` with a lease of `lease_ms`: added to the owner's live entry
-    /// (one lease covers all of an owner's permits), or a new one.
-    pub(crate) fn insert_permits(
-        &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
-        permits: u32,
-        lease: Lease,
-        (sent_at, lease_ms): (Instant, u64),
-    ) -> Arc<HoldState> {
-        let mut map = self.map(keys);
-        let key = Self::key(keys, owner);
-        if let Some(entry) = map.get_mut(&key) {
-            if !entry.state.is_lost() {
-                entry.count += 1;
-                entry.redis_holds += permits;
-                entry.state.confirm(sent_at, lease_ms);
-                return entry.state.clone();
-            }
-        }
-        let state = self.new_state(keys, owner, 0, lease, (sent_at, lease_ms));
-        map.insert(
-            key,
-            Entry {
-                count: 1,
-                redis_holds: permits,
-                state: state.clone(),
-            },
-        );
         state
     }
 
