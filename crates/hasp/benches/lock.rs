@@ -14,7 +14,7 @@
 //!   served, and the most acquisitions by others during one wait (tasks − 1
 //!   = strict FIFO; more = overtaken).
 //! * **Redis instructions per pair** (`ri`, needs valgrind): counted by
-//!   callgrind for hasp's batch script and for rslock's commands.
+//!   callgrind for hasp's batch function and for rslock's commands.
 //! * **wait**: what replica acknowledgement (`Settings::set_replica_ack`)
 //!   costs at C = 1 against a master with one replica.
 //! * **m: over several servers**: over 3 servers, MultiLock (parts asked
@@ -179,7 +179,7 @@ async fn run(args: Args) {
         let rb = redis_benchmark_pairs(&server);
         drop(server);
         println!(
-            "\nredis-benchmark, hasp's batch.lua with one acquire / one release per call, 1 connection, 64 in flight: \
+            "\nredis-benchmark, hasp's batch function with one acquire / one release per call, 1 connection, 64 in flight: \
          acquire {:.0}/s, release {:.0}/s ({:.1}% of releases hit a held lock) => {:.0} pairs/s",
             rb.acquire,
             rb.release,
@@ -188,13 +188,15 @@ async fn run(args: Args) {
         );
     }
     if args.runs("ri") {
-        match redis_instructions() {
-            Some((hasp, rslock)) => println!(
-                "\nRedis instructions per lock/unlock pair (callgrind, {RI_ROUNDS} rounds of {RI_PAIRS} pairs): \
-                 hasp {hasp:.0} (batch.lua, {RI_PAIRS} operations per call), \
-                 rslock {rslock:.0} (SET NX PX + compare-and-delete script, pipelined)"
-            ),
-            None => println!("\nRedis instructions per pair: skipped (needs valgrind)"),
+        for per_call in RI_PER_CALL {
+            match redis_instructions(per_call) {
+                Some((hasp, rslock)) => println!(
+                    "\nRedis instructions per lock/unlock pair (callgrind, {RI_TOTAL} pairs, {per_call} per call): \
+                     hasp {hasp:.0} (the batch function, {per_call} operations per call), \
+                     rslock {rslock:.0} (SET NX PX + compare-and-delete script, pipelined {per_call} at a time)"
+                ),
+                None => println!("\nRedis instructions per pair: skipped (needs valgrind)"),
+            }
         }
     }
     if hasp_c1 == 0.0 {
@@ -575,27 +577,33 @@ fn process_cpu(pid: &str) -> f64 {
     ticks as f64 / 100.0
 }
 
-const RI_ROUNDS: usize = 2_000;
-const RI_PAIRS: usize = 25;
+/// Lock/unlock pairs per `ri` measurement.
+const RI_TOTAL: usize = 50_000;
+/// Pairs per call in the `ri` measurements: as a busy client sends them,
+/// and as an idle one does.
+const RI_PER_CALL: [usize; 2] = [25, 1];
 
 /// Instructions redis-server runs per lock/unlock pair, counted by callgrind
-/// (a count, not a time: the same on a busy or an idle machine). Each
-/// workload runs on its own server under valgrind; a server that only
-/// starts and stops is subtracted. `None` without valgrind.
-fn redis_instructions() -> Option<(f64, f64)> {
+/// (a count, not a time: the same on a busy or an idle machine), with
+/// `per_call` pairs per call: hasp's batch function with that many
+/// operations per call, and rslock's commands pipelined that many at a
+/// time. Each workload runs on its own server under valgrind; a server that
+/// only starts and stops is subtracted. `None` without valgrind.
+fn redis_instructions(per_call: usize) -> Option<(f64, f64)> {
     std::process::Command::new("valgrind")
         .arg("--version")
         .output()
         .ok()?;
+    let rounds = RI_TOTAL / per_call;
     let idle = callgrind_redis(|_| 0)?.0 as f64;
     let per_pair = |(total, pairs): (u64, usize)| (total as f64 - idle) / pairs as f64;
     let hasp = callgrind_redis(|conn| {
-        let sha: String = redis::cmd("SCRIPT")
+        let _: String = redis::cmd("FUNCTION")
             .arg("LOAD")
-            .arg(hasp::__bench::BATCH_SCRIPT)
+            .arg(hasp::__bench::batch_library())
             .query(conn)
             .unwrap();
-        let names: Vec<(String, String)> = (0..RI_PAIRS)
+        let names: Vec<(String, String)> = (0..per_call)
             .map(|i| (format!("ri-{i}"), format!("c:bench:t{i}")))
             .collect();
         let call = |lease: Option<u64>| {
@@ -603,8 +611,7 @@ fn redis_instructions() -> Option<(f64, f64)> {
                 .iter()
                 .map(|(name, owner)| (name.as_str(), owner.as_str(), lease))
                 .collect();
-            let mut args = hasp::__bench::batch_args("c:bench", "hasp", &ops).unwrap();
-            args[1] = sha.clone().into_bytes(); // the loaded script, not our hash
+            let args = hasp::__bench::batch_args("c:bench", "hasp", &ops).unwrap();
             let mut cmd = redis::Cmd::new();
             for arg in args {
                 cmd.arg(arg);
@@ -612,14 +619,14 @@ fn redis_instructions() -> Option<(f64, f64)> {
             cmd
         };
         let (acquire, release) = (call(Some(30_000)), call(None));
-        for _ in 0..RI_ROUNDS {
+        for _ in 0..rounds {
             // A nonce repeats across rounds here; the script only stores it.
             let tokens: Vec<i64> = acquire.query(conn).unwrap();
             assert!(tokens.iter().all(|&t| t > 0), "acquired: {tokens:?}");
             let released: Vec<i64> = release.query(conn).unwrap();
             assert!(released.iter().all(|&r| r == 0), "released: {released:?}");
         }
-        RI_ROUNDS * RI_PAIRS
+        rounds * per_call
     })
     .map(per_pair)?;
     let rslock = callgrind_redis(|conn| {
@@ -630,9 +637,9 @@ fn redis_instructions() -> Option<(f64, f64)> {
             .arg(unlock)
             .query(conn)
             .unwrap();
-        for round in 0..RI_ROUNDS {
+        for round in 0..rounds {
             let (mut lock, mut release) = (redis::pipe(), redis::pipe());
-            for i in 0..RI_PAIRS {
+            for i in 0..per_call {
                 let (key, value) = (format!("ri-{i}"), format!("{round}-{i}"));
                 lock.cmd("SET")
                     .arg(&key)
@@ -651,7 +658,7 @@ fn redis_instructions() -> Option<(f64, f64)> {
             let released: Vec<i64> = release.query(conn).unwrap();
             assert!(released.iter().all(|&r| r == 1), "released: {released:?}");
         }
-        RI_ROUNDS * RI_PAIRS
+        rounds * per_call
     })
     .map(per_pair)?;
     Some((hasp, rslock))
@@ -747,23 +754,24 @@ fn redis_benchmark_rate(server: &RedisServer, n: u64, keyspace: u64, command: &[
         .unwrap_or_else(|| panic!("unexpected redis-benchmark output: {text}"))
 }
 
-/// hasp's script (`batch.lua`, one operation per call, as an idle client
+/// hasp's batch function (one operation per call, as an idle client
 /// sends it), run by redis-benchmark. Acquire: random fresh names (the
 /// free-lock path). Release: redis-benchmark cannot replay the acquired
 /// names, so 1,000,000 held locks are created first and random ones are
 /// released; the hit rate says how many took the full release path.
 fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
-    let batch = cli(server, &["SCRIPT", "LOAD", hasp::__bench::BATCH_SCRIPT]);
+    cli(
+        server,
+        &["FUNCTION", "LOAD", hasp::__bench::batch_library()],
+    );
     // hasp's own argument layout, with redis-benchmark's placeholder in the
-    // names and the loaded script's hash in place of the client's.
+    // names.
     let args = |op: (&str, &str, Option<u64>)| -> Vec<String> {
-        let mut args: Vec<String> = hasp::__bench::batch_args("client-1", "hasp", &[op])
+        hasp::__bench::batch_args("client-1", "hasp", &[op])
             .unwrap()
             .into_iter()
             .map(|a| String::from_utf8(a).unwrap())
-            .collect();
-        args[1] = batch.clone();
-        args
+            .collect()
     };
     let n = 300_000;
     let acquire = args(("b:__rand_int__", "owner-1", Some(30_000)));
@@ -773,7 +781,7 @@ fn redis_benchmark_pairs(server: &RedisServer) -> RedisBenchmark {
     let keyspace = 1_000_000u64;
     let populate = "for i = 0, tonumber(ARGV[1]) - 1 do \
         local k = 'hasp:{r:' .. string.format('%012d', i) .. '}' \
-        redis.call('hset', k, 'owner-1', 1) redis.call('pexpire', k, 600000) end";
+        redis.call('set', k, '1 0000000000000000 - owner-1', 'PX', 600000) end";
     cli(server, &["EVAL", populate, "0", &keyspace.to_string()]);
     let before: u64 = cli(server, &["DBSIZE"]).parse().unwrap();
     let release_n = 100_000;
@@ -1171,10 +1179,10 @@ async fn renewal_cost(server: &RedisServer) -> (u64, u64) {
             guards.push(g.unwrap());
         }
     }
-    let evalsha = || -> u64 {
+    let fcalls = || -> u64 {
         cli(server, &["INFO", "commandstats"])
             .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
             .and_then(|r| r.split(',').next())
             .and_then(|n| n.parse().ok())
             .unwrap_or(0)
@@ -1186,9 +1194,9 @@ async fn renewal_cost(server: &RedisServer) -> (u64, u64) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await; // let the round finish
-    let before = evalsha();
+    let before = fcalls();
     tokio::time::sleep(period * 3).await;
-    let after = evalsha();
+    let after = fcalls();
     for g in guards {
         g.unlock().await.unwrap();
     }

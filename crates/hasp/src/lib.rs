@@ -104,13 +104,14 @@
 //!
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
-//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:w` → the id of the client waiting, `*` if several; `:o` → nonce of the last operation that changed a hold count |
+//! | `P:{E}`                    | string  | `<count> <nonce> <flag> <owner id>` with the lease as expiry: hold count; nonce of the last operation that changed it; the id of the client waiting, `*` if several, `-` if none; the holder |
 //! | `P:{E}:fence`              | string  | last fencing token issued: the holder's while held (no TTL; see "Tokens never go back") |
 //! | `P:{E}:released`           | channel | release notifications                     |
 //!
 //! `{E}` is the hash tag of all three, so one lock lives in one Redis
 //! Cluster slot whatever characters its name holds, and distinct names never
-//! share keys.
+//! share keys. Every change goes through one Redis function (`FCALL`; Redis
+//! 7.0 or later), loaded by the client when a server does not have it.
 //!
 //! The family's objects of name `N` live beside the lock, under the same
 //! hash tag: a [`FairLock`] under `P:{E}:fair…`, an [`RwLock`] under
@@ -140,10 +141,12 @@ mod semaphore;
 /// drive Redis with hasp's own script, without a copy of its wire format.
 #[doc(hidden)]
 pub mod __bench {
-    /// The source of `batch.lua`.
-    pub const BATCH_SCRIPT: &str = crate::core::BATCH_SOURCE;
+    /// The function library holding the batch function (`FUNCTION LOAD`).
+    pub fn batch_library() -> &'static str {
+        crate::core::scripts::BATCH.source()
+    }
 
-    /// Every argument of one `EVALSHA` of `batch.lua` under `prefix`: for
+    /// Every argument of one `FCALL` of the batch function under `prefix`: for
     /// each `(name, owner, lease)`, an acquisition when `lease` is
     /// `Some(ms)`, else the release of one hold.
     ///

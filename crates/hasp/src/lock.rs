@@ -334,9 +334,11 @@ impl Lock {
     /// Cancel safe (read only).
     pub async fn is_held_by_me(&self) -> Result<bool> {
         let owner = self.owner();
-        self.core
-            .query(redis::cmd("HEXISTS").arg(&*self.keys.lock).arg(owner.id()))
-            .await
+        let value: Option<Vec<u8>> = self
+            .core
+            .query(redis::cmd("GET").arg(&*self.keys.lock))
+            .await?;
+        Ok(value.as_deref().and_then(crate::core::keys::holder_of) == Some(owner.id().as_bytes()))
     }
 
     /// How many times this handle's owner holds the lock through this client

@@ -51,7 +51,7 @@ impl Owner {
         Ok(Self(id.into()))
     }
 
-    /// The id stored in Redis as the lock hash's field.
+    /// The id stored in Redis as the holder of a lock.
     pub fn id(&self) -> &str {
         &self.0
     }

@@ -96,7 +96,7 @@ impl Commands {
 
     /// Loads the cluster form of the script on every master.
     pub(crate) async fn cluster(mut conn: redis::cluster_async::ClusterConnection) -> Result<Self> {
-        scripts::BATCH_SHARDED.load_async(&mut conn).await?;
+        scripts::BATCH_SHARDED.load(&mut conn).await?;
         Ok(Commands::Cluster(conn))
     }
 

@@ -4,7 +4,7 @@
 //!
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
-//! | `P:{E}`                    | hash    | `<owner id>` → hold count; `:w` → id of the client that waits, `*` if several (since the lock was last free); `:o` → nonce of the last operation that changed a hold count |
+//! | `P:{E}`                    | string  | `<count> <nonce> <flag> <owner id>`, expiring with the lease: the hold count; the nonce of the last operation that changed it; the id of the client whose tasks wait, `*` if several (since the lock was last free), `-` if none; the holder (last: it may hold spaces) |
 //! | `P:{E}:fence`              | string  | last fencing token issued for `N`, which is the holder's while the lock is held (no TTL) |
 //! | `P:{E}:released` (channel) | pub/sub | a release message, payload = releasing client id or `*` |
 //!
@@ -19,7 +19,7 @@
 //! | `P:{E}:sem:due`                | zset    | `<k>\|<waiter id>` → end of the waiter's place (server ms) |
 //! | `P:{E}:sem:released` (channel) | pub/sub | `>` and the ids of the waiters whose permits are free |
 //!
-//! A fair lock named `N` has a lock's hash and fencing counter under
+//! A fair lock named `N` has a lock's value and fencing counter under
 //! `P:{E}:fair` and `P:{E}:fair:fence`, and a queue of waiters as a
 //! semaphore's (`P:{E}:fair:queue`, `P:{E}:fair:due`, members `1|<waiter id>`);
 //! its channel `P:{E}:fair:released` carries `>` and the head waiter's id.
@@ -59,6 +59,16 @@ pub(crate) enum Kind {
     Latch,
     /// The history a class of adaptive locks shares.
     LeaseHistory,
+}
+
+/// The holder's id in a lock's value (`<count> <nonce> <flag> <owner>`,
+/// see the layout above); `None` for a value hasp did not write.
+pub(crate) fn holder_of(value: &[u8]) -> Option<&[u8]> {
+    let mut fields = value.splitn(4, |&b| b == b' ');
+    let count = fields.next()?;
+    let (_nonce, _flag) = (fields.next()?, fields.next()?);
+    let owner = fields.next()?;
+    (!count.is_empty() && count.iter().all(u8::is_ascii_digit)).then_some(owner)
 }
 
 /// The precomputed keys of one object (a lock, by default) of one name.
@@ -166,6 +176,16 @@ fn encode_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_holder_is_read_from_a_locks_value() {
+        let value = b"2 0123456789abcdef - worker one";
+        assert_eq!(holder_of(value), Some(&b"worker one"[..]));
+        assert_eq!(holder_of(b"1 n c:x o"), Some(&b"o"[..]));
+        assert_eq!(holder_of(b"not a lock"), None);
+        assert_eq!(holder_of(b"1 n -"), None);
+        assert_eq!(holder_of(b""), None);
+    }
 
     /// The hash tag Redis Cluster would use for `key`.
     fn hash_tag(key: &str) -> &str {

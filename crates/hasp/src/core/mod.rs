@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `keys` | the key layout of one object (lock, fair lock, read-write lock, semaphore, latch), and its cluster slot |
 //! | `wire` | the batch script's operations and replies, one submodule per kind: the one encoder and decoder |
-//! | `scripts` | the batch script (one `.lua` file per kind, and its cluster form), loaded once, re-loaded on `NOSCRIPT` |
+//! | `scripts` | the batch function (a function library: one `.lua` file per kind, and its cluster form), loaded once, re-loaded when a server lost it |
 //! | `endpoint` | where the server is: an address, or a Sentinel service's current master |
 //! | `commands` | the connection for read-only queries |
 //! | `batcher` | group commit of every change, settling calls whose replies were lost |
@@ -67,7 +67,7 @@ mod permits;
 mod pubsub;
 mod reply;
 mod rw;
-mod scripts;
+pub(crate) mod scripts;
 mod waiters;
 mod watchdog;
 pub(crate) mod wire;
@@ -84,7 +84,6 @@ use watchdog::Watchdog;
 use wire::{Op, Reply};
 
 pub use learning::LearnedLease;
-pub(crate) use scripts::BATCH_SOURCE;
 pub(crate) use waiters::{deadline_after, remaining, Attempt, Watch};
 
 /// One client's connections, tasks and registries (see the module docs).

@@ -15,7 +15,7 @@
 //! back while it only holds locks (faults spec 5).
 //!
 //! To a Redis Cluster the channels are sharded (`SSUBSCRIBE`): each is
-//! subscribed on the node that owns its slot, where `batch.lua` publishes
+//! subscribed on the node that owns its slot, where the batch function publishes
 //! with `SPUBLISH`. redis-rs's cluster connection does the routing and
 //! subscribes again after a reconnect or a slot move, and passes messages
 //! on as RESP3 pushes, which this transport hands to the listener.

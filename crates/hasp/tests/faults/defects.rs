@@ -14,8 +14,10 @@ use crate::{bounded, through_proxy};
 
 /// The owner's hold count in Redis (0 if none).
 async fn redis_count(raw: &mut Raw, name: &str, owner: &str) -> i64 {
-    let count: Option<i64> = query(raw, &["HGET", &lock_key(name), owner]).await;
-    count.unwrap_or(0)
+    match hold_in_redis(raw, name).await {
+        Some(hold) if hold.owner == owner => i64::from(hold.count),
+        _ => 0,
+    }
 }
 
 /// Issue 17.1: the reply to an acquire is lost after Redis applied it (the
@@ -163,7 +165,8 @@ async fn a_waiter_asking_in_the_holders_last_millisecond_is_not_put_to_sleep() {
     .await;
 }
 
-/// Issue 17.3: one lock name whose key holds another type fails alone; the
+/// Issue 17.3: one lock name whose key holds another type (here a hash, as
+/// the lock's key was before it became a string) fails alone; the
 /// operations batched with it succeed and leave nothing held.
 #[tokio::test]
 async fn a_key_of_the_wrong_type_fails_alone_and_its_batch_carries_on() {
@@ -171,7 +174,7 @@ async fn a_key_of_the_wrong_type_fails_alone_and_its_batch_carries_on() {
         let ctx = Ctx::new();
         let client = ctx.client().await;
         let mut raw = ctx.raw().await;
-        let _: String = query(&mut raw, &["SET", &lock_key("bad"), "not a lock"]).await;
+        let _: i64 = query(&mut raw, &["HSET", &lock_key("bad"), "someone", "1"]).await;
         let locks: Vec<_> = (0..40)
             .map(|i| client.lock(&format!("good-{i}")).unwrap())
             .collect();
@@ -189,6 +192,31 @@ async fn a_key_of_the_wrong_type_fails_alone_and_its_batch_carries_on() {
             let exists: i64 = query(&mut raw, &["EXISTS", &lock_key(&format!("good-{i}"))]).await;
             assert_eq!(exists, 0, "good-{i} left held");
         }
+    })
+    .await;
+}
+
+/// With the lock's key a string, a string hasp did not write there is not a
+/// lock: acquiring fails alone with a clear error, and leaves the value as
+/// it was.
+#[tokio::test]
+async fn a_foreign_string_at_a_locks_key_is_refused_and_kept() {
+    bounded(Duration::from_secs(10), async {
+        let ctx = Ctx::new();
+        let client = ctx.client().await;
+        let mut raw = ctx.raw().await;
+        let _: String = query(&mut raw, &["SET", &lock_key("foreign"), "someone's data"]).await;
+        let lock = client.lock("foreign").unwrap();
+        let good = client.lock("beside-foreign").unwrap();
+        let (result, beside) = tokio::join!(lock.try_lock(), good.try_lock());
+        assert!(
+            matches!(result, Err(Error::Protocol(ref m)) if m.contains("not a lock")),
+            "{result:?}"
+        );
+        beside.unwrap().expect("free").unlock().await.unwrap();
+        assert!(!lock.is_held_by_me().await.unwrap());
+        let value: Option<String> = query(&mut raw, &["GET", &lock_key("foreign")]).await;
+        assert_eq!(value.as_deref(), Some("someone's data"));
     })
     .await;
 }

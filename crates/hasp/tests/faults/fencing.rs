@@ -52,7 +52,7 @@ async fn tokens_never_go_back_when_redis_loses_its_data() {
 
 /// Faults spec 8: after a failover to a replica that missed the last
 /// increments of the counter, tokens still do not go back (the failover
-/// taking 100 ms or more, as `batch.lua` documents).
+/// taking 100 ms or more, as `lock.lua` documents).
 #[tokio::test]
 async fn tokens_never_go_back_after_a_failover_to_a_lagging_replica() {
     bounded(Duration::from_secs(20), async {

@@ -51,7 +51,7 @@ impl Servers {
         (proxies, clients)
     }
 
-    /// Whether the lock hash of `name` exists on server `i`.
+    /// Whether the lock key of `name` exists on server `i`.
     pub fn exists(&self, i: usize, name: &str) -> bool {
         self.servers[i].cli(&["EXISTS", &lock_key(name)]).trim() == "1"
     }
@@ -75,12 +75,12 @@ pub fn lock_key(name: &str) -> String {
     format!("hasp:{{{name}}}")
 }
 
-/// Calls of `EVALSHA` a server has run so far.
-pub fn evalsha_calls(server: &RedisServer) -> u64 {
+/// Calls of the batch function (`FCALL`) a server has run so far.
+pub fn batch_calls(server: &RedisServer) -> u64 {
     let stats = server.cli(&["INFO", "commandstats"]);
     stats
         .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .find(|l| l.starts_with("cmdstat_fcall:"))
         .and_then(|l| l.split("calls=").nth(1))
         .and_then(|l| l.split(',').next())
         .and_then(|n| n.parse().ok())

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use hasp::{Error, MultiLock, Owner, Settings};
 use testkit::{Direction, Mode};
 
-use crate::helpers::{evalsha_calls, quick, Servers};
+use crate::helpers::{batch_calls, quick, Servers};
 
 async fn multi(servers: &Servers, name: &str, settings: Settings) -> MultiLock {
     let clients = servers.clients(settings).await;
@@ -251,10 +251,10 @@ async fn reentry_is_counted_for_the_whole() {
         .with_lease(Duration::from_secs(10))
         .unwrap();
     let outer = lock.lock().await.unwrap();
-    let calls = evalsha_calls(&servers.servers[0]);
+    let calls = batch_calls(&servers.servers[0]);
     let inner = lock.lock().await.unwrap();
     assert_eq!(
-        evalsha_calls(&servers.servers[0]),
+        batch_calls(&servers.servers[0]),
         calls,
         "a re-entry called Redis"
     );

@@ -418,20 +418,12 @@ async fn two_clients_sharing_an_owner_hold_the_lock_until_both_release() {
         .unwrap();
     assert_eq!(a.fencing_token(), b.fencing_token());
     let mut raw = ctx.raw().await;
-    let count: Option<String> = query(
-        &mut raw,
-        &["HGET", &lock_key("shared-owner"), "shared-worker"],
-    )
-    .await;
-    assert_eq!(count.as_deref(), Some("2"));
+    let hold = hold_in_redis(&mut raw, "shared-owner").await.unwrap();
+    assert_eq!((hold.count, hold.owner.as_str()), (2, "shared-worker"));
 
     a.unlock().await.unwrap();
-    let count: Option<String> = query(
-        &mut raw,
-        &["HGET", &lock_key("shared-owner"), "shared-worker"],
-    )
-    .await;
-    assert_eq!(count.as_deref(), Some("1"), "one hold given back, one left");
+    let hold = hold_in_redis(&mut raw, "shared-owner").await.unwrap();
+    assert_eq!(hold.count, 1, "one hold given back, one left");
     assert!(stranger.try_lock().await.unwrap().is_none());
     b.unlock().await.unwrap();
     assert!(!stranger.is_locked().await.unwrap());
@@ -446,13 +438,13 @@ async fn two_clients_sharing_an_owner_hold_the_lock_until_both_release() {
 }
 
 #[tokio::test]
-async fn locking_survives_a_script_cache_flush() {
+async fn locking_survives_a_function_flush() {
     let ctx = Ctx::new();
     let client = ctx.client().await;
     let lock = client.lock("flushed-batch").unwrap();
     lock.lock().await.unwrap().unlock().await.unwrap();
     let mut raw = ctx.raw().await;
-    let _: String = query(&mut raw, &["SCRIPT", "FLUSH"]).await;
+    let _: String = query(&mut raw, &["FUNCTION", "FLUSH"]).await;
     let guard = lock.lock().await.unwrap();
     assert!(lock.is_held_by_me().await.unwrap());
     guard.unlock().await.unwrap();

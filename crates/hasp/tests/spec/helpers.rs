@@ -100,7 +100,7 @@ impl Ctx {
     }
 
     /// A plain connection for inspecting Redis behind the library's back
-    /// (on a cluster: routed by key; `KEYS`, `SCRIPT FLUSH` and the like go
+    /// (on a cluster: routed by key; `KEYS`, `FUNCTION FLUSH` and the like go
     /// to every node).
     pub async fn raw(&self) -> Raw {
         match &self.deployment {
@@ -121,9 +121,9 @@ impl Ctx {
         }
     }
 
-    /// Script calls (`EVALSHA`) the servers have run so far, every node
+    /// Calls of the batch function (`FCALL`) the servers have run so far, every node
     /// together.
-    pub async fn evalsha_calls(&self) -> u64 {
+    pub async fn batch_calls(&self) -> u64 {
         let mut calls = 0;
         for url in self.urls() {
             let mut conn = redis::Client::open(url)
@@ -138,7 +138,7 @@ impl Ctx {
                 .unwrap();
             calls += info
                 .lines()
-                .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+                .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
                 .and_then(|rest| rest.split(',').next())
                 .and_then(|n| n.parse::<u64>().ok())
                 .unwrap_or(0);
@@ -228,7 +228,33 @@ pub async fn channels(conn: &mut Raw) -> Vec<String> {
     query(conn, &["PUBSUB", sub]).await
 }
 
-/// The lock hash key and release channel of `name` under the default prefix.
+/// A lock as Redis holds it: its value `<count> <nonce> <flag> <owner>`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub count: u32,
+    /// The id of the client whose tasks wait, `*` for several, `-` for none.
+    pub flag: String,
+    pub owner: String,
+}
+
+/// The hold Redis has for lock `name`, if any.
+pub async fn hold_in_redis(raw: &mut Raw, name: &str) -> Option<Hold> {
+    let value: Option<String> = query(raw, &["GET", &lock_key(name)]).await;
+    let value = value?;
+    let mut fields = value.splitn(4, ' ');
+    let count = fields.next().and_then(|c| c.parse().ok());
+    let (_nonce, flag, owner) = (fields.next(), fields.next(), fields.next());
+    match (count, flag, owner) {
+        (Some(count), Some(flag), Some(owner)) => Some(Hold {
+            count,
+            flag: flag.to_owned(),
+            owner: owner.to_owned(),
+        }),
+        _ => panic!("not a lock's value: {value:?}"),
+    }
+}
+
+/// The lock key and release channel of `name` under the default prefix.
 pub fn lock_key(name: &str) -> String {
     let enc = name
         .replace('%', "%25")

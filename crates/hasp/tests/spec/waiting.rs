@@ -192,9 +192,13 @@ async fn a_task_queued_behind_a_waiter_that_gives_up_still_gets_a_silently_expir
     drop(held);
 }
 
-/// The waiting flag of a lock (`:w`: a client id, or `*` for several).
+/// The waiting flag of a lock (a client id, or `*` for several; `None`
+/// while no client waits, or the lock is free).
 async fn waiting_flag(raw: &mut Raw, name: &str) -> Option<String> {
-    query(raw, &["HGET", &lock_key(name), ":w"]).await
+    hold_in_redis(raw, name)
+        .await
+        .map(|hold| hold.flag)
+        .filter(|flag| flag != "-")
 }
 
 #[tokio::test]
@@ -205,7 +209,7 @@ async fn a_release_hands_the_lock_to_a_waiter_of_its_client_in_the_same_call() {
     let mut raw = ctx.raw().await;
     let held = lock.lock().await.unwrap();
     let first_token = held.fencing_token();
-    let asked_before = ctx.evalsha_calls().await;
+    let asked_before = ctx.batch_calls().await;
     let waiter = {
         let lock = lock.clone();
         tokio::spawn(async move { lock.lock().await.unwrap() })
@@ -214,31 +218,25 @@ async fn a_release_hands_the_lock_to_a_waiter_of_its_client_in_the_same_call() {
     assert!(
         testkit::eventually(Duration::from_secs(5), || {
             let ctx = &ctx;
-            async move { ctx.evalsha_calls().await - asked_before >= 2 }
+            async move { ctx.batch_calls().await - asked_before >= 2 }
         })
         .await
     );
     assert!(waiting_flag(&mut raw, "direct").await.is_some());
-    let before = ctx.evalsha_calls().await;
+    let before = ctx.batch_calls().await;
     held.unlock().await.unwrap();
     let handed = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
         .expect("handed over at once, not after the 30 s lease")
         .unwrap();
     assert_eq!(
-        ctx.evalsha_calls().await - before,
+        ctx.batch_calls().await - before,
         1,
         "the release call also acquired for the waiter"
     );
     assert!(handed.fencing_token() > first_token, "a fresh token");
-    let hash: std::collections::HashMap<String, String> =
-        query(&mut raw, &["HGETALL", &lock_key("direct")]).await;
-    assert_eq!(hash.get(handed.owner().id()).map(String::as_str), Some("1"));
-    assert_eq!(
-        hash.keys().filter(|f| !f.starts_with(':')).count(),
-        1,
-        "{hash:?}"
-    );
+    let hold = hold_in_redis(&mut raw, "direct").await.unwrap();
+    assert_eq!((hold.count, hold.owner.as_str()), (1, handed.owner().id()));
     assert!(lock.is_locked().await.unwrap());
     handed.unlock().await.unwrap();
     assert!(!lock.is_locked().await.unwrap());

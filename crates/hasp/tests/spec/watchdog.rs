@@ -103,7 +103,7 @@ async fn ten_thousand_locks_cost_one_script_call_per_hundred_per_period() {
     let locks: Vec<_> = (0..10_000)
         .map(|i| client.lock(&format!("many-{i}")).unwrap())
         .collect();
-    let server_start = ctx.evalsha_calls().await;
+    let server_start = ctx.batch_calls().await;
     let mut guards = Vec::with_capacity(locks.len());
     for chunk in locks.chunks(1000) {
         let got = futures_util::future::join_all(chunk.iter().map(|l| l.lock())).await;
@@ -111,7 +111,7 @@ async fn ten_thousand_locks_cost_one_script_call_per_hundred_per_period() {
     }
     assert_eq!(client.stats().held_locks, 10_000);
     let acquired_at = std::time::Instant::now();
-    let acquire_calls = ctx.evalsha_calls().await - server_start;
+    let acquire_calls = ctx.batch_calls().await - server_start;
     // Concurrent acquisitions are batched: far fewer calls than locks.
     assert!(
         (100..=2_000 * nodes).contains(&acquire_calls),
@@ -134,7 +134,7 @@ async fn ten_thousand_locks_cost_one_script_call_per_hundred_per_period() {
         let (ctx, client) = (&ctx, &client);
         async move {
             let expected = server_start + client.stats().renew_calls;
-            ctx.evalsha_calls().await == expected
+            ctx.batch_calls().await == expected
         }
     })
     .await;
@@ -206,14 +206,14 @@ async fn a_holder_learns_that_a_redis_restart_lost_its_lock_and_later_locks_rene
     let client = ctx.fast_watchdog_client(WATCHDOG).await;
     let lock = client.lock("restart").unwrap();
     let guard = lock.lock().await.unwrap();
-    ctx.server_of("restart").restart(); // no persistence: the lock and script cache are gone
+    ctx.server_of("restart").restart(); // no persistence: the lock and the functions are gone
     tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
         .expect("loss noticed after the restart");
     assert_not_held(guard.unlock().await.unwrap_err());
 
-    // A lock taken after the restart is renewed (scripts reloaded on
-    // NOSCRIPT). A restarted cluster node serves its slots again only once
+    // A lock taken after the restart is renewed (the function library
+    // reloaded when not found). A restarted cluster node serves its slots again only once
     // it has rejoined: until then the client answers a retryable error.
     assert!(lockable_within(&lock, Duration::from_secs(10)).await);
     let guard = lock.lock().await.unwrap();
@@ -224,13 +224,13 @@ async fn a_holder_learns_that_a_redis_restart_lost_its_lock_and_later_locks_rene
 }
 
 #[tokio::test]
-async fn renewal_survives_a_script_cache_flush() {
+async fn renewal_survives_a_function_flush() {
     let ctx = Ctx::new();
     let client = ctx.fast_watchdog_client(WATCHDOG).await;
     let mut raw = ctx.raw().await;
     let lock = client.lock("flushed").unwrap();
     let guard = lock.lock().await.unwrap();
-    let _: String = query(&mut raw, &["SCRIPT", "FLUSH"]).await;
+    let _: String = query(&mut raw, &["FUNCTION", "FLUSH"]).await;
     tokio::time::sleep(WATCHDOG * 3).await;
     assert!(lock.is_held_by_me().await.unwrap());
     assert!(!guard.is_lost());

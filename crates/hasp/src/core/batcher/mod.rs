@@ -3,15 +3,16 @@
 //! Every change a client makes to its locks — acquire, release, hand-off,
 //! renewal, force — goes through one queue. A background task takes
 //! whatever is queued (one operation when the client is idle, dozens when
-//! many tasks lock at once) and sends it as one `batch.lua` call (`wire`),
+//! many tasks lock at once) and sends it as one call of the batch function
+//! (`wire`),
 //! which applies each operation on its own, in order. Under load this
 //! replaces N script calls by one, saving Redis its per-command dispatch and
 //! the client its per-request syscalls and wake-ups.
 //!
 //! A batch never waits on a timer. It takes what is queued and, if that is
-//! fewer than [`GATHER`] operations, lets the tasks already woken run once
-//! first (they are typically the holders of the last replies, about to
-//! queue their next operation). The call goes on the wire at once, on a
+//! fewer than [`GATHER`] operations while other tasks are locking too, lets
+//! the tasks already woken run once first (they are typically the holders
+//! of the last replies, about to queue their next operation). The call goes on the wire at once, on a
 //! connection this task drives itself (`connection`), so that Redis works on
 //! one batch while the client gathers the next: up to [`MAX_IN_FLIGHT`]
 //! calls overlap. (Measurements: `benches/README.md`.)
@@ -56,7 +57,8 @@
 //! (a migration, a failover) fails alone without effect; it is sent again
 //! after a short pause, and the map is fetched afresh. A whole call turned
 //! away (`TRYAGAIN`, `CLUSTERDOWN`) is sent again the same way. redis-rs
-//! itself never resends a call: a script sent twice could apply twice.
+//! itself never resends a call: a function call sent twice could apply
+//! twice.
 //! Nothing above this module changes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,20 +67,22 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use redis::{RedisError, Script, Value};
+use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use super::scripts::{self, BATCH, BATCH_SHARDED};
+use super::scripts::{self, Library, BATCH, BATCH_SHARDED};
 use super::wire::{self, Nonces, Op, Reply};
 use crate::config::{ReplicaAck, Settings};
 use crate::error::{is_redirect, Error};
 use crate::owner::Owner;
 
 mod connection;
+mod repoll;
 mod slots;
 
 use connection::{Conn, Connection, Link};
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use repoll::Repoll;
 use slots::SlotMap;
 
 /// Locks per script call. A call holds Redis for a few microseconds per
@@ -260,7 +264,8 @@ impl Batcher {
                 stats: stats.clone(),
             };
             let (connected, done) = oneshot::channel();
-            runtime.spawn(task.run(rx, connected));
+            // The task polls its connection and its calls itself: see `repoll`.
+            runtime.spawn(Repoll::new(task.run(rx, connected)));
             lanes.push(requests);
             connecting.push(done);
         }
@@ -375,8 +380,8 @@ fn outcome_unknown(e: &RedisError) -> bool {
 
 struct Task {
     client_id: Arc<str>,
-    /// `batch.lua`, or its cluster form.
-    script: &'static Script,
+    /// The batch function, or its cluster form.
+    script: &'static Library,
     /// The queue, to send redirected operations again (weak: the task ends
     /// when every handle is gone).
     requeue: mpsc::WeakUnboundedSender<Request>,
@@ -423,6 +428,9 @@ impl Task {
         // The calls on the wire are driven by this task itself: no task is
         // spawned per call, so a reply costs one wake-up, not two.
         let mut in_flight = FuturesUnordered::new();
+        // Operations in the last batch: more than one means other tasks are
+        // locking too, and a batch is worth gathering.
+        let mut last_batch = 0;
         loop {
             let room = in_flight.len() < MAX_IN_FLIGHT;
             let batch = tokio::select! {
@@ -438,7 +446,9 @@ impl Task {
                 first = queue.recv(), if room => {
                     let Some(first) = first else { break };
                     let mut batch = std::mem::take(&mut self.retries);
-                    batch.extend(gather(first, &mut queue, self.max_extends).await);
+                    let busy = last_batch > 1 || !in_flight.is_empty();
+                    batch.extend(gather(first, &mut queue, self.max_extends, busy).await);
+                    last_batch = batch.len();
                     batch
                 }
                 Some(sent) = in_flight.next(), if !in_flight.is_empty() => {
@@ -792,16 +802,22 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// `first` and whatever else is queued, up to [`MAX_BATCH`] operations of
-/// which at most `max_extends` renewals. If that
-/// is fewer than [`GATHER`] operations, the tasks already woken run once
-/// first and what they queue joins too (one `yield_now`: no timer, no wait
-/// when nothing else runs). tokio resumes a yielded task only after the
-/// worker has polled its I/O driver, so replies that arrived meanwhile wake
-/// their tasks in time to join as well.
+/// which at most `max_extends` renewals. If that is fewer than [`GATHER`]
+/// operations and the lane is `busy` (its last batch had several
+/// operations, or a call is on the wire) or this one has several already,
+/// the tasks already woken run once first and what they queue joins too
+/// (one `yield_now`: no timer, no wait when nothing else runs). tokio
+/// resumes a yielded task only after the worker has polled its I/O driver,
+/// so replies that arrived meanwhile wake their tasks in time to join as
+/// well. A lone operation on an idle lane leaves at once: the yield would
+/// find nothing to add and cost a pass of the I/O driver and a wake-up of
+/// the other worker (measured: 3 `epoll_wait` and 2 futex or eventfd
+/// calls per lock/unlock pair at one task, against 1 and 0 without).
 async fn gather(
     first: Request,
     queue: &mut mpsc::UnboundedReceiver<Request>,
     max_extends: usize,
+    busy: bool,
 ) -> Vec<Request> {
     let mut extends = usize::from(first.op.is_extend());
     let mut batch = Vec::with_capacity(GATHER);
@@ -818,7 +834,7 @@ async fn gather(
         }
     };
     take(&mut batch, queue);
-    if batch.len() < GATHER {
+    if batch.len() < GATHER && (busy || batch.len() > 1) {
         tokio::task::yield_now().await;
         take(&mut batch, queue);
     }

@@ -1,7 +1,7 @@
 //! Which Redis Cluster node serves which slot, as the batcher last asked.
 //!
 //! The batcher groups the operations it gathered by node and sends one call
-//! per node (`batch.lua` takes keys of several slots of one node). The map
+//! per node (the batch function takes keys of several slots of one node). The map
 //! may be behind the cluster (a slot migrated, a failover): an operation
 //! that reaches a node that no longer serves its slot fails alone without
 //! effect, is sent again, and the map is fetched afresh (`CLUSTER SLOTS`).

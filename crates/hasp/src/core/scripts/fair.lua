@@ -1,4 +1,4 @@
--- Fair locks: a lock's hash and fencing counter (lock.lua) plus a line of
+-- Fair locks: a lock's value and fencing counter (lock.lua) plus a line of
 -- waiters (line.lua), served in order of arrival across clients.
 --
 --   op  KEYS                      ARGV
@@ -40,20 +40,18 @@ end
 local function fair_acquire(lock, fence, queue, due, owner, lease, nonce, waiter, wttl)
   local now = clock_ms()
   fair_tidy(lock, queue, due, now)
-  if call('hexists', lock, owner) == 1 then
+  local count, _, flag, holder = read_hold(lock)
+  if holder == owner then
     local token = tonumber(call('get', fence)) or next_token(fence)
-    call('hincrby', lock, owner, '1')
-    call('hset', lock, ':o', nonce)
-    call('pexpire', lock, lease)
+    call('set', lock, hold_value(tonumber(count) + 1, nonce, flag, owner), 'PX', lease)
     return token
   end
   local member = waiter ~= '' and ('1|' .. waiter) or nil
-  if call('exists', lock) == 0 then
+  if not count then
     local rank = member and call('zrank', queue, member)
     if rank == 0 or call('zcard', queue) == 0 then
       local token = next_token(fence)
-      call('hset', lock, owner, '1', ':o', nonce)
-      call('pexpire', lock, lease)
+      call('set', lock, hold_value('1', nonce, '-', owner), 'PX', lease)
       if rank then
         leave_line(queue, due, member)
       end
@@ -100,14 +98,15 @@ ops.fr = { 4, 4, function(k, a)
   return fair_release(K[k], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
 end }
 ops.fu = { 4, 3, function(k, a)
-  local held = call('hmget', K[k], ARGV[a + 1], ':o')
-  if held[1] and held[2] == ARGV[a + 2] then
+  local count, last, _, holder = read_hold(K[k])
+  if count and holder == ARGV[a + 1] and last == ARGV[a + 2] then
     return fair_release(K[k], K[k + 2], K[k + 3], ARGV[a + 1], '1', ARGV[a + 2])
   end
   return -1
 end }
 ops.fs = { 4, 4, function(k, a)
-  if call('hget', K[k], ':o') == ARGV[a + 3] then
+  local _, last = read_hold(K[k])
+  if last == ARGV[a + 3] then
     return -1
   end
   return fair_release(K[k], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])

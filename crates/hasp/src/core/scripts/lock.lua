@@ -18,12 +18,16 @@
 --                                                   was applied already
 --   f   lock          f                             free the lock, whoever holds it
 --
--- lock    hash: field <owner> = hold count; ':w' = the id of the client whose
---         tasks wait, '*' once two clients did (since the lock was last free);
---         ':o' = the nonce of the last operation that changed a hold count
+-- lock    a string, '<count> <nonce> <flag> <owner>', with the lease as its
+--         expiry: the holder's hold count; the nonce of the last operation
+--         that changed it; the id of the client whose tasks wait, '*' once
+--         two clients did (since the lock was last free), '-' while none
+--         did; and the holder's id, last (it may hold spaces). A string
+--         rather than a hash: an acquisition of a free lock is one
+--         SET NX PX GET, where a hash took EXISTS, HSET and PEXPIRE.
 -- fence   the fencing counter: a string without TTL in the lock's slot, the
 --         last token issued for the name (the holder's, while it is held)
--- owner   owner id (never starts with ':', so it cannot clash with a field)
+-- owner   owner id
 -- lease   milliseconds, >= 1 (the client never sends more than Redis takes)
 -- holds   how many holds to give back (1, or more when tasks sharing an owner
 --         both reached Redis)
@@ -37,7 +41,7 @@
 --         to it with a fresh token in the same call, unless another client
 --         flagged itself as waiting: then the lock is freed and published for
 --         the other clients (the releasing client holds its own waiters back
---         a little). Freeing a lock deletes its hash, flag included, so the
+--         a little). Freeing a lock deletes its key, flag included, so the
 --         flag names only clients that started waiting since.
 --
 -- The release channel is not a key: it is <lock>:released (see keys.rs).
@@ -86,35 +90,51 @@ local function next_token(fence)
   return token
 end
 
-local function free(lock, message, flagged)
+-- A lock's value (see "lock" above).
+local function hold_value(count, nonce, flag, owner)
+  return count .. ' ' .. nonce .. ' ' .. flag .. ' ' .. owner
+end
+
+-- The fields of a lock's value: count (a string), nonce, flag, owner; an
+-- error for a string hasp did not write.
+local function parse_hold(lock, value)
+  local count, nonce, flag, owner = string.match(value, '^(%d+) (%S+) (%S+) (.*)$')
+  if not count then
+    error('hasp: ' .. lock .. ' holds a value that is not a lock')
+  end
+  return count, nonce, flag, owner
+end
+
+-- The fields of a lock's value, or nothing if the lock is free.
+local function read_hold(lock)
+  local value = call('get', lock)
+  if value then
+    return parse_hold(lock, value)
+  end
+end
+
+local function free(lock, message, flag)
   call('del', lock)
-  if flagged then
+  if flag ~= '-' then
     call('publish', lock .. ':released', message)
   end
 end
 
-local function acquire(lock, fence, owner, lease, nonce, flag)
-  if call('exists', lock) == 0 then
-    local token = next_token(fence)
-    call('hset', lock, owner, '1', ':o', nonce)
-    call('pexpire', lock, lease)
-    return token
+local function acquire(lock, fence, owner, lease, nonce, flag_waiting)
+  local held = call('set', lock, hold_value('1', nonce, '-', owner), 'NX', 'PX', lease, 'GET')
+  if not held then
+    return next_token(fence)
   end
-  if call('hexists', lock, owner) == 1 then
+  local count, last, flag, holder = parse_hold(lock, held)
+  if holder == owner then
     -- A counter deleted behind our back still yields a valid token.
     local token = tonumber(call('get', fence)) or next_token(fence)
-    call('hincrby', lock, owner, '1')
-    call('hset', lock, ':o', nonce)
-    call('pexpire', lock, lease)
+    call('set', lock, hold_value(tonumber(count) + 1, nonce, flag, owner), 'PX', lease)
     return token
   end
-  if flag then
-    local flagged = call('hget', lock, ':w')
-    if not flagged then
-      call('hset', lock, ':w', client)
-    elseif flagged ~= client and flagged ~= '*' then
-      call('hset', lock, ':w', '*')
-    end
+  if flag_waiting and flag ~= client and flag ~= '*' then
+    flag = flag == '-' and client or '*'
+    call('set', lock, hold_value(count, last, flag, holder), 'KEEPTTL')
   end
   local ttl = call('pttl', lock)
   if ttl > 0 then
@@ -125,29 +145,38 @@ local function acquire(lock, fence, owner, lease, nonce, flag)
   return 0
 end
 
--- Gives back holds; returns -1, 0 (freed) or the holds left, and the
--- waiting flag when the lock was freed.
-local function give_back(lock, owner, holds, nonce)
-  local held = call('hmget', lock, owner, ':w')
-  local count = held[1]
-  if not count then
+-- Gives back holds of a lock whose fields (read_hold's: count, nonce,
+-- flag, holder; nothing for a free lock) the caller read; returns -1
+-- (owner does not hold it), the holds left, or 0 and the waiting flag when
+-- none are left (the key is left for the caller to delete).
+local function give_back_held(lock, owner, holds, nonce, count, _, flag, holder)
+  if not count or holder ~= owner then
     return -1
   end
   -- Compared as strings first: a release usually gives back every hold.
   if count ~= holds and tonumber(count) > tonumber(holds) then
     local left = tonumber(count) - tonumber(holds)
-    call('hset', lock, owner, tostring(left), ':o', nonce)
+    call('set', lock, hold_value(left, nonce, flag, owner), 'KEEPTTL')
     return left
   end
-  return 0, held[2] or false
+  return 0, flag
 end
 
-local function release(lock, owner, holds, nonce)
-  local result, flagged = give_back(lock, owner, holds, nonce)
+-- As give_back_held, freeing the lock when no hold is left.
+local function release_held(lock, owner, holds, nonce, ...)
+  local result, flagged = give_back_held(lock, owner, holds, nonce, ...)
   if result == 0 then
     free(lock, client, flagged)
   end
   return result
+end
+
+local function give_back(lock, owner, holds, nonce)
+  return give_back_held(lock, owner, holds, nonce, read_hold(lock))
+end
+
+local function release(lock, owner, holds, nonce)
+  return release_held(lock, owner, holds, nonce, read_hold(lock))
 end
 
 local function hand_off(lock, fence, owner, holds, nonce, heir, lease)
@@ -157,19 +186,18 @@ local function hand_off(lock, fence, owner, holds, nonce, heir, lease)
   elseif result ~= 0 then
     return 0
   end
-  if flagged and flagged ~= client then
-    free(lock, client, true)
+  if flagged ~= '-' and flagged ~= client then
+    free(lock, client, flagged)
     return -2
   end
   local token = next_token(fence)
-  call('hdel', lock, owner)
-  call('hset', lock, heir, '1', ':o', nonce)
-  call('pexpire', lock, lease)
+  call('set', lock, hold_value('1', nonce, flagged, heir), 'PX', lease)
   return token
 end
 
 local function extend(lock, owner, lease)
-  if call('hexists', lock, owner) == 0 then
+  local count, _, _, holder = read_hold(lock)
+  if holder ~= owner then
     return 0
   end
   if lease ~= '0' then
@@ -179,24 +207,25 @@ local function extend(lock, owner, lease)
 end
 
 local function undo(lock, owner, nonce)
-  local held = call('hmget', lock, owner, ':o')
-  if held[1] and held[2] == nonce then
-    return release(lock, owner, '1', nonce)
+  local count, last, flag, holder = read_hold(lock)
+  if last ~= nonce then
+    return -1
   end
-  return -1
+  return release_held(lock, owner, '1', nonce, count, last, flag, holder)
 end
 
 local function settle(lock, owner, holds, nonce)
-  if call('hget', lock, ':o') == nonce then
+  local count, last, flag, holder = read_hold(lock)
+  if last == nonce then
     return -1
   end
-  return release(lock, owner, holds, nonce)
+  return release_held(lock, owner, holds, nonce, count, last, flag, holder)
 end
 
 local function force(lock)
   if call('exists', lock) == 0 then
     return 0
   end
-  free(lock, '*', true)
+  free(lock, '*', '*')
   return 1
 end

@@ -2,7 +2,7 @@
 //! script lays out its operations and what it answers.
 //!
 //! An [`Op`] is one operation on one object (a lock's here, a semaphore's in
-//! `permits`); [`encode`] turns a batch of them into one `EVALSHA`, and
+//! `permits`); [`encode`] turns a batch of them into one `FCALL`, and
 //! [`Op::decode`] reads that operation's slot of the reply as a typed
 //! [`Reply`]. Every opcode, argument order and reply code of the script is
 //! written here and in the scripts' headers, nowhere else.
@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Cmd, Script, Value};
+use redis::{Cmd, Value};
 
 use super::keys::{Kind, LockKeys};
-use super::scripts::{self, BATCH};
+use super::scripts::{Library, BATCH};
 use crate::error::Error;
 use crate::owner::Owner;
 use fair::FairOp;
@@ -30,7 +30,7 @@ pub(crate) mod permits;
 pub(crate) mod rw;
 
 /// Identifies one operation, so that the client can tell afterwards whether
-/// a call whose reply was lost applied it (see `batch.lua`, "nonce").
+/// a call whose reply was lost applied it (see `lock.lua`, "nonce").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Nonce(u64);
 
@@ -166,7 +166,7 @@ impl Op {
                 owner,
                 lease_ms,
             }),
-            // A fair lock's hash is a lock's: the same extend (a latch has
+            // A fair lock's key is a lock's: the same extend (a latch has
             // no holds).
             Kind::Lock | Kind::FairLock | Kind::Latch | Kind::LeaseHistory => Op::Extend {
                 keys,
@@ -490,7 +490,7 @@ impl Op {
         }
         let code = match value {
             Value::Int(code) => *code,
-            // An operation that failed alone (see `batch.lua`).
+            // An operation that failed alone (see `prelude.lua`).
             Value::BulkString(failure) => return Err(self.failure(failure)),
             other => return Err(self.unexpected(other)),
         };
@@ -560,14 +560,14 @@ impl redis::ToRedisArgs for Nonce {
     }
 }
 
-/// One `EVALSHA` of `batch.lua` carrying `ops`, in order.
+/// One `FCALL` of the batch function carrying `ops`, in order.
 pub(crate) fn encode<'a>(
-    script: &Script,
+    library: &Library,
     client_id: &str,
     ops: impl Iterator<Item = &'a Op> + Clone,
 ) -> Cmd {
     let (keys, args, bytes) = sizes(client_id, ops.clone());
-    let mut cmd = scripts::evalsha(script, keys, keys + args, bytes);
+    let mut cmd = library.call(keys, keys + args, bytes);
     write(&mut cmd, client_id, ops);
     cmd
 }
@@ -591,23 +591,23 @@ fn write<'a>(cmd: &mut Cmd, client_id: &str, ops: impl Iterator<Item = &'a Op> +
     }
 }
 
-/// One `EVALSHA` of `script` with `ops` whose keys may lie in several slots
+/// One `FCALL` of `library`'s function with `ops` whose keys may lie in several slots
 /// of one Redis Cluster node: no key declared (a cluster refuses declared
 /// keys of several slots), the keys passed as arguments after `'#k', n`
-/// (see `batch.lua`).
+/// (see `prelude.lua`).
 pub(crate) fn encode_spread<'a>(
-    script: &Script,
+    library: &Library,
     client_id: &str,
     ops: impl Iterator<Item = &'a Op> + Clone,
 ) -> Cmd {
     let (keys, args, bytes) = sizes(client_id, ops.clone());
-    let mut cmd = scripts::evalsha(script, 0, keys + args + 2, bytes + 8);
+    let mut cmd = library.call(0, keys + args + 2, bytes + 8);
     cmd.arg("#k").arg(keys);
     write(&mut cmd, client_id, ops);
     cmd
 }
 
-/// Every argument of one `EVALSHA` of `batch.lua`, for the benchmark (which
+/// Every argument of one `FCALL` of the batch function, for the benchmark (which
 /// drives Redis with it directly, redis-benchmark included): for each
 /// `(name, owner, lease)`, an acquisition when `lease` is `Some(ms)`, else
 /// the release of one hold. Names may carry redis-benchmark's placeholders.
@@ -702,7 +702,7 @@ mod tests {
             },
         ];
         let args = args(&encode(&BATCH, "c:1", ops.iter()));
-        assert_eq!(&args[..2], ["EVALSHA", BATCH.get_hash()]);
+        assert_eq!(&args[..2], ["FCALL", BATCH.function()]);
         assert_eq!(
             &args[2..7],
             ["4", "hasp:{a}", "hasp:{a}:fence", "hasp:{b}", "hasp:{c}"]
