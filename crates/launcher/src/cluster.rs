@@ -93,17 +93,27 @@ impl RedisCluster {
     }
 
     /// The node that is master of `slot` now (as the first answering node
-    /// sees it).
+    /// sees it). In the middle of a failover that view can list the slot
+    /// under no master for a moment: this asks again for up to ten
+    /// seconds before it gives up.
     pub fn master_of(&self, slot: u16) -> &RedisServer {
-        let port = self
-            .nodes_view()
-            .into_iter()
-            .find(|(_, master, slots)| {
-                *master && slots.iter().any(|(a, b)| (*a..=*b).contains(&slot))
-            })
-            .map(|(port, _, _)| port)
-            .expect("every slot has a master");
-        self.node(port)
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let port = self
+                .nodes_view()
+                .into_iter()
+                .find(|(_, master, slots)| {
+                    *master && slots.iter().any(|(a, b)| (*a..=*b).contains(&slot))
+                })
+                .map(|(port, _, _)| port);
+            match port {
+                Some(port) => return self.node(port),
+                None if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                None => panic!("no node is master of slot {slot}"),
+            }
+        }
     }
 
     /// The node listening on `port`.

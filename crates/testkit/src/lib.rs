@@ -25,6 +25,20 @@ pub fn start_servers(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
 }
 
+/// Shows the library's `tracing` logs in a test's output when `RUST_LOG` is
+/// set (for example `RUST_LOG=hasp=debug`); does nothing otherwise, and
+/// nothing on a second call. Printed through the test harness' capture, so
+/// only a failing test's logs are shown.
+pub fn logs() {
+    if std::env::var_os("RUST_LOG").is_none() {
+        return;
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
 /// Polls `check` until it returns true or `limit` passes; returns whether it
 /// did. For conditions that live in another process (a Redis server's
 /// subscription count, a key's existence) where there is no event to await.

@@ -550,7 +550,13 @@ impl Task {
                     send_again_later(misrouted, requeue);
                     sent
                 }
-                Err(Error::Redis(e)) if is_redirect(&e) => redirected(e, settle, batch, requeue),
+                // A demoted master refuses the whole call up front (the
+                // functions are not flagged `no-writes`); in a cluster it
+                // does so without a redirect when the call declares no
+                // keys (several slots), so only a fresh map moves it on.
+                Err(Error::Redis(e)) if is_redirect(&e) || connection::is_read_only(&e) => {
+                    redirected(e, settle, batch, requeue)
+                }
                 Err(e) => failed(&e, settle, batch, &nonces),
             }
         }
@@ -693,9 +699,10 @@ fn failed(error: &Error, settle: Vec<Op>, batch: Vec<Request>, nonces: &Nonces) 
     sent
 }
 
-/// Completes a redirected call: nothing was applied, so each request goes
-/// again after a pause (see [`send_again_later`]); its settlements stay
-/// pending.
+/// Completes a redirected call, or one a replica refused: nothing was
+/// applied, so each request goes again after a pause (see
+/// [`send_again_later`]) once the slot map, or for one server the
+/// master's address, is found afresh; its settlements stay pending.
 fn redirected(
     error: RedisError,
     settle: Vec<Op>,
@@ -708,7 +715,7 @@ fn redirected(
         error: None,
         unsettled: settle,
         retries: Vec::new(),
-        stale: false,
+        stale: connection::is_read_only(&error),
         misrouted: true,
     }
 }
@@ -722,7 +729,7 @@ fn send_again_later(requests: Vec<Request>, requeue: mpsc::WeakUnboundedSender<R
         if request.redirects >= MAX_REDIRECTS {
             let error = RedisError::from((
                 redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain),
-                "no node of the cluster served the lock's slot in time",
+                "no master took the operation in time (a slot migration or failover outlasted the retries)",
             ));
             (request.done)(Err(Error::Redis(error)));
         } else {
