@@ -14,7 +14,8 @@
 //!   served, and the most acquisitions by others during one wait (tasks − 1
 //!   = strict FIFO; more = overtaken).
 //! * **Redis instructions per pair** (`ri`, needs valgrind): counted by
-//!   callgrind for hasp's batch function and for rslock's commands.
+//!   callgrind for hasp's batch function and for rslock's commands
+//!   (`HASP_RI_KEEP=1` keeps the profiles for `callgrind_annotate`).
 //! * **wait**: what replica acknowledgement (`Settings::set_replica_ack`)
 //!   costs at C = 1 against a master with one replica.
 //! * **m: over several servers**: over 3 servers, MultiLock (parts asked
@@ -707,7 +708,13 @@ fn callgrind_redis(workload: impl FnOnce(&mut redis::Connection) -> usize) -> Op
     let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").arg("NOSAVE").query(&mut conn);
     server.wait().ok()?;
     let report = std::fs::read_to_string(&out).ok()?;
-    let _ = std::fs::remove_file(&out);
+    // HASP_RI_KEEP=1 keeps the profile, for `callgrind_annotate` to say
+    // where the server's instructions went.
+    if std::env::var_os("HASP_RI_KEEP").is_some() {
+        println!("callgrind profile kept: {}", out.display());
+    } else {
+        let _ = std::fs::remove_file(&out);
+    }
     let total = report.lines().find_map(|l| {
         l.strip_prefix("summary: ")
             .or_else(|| l.strip_prefix("totals: "))

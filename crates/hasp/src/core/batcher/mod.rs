@@ -56,7 +56,9 @@
 //! slot. An operation that reaches a node that no longer serves its slot
 //! (a migration, a failover) fails alone without effect; it is sent again
 //! after a short pause, and the map is fetched afresh. A whole call turned
-//! away (`TRYAGAIN`, `CLUSTERDOWN`) is sent again the same way. redis-rs
+//! away (`TRYAGAIN`, `CLUSTERDOWN`, or `READONLY` from a demoted master,
+//! which redirects nothing to a call that declares no keys) is sent again
+//! the same way. redis-rs
 //! itself never resends a call: a function call sent twice could apply
 //! twice.
 //! Nothing above this module changes.
