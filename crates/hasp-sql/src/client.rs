@@ -43,6 +43,11 @@ pub struct SqlClient {
 pub(crate) struct Inner {
     pub(crate) id: Arc<str>,
     pub(crate) db: Backend,
+    /// The renewals' own connection: tasks trying a busy lock can keep
+    /// every connection of `db` (SQLite's busy handler holds one while it
+    /// waits for the write lock), and a renewal queued behind them for
+    /// longer than a lease loses every hold (seen in `seckill-tools lab`).
+    renewals: Backend,
     pub(crate) sql: Statements,
     pub(crate) settings: SqlSettings,
     holds: Mutex<HashMap<(String, String), Entry>>,
@@ -73,11 +78,13 @@ impl SqlClient {
     pub async fn open(url: &str, settings: SqlSettings) -> Result<Self> {
         settings.validate()?;
         let db = Backend::open(url, settings.connections).await?;
+        let renewals = Backend::open(url, 1).await?;
         let sql = Statements::new(&settings.table);
         let (shutdown, stop) = watch::channel(());
         let inner = Arc::new(Inner {
             id: format!("s:{}", uuid::Uuid::new_v4()).into(),
             db,
+            renewals,
             sql,
             settings,
             holds: Mutex::default(),
@@ -299,7 +306,7 @@ async fn renew(inner: std::sync::Weak<Inner>, mut stop: watch::Receiver<()>) {
             .map(|h| (h.name.clone(), h.owner.id().to_owned()))
             .collect();
         let sent_at = Instant::now();
-        match inner.sql.extend_many(&inner.db, &keys, lease).await {
+        match inner.sql.extend_many(&inner.renewals, &keys, lease).await {
             Ok(renewed) => {
                 let renewed: std::collections::HashSet<(String, String)> =
                     renewed.into_iter().collect();

@@ -48,7 +48,8 @@ impl SqlSettings {
         self
     }
 
-    /// Connections in the pool (default 10). Waiting never holds one.
+    /// Connections in the pool (default 10). Waiting never holds one. The
+    /// client opens one more, for lease renewals alone.
     pub fn set_connections(mut self, connections: u32) -> Self {
         self.connections = connections;
         self

@@ -41,6 +41,9 @@ pub struct Row {
     undersold: i64,
     stuck: u64,
     errors: u64,
+    /// The first error a buyer got, if any (what `errors` counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_error: Option<String>,
     requests_per_second: f64,
     why: &'static str,
 }
@@ -69,6 +72,14 @@ const ALL: [Strategy; 8] = [
 ];
 
 impl Strategy {
+    /// The lock's lease, for the strategies that have one.
+    fn lease(self) -> Duration {
+        match self {
+            Strategy::TableLock => TABLE_LEASE,
+            _ => LEASE,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Strategy::ReadModifyWrite => "1 read stock, subtract, write back",
@@ -112,8 +123,16 @@ impl Strategy {
 const WORK: Duration = Duration::from_millis(2);
 /// How long a buyer keeps trying for a lock before counting as stuck.
 const GIVE_UP: Duration = Duration::from_millis(1500);
-/// Lease of strategies 4 and 5.
+/// Lease of strategies 4, 5 and 6.
 const LEASE: Duration = Duration::from_millis(50);
+/// Lease of strategy 8. SQLite lets one writer at a time, and a writer kept
+/// waiting sleeps in SQLite's busy handler in steps of up to 100 ms: with 40
+/// buyers trying the row, a 50 ms lease was lost on a busy machine (3 runs
+/// of 15 beside two CPU hogs), and a lost lease lets a second holder in.
+const TABLE_LEASE: Duration = Duration::from_millis(250);
+/// How long a buyer of strategies 6 and 8 waits for the lock: every slow
+/// holder before it included.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs every strategy and prints the table; true if rows 6, 7 and 8 held.
 pub async fn run(args: LabArgs) -> anyhow::Result<bool> {
@@ -147,6 +166,13 @@ pub async fn run(args: LabArgs) -> anyhow::Result<bool> {
                 r.why
             );
         }
+        for r in rows.iter().filter(|r| r.first_error.is_some()) {
+            println!(
+                "\n{}: first error: {}",
+                r.strategy,
+                r.first_error.as_deref().unwrap_or_default()
+            );
+        }
     }
     Ok(rows[5..].iter().all(|row| row.oversold == 0))
 }
@@ -157,6 +183,7 @@ struct Sale {
     accepted: AtomicU64,
     stuck: AtomicU64,
     errors: AtomicU64,
+    first_error: std::sync::Mutex<Option<String>>,
     /// Strategy 3: the first holder "crashes" (never releases).
     crashed: std::sync::atomic::AtomicBool,
     /// Strategy 4: every few holders is slower than the lease.
@@ -165,14 +192,14 @@ struct Sale {
 
 impl Sale {
     /// How long the next holder works: every 4th takes twice the lease
-    /// (strategies 4, 5 and 6).
+    /// (strategies 4, 5, 6 and 8).
     fn next_holder_work(&self) -> Duration {
         if self
             .holders
             .fetch_add(1, Ordering::Relaxed)
             .is_multiple_of(4)
         {
-            LEASE * 2
+            self.strategy.lease() * 2
         } else {
             WORK
         }
@@ -232,7 +259,7 @@ async fn run_one(strategy: Strategy, stock: i64, buyers: i64) -> anyhow::Result<
             table: {
                 let table = hasp_sql::SqlClient::open(
                     &database.sqlite_url(),
-                    hasp_sql::SqlSettings::default().set_watchdog_timeout(LEASE),
+                    hasp_sql::SqlSettings::default().set_watchdog_timeout(TABLE_LEASE),
                 )
                 .await?;
                 table.migrate().await?;
@@ -245,6 +272,7 @@ async fn run_one(strategy: Strategy, stock: i64, buyers: i64) -> anyhow::Result<
         accepted: AtomicU64::new(0),
         stuck: AtomicU64::new(0),
         errors: AtomicU64::new(0),
+        first_error: Default::default(),
         crashed: Default::default(),
         holders: AtomicU64::new(0),
     });
@@ -257,7 +285,12 @@ async fn run_one(strategy: Strategy, stock: i64, buyers: i64) -> anyhow::Result<
                     Ok(Some(true)) => sale.accepted.fetch_add(1, Ordering::Relaxed),
                     Ok(Some(false)) => 0,
                     Ok(None) => sale.stuck.fetch_add(1, Ordering::Relaxed),
-                    Err(_) => sale.errors.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => {
+                        if let Ok(mut first) = sale.first_error.lock() {
+                            first.get_or_insert_with(|| e.to_string());
+                        }
+                        sale.errors.fetch_add(1, Ordering::Relaxed)
+                    }
                 };
             })
         })
@@ -274,6 +307,7 @@ async fn run_one(strategy: Strategy, stock: i64, buyers: i64) -> anyhow::Result<
         undersold: (stock.min(buyers) - accepted).max(0),
         stuck: sale.stuck.load(Ordering::Relaxed),
         errors: sale.errors.load(Ordering::Relaxed),
+        first_error: sale.first_error.lock().ok().and_then(|mut e| e.take()),
         requests_per_second: buyers as f64 / elapsed.as_secs_f64(),
         why: strategy.why(),
     })
@@ -351,7 +385,7 @@ async fn buy(sale: &Sale, instance: &Instance, user: i64) -> redis::RedisResult<
         }
         Strategy::HaspLock => {
             let lock = instance.hasp.lock("lab:lock").map_err(to_redis)?;
-            let Some(guard) = lock.try_lock_for(GIVE_UP * 4).await.map_err(to_redis)? else {
+            let Some(guard) = lock.try_lock_for(LOCK_WAIT).await.map_err(to_redis)? else {
                 return Ok(None);
             };
             // The same slow holders as strategy 4; the watchdog renews.
@@ -361,7 +395,7 @@ async fn buy(sale: &Sale, instance: &Instance, user: i64) -> redis::RedisResult<
         }
         Strategy::TableLock => {
             let lock = instance.table.lock("lab:lock").map_err(to_redis)?;
-            let Some(guard) = lock.try_lock_for(GIVE_UP * 4).await.map_err(to_redis)? else {
+            let Some(guard) = lock.try_lock_for(LOCK_WAIT).await.map_err(to_redis)? else {
                 return Ok(None);
             };
             // The same slow holders as strategy 4; the client renews the row.

@@ -37,6 +37,6 @@ fn the_broken_strategies_fail_every_time_and_the_cures_never_oversell() {
             "{}",
             rows[row]
         );
-        assert_eq!(n(row, "errors"), 0);
+        assert_eq!(n(row, "errors"), 0, "{}", rows[row]);
     }
 }
