@@ -111,21 +111,27 @@ async fn an_idle_instance_with_a_thousand_ended_sales_barely_touches_redis() {
     let tokens = Arc::new(Tokens::new(SECRET.as_bytes()).unwrap());
     let base = Arc::new(format!("http://{}", service.addr()));
     // The sales open now and end in 10 s: the worker reads their streams
-    // while they are open, and must let them go once they ended.
+    // while they are open, and must let them go once they ended. A sale
+    // created later than that (a slow, loaded machine) still gets two
+    // seconds open: a window that ended already is refused.
     let ends = support::now_ms() + 10_000;
     let created = futures_util::stream::iter(0..ENDED)
         .map(|i| {
             let (http, base, tokens) = (http.clone(), base.clone(), tokens.clone());
             async move {
-                let window = support::now_ms() - 1_000..ends;
+                let now = support::now_ms();
+                let end = ends.max(now + 2_000);
+                let window = now - 1_000..end;
                 support::create_voucher(&http, &base, &tokens, &format!("Ended {i}"), 5, window)
-                    .await
+                    .await;
+                end
             }
         })
         .buffer_unordered(16)
         .collect::<Vec<i64>>()
         .await;
     assert_eq!(created.len(), ENDED);
+    let last_end = created.iter().copied().max().unwrap_or(ends);
     let mut open = Vec::new();
     for i in 0..OPEN {
         open.push(support::open_voucher(&http, &base, &tokens, &format!("Open {i}"), STOCK).await);
@@ -140,7 +146,7 @@ async fn an_idle_instance_with_a_thousand_ended_sales_barely_touches_redis() {
     };
     // Time is the subject: wait out the sales and the worker's next
     // refresh of its list (every second).
-    let wait = (ends - support::now_ms()).max(0) as u64 + 2_500;
+    let wait = (last_end - support::now_ms()).max(0) as u64 + 2_500;
     tokio::time::sleep(Duration::from_millis(wait)).await;
     let before = commands();
     let window = Duration::from_secs(4);
