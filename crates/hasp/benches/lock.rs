@@ -191,9 +191,14 @@ async fn run(args: Args) {
     if args.runs("ri") {
         for per_call in RI_PER_CALL {
             match redis_instructions(per_call) {
-                Some((hasp, rslock)) => println!(
+                Some(RedisInstructions {
+                    hasp,
+                    floor,
+                    rslock,
+                }) => println!(
                     "\nRedis instructions per lock/unlock pair (callgrind, {RI_TOTAL} pairs, {per_call} per call): \
-                     hasp {hasp:.0} (the batch function, {per_call} operations per call), \
+                     hasp {hasp:.0} (the batch function, {per_call} operations per call; \
+                     {floor:.0} of them the same calls to a function that returns at once), \
                      rslock {rslock:.0} (SET NX PX + compare-and-delete script, pipelined {per_call} at a time)"
                 ),
                 None => println!("\nRedis instructions per pair: skipped (needs valgrind)"),
@@ -590,7 +595,13 @@ const RI_PER_CALL: [usize; 2] = [25, 1];
 /// operations per call, and rslock's commands pipelined that many at a
 /// time. Each workload runs on its own server under valgrind; a server that
 /// only starts and stops is subtracted. `None` without valgrind.
-fn redis_instructions(per_call: usize) -> Option<(f64, f64)> {
+///
+/// Also the floor under hasp's figure: the same calls, same keys and
+/// arguments, made to a function that returns at once. What Redis spends
+/// there (parsing the arguments, copying them into Lua, setting up and
+/// tearing down a function call) no change to the batch function's body
+/// can save.
+fn redis_instructions(per_call: usize) -> Option<RedisInstructions> {
     std::process::Command::new("valgrind")
         .arg("--version")
         .output()
@@ -598,12 +609,9 @@ fn redis_instructions(per_call: usize) -> Option<(f64, f64)> {
     let rounds = RI_TOTAL / per_call;
     let idle = callgrind_redis(|_| 0)?.0 as f64;
     let per_pair = |(total, pairs): (u64, usize)| (total as f64 - idle) / pairs as f64;
-    let hasp = callgrind_redis(|conn| {
-        let _: String = redis::cmd("FUNCTION")
-            .arg("LOAD")
-            .arg(hasp::__bench::batch_library())
-            .query(conn)
-            .unwrap();
+    // hasp's acquire and release calls; `function` replaces the batch
+    // function's name when given.
+    let calls = |function: Option<&str>| {
         let names: Vec<(String, String)> = (0..per_call)
             .map(|i| (format!("ri-{i}"), format!("c:bench:t{i}")))
             .collect();
@@ -614,12 +622,40 @@ fn redis_instructions(per_call: usize) -> Option<(f64, f64)> {
                 .collect();
             let args = hasp::__bench::batch_args("c:bench", "hasp", &ops).unwrap();
             let mut cmd = redis::Cmd::new();
-            for arg in args {
-                cmd.arg(arg);
+            for (i, arg) in args.into_iter().enumerate() {
+                match function {
+                    // FCALL <function> <numkeys> ...
+                    Some(name) if i == 1 => cmd.arg(name),
+                    _ => cmd.arg(arg),
+                };
             }
             cmd
         };
-        let (acquire, release) = (call(Some(30_000)), call(None));
+        (call(Some(30_000)), call(None))
+    };
+    let floor = callgrind_redis(|conn| {
+        let empty = "#!lua name=hasp_floor\n\
+            redis.register_function('hasp_floor', function(keys, args) return {1} end)";
+        let _: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg(empty)
+            .query(conn)
+            .unwrap();
+        let (acquire, release) = calls(Some("hasp_floor"));
+        for _ in 0..rounds {
+            let _: redis::Value = acquire.query(conn).unwrap();
+            let _: redis::Value = release.query(conn).unwrap();
+        }
+        rounds * per_call
+    })
+    .map(per_pair)?;
+    let hasp = callgrind_redis(|conn| {
+        let _: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg(hasp::__bench::batch_library())
+            .query(conn)
+            .unwrap();
+        let (acquire, release) = calls(None);
         for _ in 0..rounds {
             // A nonce repeats across rounds here; the script only stores it.
             let tokens: Vec<i64> = acquire.query(conn).unwrap();
@@ -662,7 +698,21 @@ fn redis_instructions(per_call: usize) -> Option<(f64, f64)> {
         rounds * per_call
     })
     .map(per_pair)?;
-    Some((hasp, rslock))
+    Some(RedisInstructions {
+        hasp,
+        floor,
+        rslock,
+    })
+}
+
+/// Redis instructions per lock/unlock pair ([`redis_instructions`]).
+struct RedisInstructions {
+    /// hasp's batch function.
+    hasp: f64,
+    /// The same calls to a function that does nothing.
+    floor: f64,
+    /// rslock's commands.
+    rslock: f64,
 }
 
 /// Runs `workload` against a fresh redis-server under callgrind and returns
