@@ -56,7 +56,7 @@ struct Args {
     only: Vec<String>,
     /// W1 concurrency levels to run; empty = all of [`W1_CONCURRENCY`].
     levels: Vec<usize>,
-    /// W1 rounds over all levels; more than one adds a min–max summary
+    /// W1 rounds over all levels; more than one adds a min–max–median summary
     /// (on a 2-core VM one run is not enough to call a ratio near 1).
     repeat: usize,
 }
@@ -143,20 +143,20 @@ async fn run(args: Args) {
         };
         // Per level: the hasp / rslock ratio of each round.
         let mut ratios: Vec<(usize, Vec<f64>)> = levels.iter().map(|&c| (c, Vec::new())).collect();
-        for i in (0..args.repeat).flat_map(|_| 0..levels.len()) {
+        for (round, i) in (0..args.repeat).flat_map(|r| (0..levels.len()).map(move |i| (r, i))) {
             let c = levels[i];
-            let server = RedisServer::start_tcp();
-            let (cpu, me) = (server_cpu(&server), process_cpu("self"));
-            let h = w1_hasp(&server.url(), c, args.duration).await;
-            let h_cpu = (server_cpu(&server) - cpu) / (h * args.duration.as_secs_f64()) * 1e6;
-            let h_me = (process_cpu("self") - me) / (h * args.duration.as_secs_f64()) * 1e6;
-            drop(server);
-            let server = RedisServer::start_tcp();
-            let (cpu, me) = (server_cpu(&server), process_cpu("self"));
-            let r = w1_rslock(&server.url(), c, args.duration).await;
-            let r_cpu = (server_cpu(&server) - cpu) / (r * args.duration.as_secs_f64()) * 1e6;
-            let r_me = (process_cpu("self") - me) / (r * args.duration.as_secs_f64()) * 1e6;
-            drop(server);
+            // Which library runs first alternates between rounds, so that
+            // a machine slowing down or speeding up during a level favours
+            // neither.
+            let (h, h_cpu, h_me, r, r_cpu, r_me) = if round % 2 == 0 {
+                let (h, h_cpu, h_me) = w1_measured(c, args.duration, Library::Hasp).await;
+                let (r, r_cpu, r_me) = w1_measured(c, args.duration, Library::Rslock).await;
+                (h, h_cpu, h_me, r, r_cpu, r_me)
+            } else {
+                let (r, r_cpu, r_me) = w1_measured(c, args.duration, Library::Rslock).await;
+                let (h, h_cpu, h_me) = w1_measured(c, args.duration, Library::Hasp).await;
+                (h, h_cpu, h_me, r, r_cpu, r_me)
+            };
             if c == 1 {
                 hasp_c1 = h;
             }
@@ -169,9 +169,15 @@ async fn run(args: Args) {
         if args.repeat > 1 {
             println!("\nhasp / rslock over {} rounds:", args.repeat);
             for (c, ratios) in &ratios {
-                let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-                let max = ratios.iter().copied().fold(0.0, f64::max);
-                println!("- C = {c}: {min:.2}–{max:.2}");
+                let mut sorted = ratios.clone();
+                sorted.sort_by(f64::total_cmp);
+                let (min, max) = (sorted[0], sorted[sorted.len() - 1]);
+                let median = if sorted.len() % 2 == 1 {
+                    sorted[sorted.len() / 2]
+                } else {
+                    (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
+                };
+                println!("- C = {c}: {min:.2}–{max:.2}, median {median:.2}");
             }
         }
     }
@@ -510,6 +516,28 @@ where
         total += t.await.unwrap();
     }
     total as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The two libraries W1 compares.
+#[derive(Clone, Copy)]
+enum Library {
+    Hasp,
+    Rslock,
+}
+
+/// One W1 measurement on a fresh server: pairs/s, then Redis's and this
+/// process's CPU µs per pair.
+async fn w1_measured(c: usize, duration: Duration, library: Library) -> (f64, f64, f64) {
+    let server = RedisServer::start_tcp();
+    let (cpu, me) = (server_cpu(&server), process_cpu("self"));
+    let pairs = match library {
+        Library::Hasp => w1_hasp(&server.url(), c, duration).await,
+        Library::Rslock => w1_rslock(&server.url(), c, duration).await,
+    };
+    let total = pairs * duration.as_secs_f64();
+    let server_us = (server_cpu(&server) - cpu) / total * 1e6;
+    let client_us = (process_cpu("self") - me) / total * 1e6;
+    (pairs, server_us, client_us)
 }
 
 async fn w1_hasp(url: &str, concurrency: usize, duration: Duration) -> f64 {
