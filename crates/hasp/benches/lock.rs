@@ -8,6 +8,8 @@
 //!   fenced, renewed) vs rslock (`SET NX PX`, compare-and-delete script), and
 //!   redis-benchmark running hasp's own acquire and release scripts on one
 //!   connection with 64 in flight.
+//! * **w1link**: W1 at C = 1 and 16 with every reply delayed 1 ms by a
+//!   proxy, for both libraries: what a network round trip does to the gap.
 //! * **W2 contended**: 8, 32 and 128 tasks on one name, each holding it
 //!   1 ms: acquisitions/s against the hand-off ceiling, hand-off latency
 //!   (release returns → next acquire returns), acquire-wait p99/max, tasks
@@ -46,13 +48,16 @@ use rslock::LockManager;
 use testkit::{Direction, FaultProxy, Mode, RedisServer};
 
 const W1_CONCURRENCY: [usize; 4] = [1, 16, 64, 256];
+/// W1 levels over a delayed link (section `w1link`), and the delay.
+const W1_LINK_CONCURRENCY: [usize; 2] = [1, 16];
+const W1_LINK_DELAY: Duration = Duration::from_millis(1);
 /// W2 task counts: a few waiters, the classic 32, and a crowd.
 const W2_TASKS: [usize; 3] = [8, 32, 128];
 const W2_HOLD: Duration = Duration::from_millis(1);
 
 struct Args {
     duration: Duration,
-    /// Sections to run (w1, rb, ri, w2, wait, m, c, f, a); empty = all.
+    /// Sections to run (w1, w1link, rb, ri, w2, wait, m, c, f, a); empty = all.
     only: Vec<String>,
     /// W1 concurrency levels to run; empty = all of [`W1_CONCURRENCY`].
     levels: Vec<usize>,
@@ -84,7 +89,7 @@ fn parse_args() -> Args {
         if a == "--only" {
             only.extend(
                 args.next()
-                    .expect("--only w1,rb,ri,w2,wait,m,c,f,a")
+                    .expect("--only w1,w1link,rb,ri,w2,wait,m,c,f,a")
                     .split(',')
                     .map(str::to_owned),
             );
@@ -179,6 +184,18 @@ async fn run(args: Args) {
                 };
                 println!("- C = {c}: {min:.2}–{max:.2}, median {median:.2}");
             }
+        }
+    }
+    if args.runs("w1link") {
+        println!(
+            "\n## W1 over a slower link: every reply delayed {W1_LINK_DELAY:?} by a proxy (tokio's timer: ~2.4 ms)\n"
+        );
+        println!("| C | hasp pairs/s | rslock pairs/s | hasp / rslock |");
+        println!("|---|---:|---:|---:|");
+        for c in W1_LINK_CONCURRENCY {
+            let h = w1_over_link(c, args.duration, Library::Hasp).await;
+            let r = w1_over_link(c, args.duration, Library::Rslock).await;
+            println!("| {c} | {h:.0} | {r:.0} | {:.2} |", h / r);
         }
     }
     if args.runs("rb") {
@@ -538,6 +555,19 @@ async fn w1_measured(c: usize, duration: Duration, library: Library) -> (f64, f6
     let server_us = (server_cpu(&server) - cpu) / total * 1e6;
     let client_us = (process_cpu("self") - me) / total * 1e6;
     (pairs, server_us, client_us)
+}
+
+/// W1 through a [`FaultProxy`] that delays every reply by
+/// [`W1_LINK_DELAY`]: what loopback hides, a network round trip that
+/// dwarfs both libraries' CPU per call.
+async fn w1_over_link(c: usize, duration: Duration, library: Library) -> f64 {
+    let server = RedisServer::start_tcp();
+    let proxy = FaultProxy::start(&server);
+    proxy.set(Direction::ToClient, Mode::Delay(W1_LINK_DELAY));
+    match library {
+        Library::Hasp => w1_hasp(&proxy.url(), c, duration).await,
+        Library::Rslock => w1_rslock(&proxy.url(), c, duration).await,
+    }
 }
 
 async fn w1_hasp(url: &str, concurrency: usize, duration: Duration) -> f64 {
