@@ -8,8 +8,8 @@ local function batch(keys, args)
     local op, lock = ARGV[arg], K[key]
     local ok, result
     if op == 'a' or op == 'w' then
-      ok, result = pcall(acquire, lock, K[key + 1], ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3], op == 'w')
-      key, arg = key + 2, arg + 4
+      ok, result = pcall(acquire, lock, ARGV[arg + 2], ARGV[arg + 1], op == 'w')
+      key, arg = key + 1, arg + 3
     elseif op == 'r' then
       ok, result = pcall(release, lock, ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3])
       key, arg = key + 1, arg + 4

@@ -356,7 +356,7 @@ impl Op {
     fn size(&self) -> (usize, usize, usize) {
         let lock = self.keys().lock.len() + 4;
         match self {
-            Op::Acquire { owner, .. } => (2, 4, 2 * lock + owner.id().len() + 40),
+            Op::Acquire { owner, .. } => (1, 3, lock + owner.id().len() + 48),
             Op::Release { owner, .. } | Op::Settle { owner, .. } => {
                 (1, 4, lock + owner.id().len() + 32)
             }
@@ -386,7 +386,8 @@ impl Op {
         }
         let keys = self.keys();
         cmd.arg(&*keys.lock);
-        if matches!(self, Op::Acquire { .. } | Op::HandOff { .. }) {
+        // An acquisition's fence is found from the lock's key (lock.lua).
+        if matches!(self, Op::HandOff { .. }) {
             cmd.arg(&keys.fence);
         }
     }
@@ -401,7 +402,7 @@ impl Op {
                 ..
             } => {
                 let op = if *flag_waiting { "w" } else { "a" };
-                cmd.arg(op).arg(owner.id()).arg(*lease_ms).arg(nonce);
+                cmd.arg(op).arg(*lease_ms).arg(free_hold(owner, *nonce));
             }
             Op::Release {
                 owner,
@@ -540,6 +541,18 @@ impl Op {
     }
 }
 
+impl Nonce {
+    /// The 16 hex digits Redis stores (as `Display` writes them).
+    fn hex(self) -> [u8; 16] {
+        let mut buf = [0u8; 16];
+        let digits = b"0123456789abcdef";
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = digits[((self.0 >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        buf
+    }
+}
+
 impl std::fmt::Display for Nonce {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:016x}", self.0)
@@ -551,13 +564,19 @@ impl redis::ToRedisArgs for Nonce {
     where
         W: ?Sized + redis::RedisWrite,
     {
-        let mut buf = [0u8; 16];
-        let digits = b"0123456789abcdef";
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = digits[((self.0 >> (60 - 4 * i)) & 0xf) as usize];
-        }
-        out.write_arg(&buf);
+        out.write_arg(&self.hex());
     }
+}
+
+/// The value a free lock takes when `owner` acquires it with the operation
+/// `nonce`: one hold, no waiter flagged (`lock.lua`, "lock" and "hold").
+fn free_hold(owner: &Owner, nonce: Nonce) -> Vec<u8> {
+    let mut hold = Vec::with_capacity(owner.id().len() + 21);
+    hold.extend_from_slice(b"1 ");
+    hold.extend_from_slice(&nonce.hex());
+    hold.extend_from_slice(b" - ");
+    hold.extend_from_slice(owner.id().as_bytes());
+    hold
 }
 
 /// One `FCALL` of the batch function carrying `ops`, in order.
@@ -701,18 +720,20 @@ mod tests {
                 lease_ms: None,
             },
         ];
+        let nonce = match &ops[0] {
+            Op::Acquire { nonce, .. } => nonce.to_string(),
+            _ => unreachable!(),
+        };
         let args = args(&encode(&BATCH, "c:1", ops.iter()));
         assert_eq!(&args[..2], ["FCALL", BATCH.function()]);
-        assert_eq!(
-            &args[2..7],
-            ["4", "hasp:{a}", "hasp:{a}:fence", "hasp:{b}", "hasp:{c}"]
-        );
-        assert_eq!(args[7], "c:1");
-        assert_eq!(&args[8..10], ["w", "o1"]);
-        assert_eq!(args[10], "30000");
-        assert_eq!(args[11].len(), 16, "a nonce is 16 hex digits");
-        assert_eq!(&args[12..15], ["r", "o1", "1"]);
-        assert_eq!(&args[16..], ["e", "o1", "0"]);
+        assert_eq!(&args[2..6], ["3", "hasp:{a}", "hasp:{b}", "hasp:{c}"]);
+        assert_eq!(args[6], "c:1");
+        // An acquisition sends the value a free lock takes, whole.
+        assert_eq!(nonce.len(), 16, "a nonce is 16 hex digits");
+        assert_eq!(&args[7..10], ["w", "30000", &format!("1 {nonce} - o1")]);
+        assert_eq!(&args[10..13], ["r", "o1", "1"]);
+        assert_eq!(args[13].len(), 16);
+        assert_eq!(&args[14..], ["e", "o1", "0"]);
     }
 
     #[test]
