@@ -98,6 +98,35 @@ async fn an_explicit_owner_reenters_from_another_task_and_a_guard_moves_between_
     assert!(!lock.is_locked().await.unwrap());
 }
 
+/// Spec lock 2 and 3 (reentrancy): two tasks of one explicit owner that lock at
+/// the same moment both reach Redis, which counts two holds; the last
+/// guard's release gives both back in one operation (the wire's `R`), and
+/// the lock is free.
+#[tokio::test]
+async fn a_same_owner_race_counts_two_holds_in_redis_and_the_last_release_frees_both() {
+    let ctx = Ctx::new();
+    let client = ctx.client().await;
+    let mut raw = ctx.raw().await;
+    let lock = client.lock("raced").unwrap().with_owner(Owner::new());
+    // Polled together: neither finds the other's hold locally before
+    // Redis answers, so both acquisitions go to Redis.
+    let (first, second) = tokio::join!(lock.lock(), lock.lock());
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert_eq!(first.fencing_token(), second.fencing_token());
+    assert_eq!(lock.hold_count(), 2);
+    let hold = hold_in_redis(&mut raw, "raced").await.expect("held");
+    assert_eq!(hold.count, 2, "both acquisitions reached Redis");
+    first.unlock().await.unwrap();
+    assert_eq!(
+        hold_in_redis(&mut raw, "raced").await.map(|h| h.count),
+        Some(2),
+        "the first release stays local"
+    );
+    second.unlock().await.unwrap();
+    assert!(hold_in_redis(&mut raw, "raced").await.is_none());
+    assert!(!lock.is_locked().await.unwrap());
+}
+
 #[tokio::test]
 async fn is_locked_is_seen_by_every_observer_and_held_by_me_only_by_the_owner() {
     let ctx = Ctx::new();

@@ -11,6 +11,9 @@ local function batch(keys, args)
       ok, result = pcall(acquire, lock, ARGV[arg + 2], ARGV[arg + 1], op == 'w')
       key, arg = key + 1, arg + 3
     elseif op == 'r' then
+      ok, result = pcall(release, lock, ARGV[arg + 1], '1', ARGV[arg + 2])
+      key, arg = key + 1, arg + 3
+    elseif op == 'R' then
       ok, result = pcall(release, lock, ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3])
       key, arg = key + 1, arg + 4
     elseif op == 'h' then

@@ -357,9 +357,11 @@ impl Op {
         let lock = self.keys().lock.len() + 4;
         match self {
             Op::Acquire { owner, .. } => (1, 3, lock + owner.id().len() + 48),
-            Op::Release { owner, .. } | Op::Settle { owner, .. } => {
-                (1, 4, lock + owner.id().len() + 32)
+            Op::Release { owner, holds, .. } => {
+                let args = if *holds == 1 { 3 } else { 4 };
+                (1, args, lock + owner.id().len() + 32)
             }
+            Op::Settle { owner, .. } => (1, 4, lock + owner.id().len() + 32),
             Op::HandOff { owner, heir, .. } => {
                 (2, 6, 2 * lock + owner.id().len() + heir.id().len() + 60)
             }
@@ -410,7 +412,12 @@ impl Op {
                 nonce,
                 ..
             } => {
-                cmd.arg("r").arg(owner.id()).arg(*holds).arg(nonce);
+                // One hold (nearly every release) goes without the count.
+                if *holds == 1 {
+                    cmd.arg("r").arg(owner.id()).arg(nonce);
+                } else {
+                    cmd.arg("R").arg(owner.id()).arg(*holds).arg(nonce);
+                }
             }
             Op::HandOff {
                 owner,
@@ -731,9 +738,25 @@ mod tests {
         // An acquisition sends the value a free lock takes, whole.
         assert_eq!(nonce.len(), 16, "a nonce is 16 hex digits");
         assert_eq!(&args[7..10], ["w", "30000", &format!("1 {nonce} - o1")]);
-        assert_eq!(&args[10..13], ["r", "o1", "1"]);
-        assert_eq!(args[13].len(), 16);
-        assert_eq!(&args[14..], ["e", "o1", "0"]);
+        // A release of one hold does not send the count.
+        assert_eq!(&args[10..12], ["r", "o1"]);
+        assert_eq!(args[12].len(), 16);
+        assert_eq!(&args[13..], ["e", "o1", "0"]);
+    }
+
+    #[test]
+    fn a_release_of_several_holds_sends_the_count() {
+        let release = Op::Release {
+            keys: keys("a"),
+            owner: Owner::from_id("o1").unwrap(),
+            holds: 3,
+            nonce: Nonces::new().next(),
+        };
+        let args = args(&encode(&BATCH, "c:1", std::iter::once(&release)));
+        assert_eq!(&args[2..5], ["1", "hasp:{a}", "c:1"]);
+        assert_eq!(&args[5..8], ["R", "o1", "3"]);
+        assert_eq!(args[8].len(), 16);
+        assert_eq!(args.len(), 9);
     }
 
     #[test]
