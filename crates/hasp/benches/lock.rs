@@ -153,15 +153,15 @@ async fn run(args: Args) {
             // Which library runs first alternates between rounds, so that
             // a machine slowing down or speeding up during a level favours
             // neither.
-            let (h, h_cpu, h_me, r, r_cpu, r_me) = if round % 2 == 0 {
-                let (h, h_cpu, h_me) = w1_measured(c, args.duration, Library::Hasp).await;
-                let (r, r_cpu, r_me) = w1_measured(c, args.duration, Library::Rslock).await;
-                (h, h_cpu, h_me, r, r_cpu, r_me)
-            } else {
-                let (r, r_cpu, r_me) = w1_measured(c, args.duration, Library::Rslock).await;
-                let (h, h_cpu, h_me) = w1_measured(c, args.duration, Library::Hasp).await;
-                (h, h_cpu, h_me, r, r_cpu, r_me)
-            };
+            let mut order = [Library::Hasp, Library::Rslock];
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            let mut measured = [(0.0, 0.0, 0.0); 2];
+            for library in order {
+                measured[library as usize] = w1_measured(c, args.duration, library).await;
+            }
+            let [(h, h_cpu, h_me), (r, r_cpu, r_me)] = measured;
             if c == 1 {
                 hasp_c1 = h;
             }
@@ -535,11 +535,21 @@ where
     total as f64 / started.elapsed().as_secs_f64()
 }
 
-/// The two libraries W1 compares.
+/// The two libraries W1 compares (the discriminant indexes their results).
 #[derive(Clone, Copy)]
 enum Library {
-    Hasp,
-    Rslock,
+    Hasp = 0,
+    Rslock = 1,
+}
+
+impl Library {
+    /// W1 pairs/s of this library against the server at `url`.
+    async fn w1(self, url: &str, c: usize, duration: Duration) -> f64 {
+        match self {
+            Library::Hasp => w1_hasp(url, c, duration).await,
+            Library::Rslock => w1_rslock(url, c, duration).await,
+        }
+    }
 }
 
 /// One W1 measurement on a fresh server: pairs/s, then Redis's and this
@@ -547,10 +557,7 @@ enum Library {
 async fn w1_measured(c: usize, duration: Duration, library: Library) -> (f64, f64, f64) {
     let server = RedisServer::start_tcp();
     let (cpu, me) = (server_cpu(&server), process_cpu("self"));
-    let pairs = match library {
-        Library::Hasp => w1_hasp(&server.url(), c, duration).await,
-        Library::Rslock => w1_rslock(&server.url(), c, duration).await,
-    };
+    let pairs = library.w1(&server.url(), c, duration).await;
     let total = pairs * duration.as_secs_f64();
     let server_us = (server_cpu(&server) - cpu) / total * 1e6;
     let client_us = (process_cpu("self") - me) / total * 1e6;
@@ -564,10 +571,7 @@ async fn w1_over_link(c: usize, duration: Duration, library: Library) -> f64 {
     let server = RedisServer::start_tcp();
     let proxy = FaultProxy::start(&server);
     proxy.set(Direction::ToClient, Mode::Delay(W1_LINK_DELAY));
-    match library {
-        Library::Hasp => w1_hasp(&proxy.url(), c, duration).await,
-        Library::Rslock => w1_rslock(&proxy.url(), c, duration).await,
-    }
+    library.w1(&proxy.url(), c, duration).await
 }
 
 async fn w1_hasp(url: &str, concurrency: usize, duration: Duration) -> f64 {

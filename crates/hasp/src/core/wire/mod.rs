@@ -562,7 +562,10 @@ impl Nonce {
 
 impl std::fmt::Display for Nonce {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:016x}", self.0)
+        // The digits Redis stores, from the one place that writes them.
+        self.hex()
+            .iter()
+            .try_for_each(|&b| std::fmt::Write::write_char(f, char::from(b)))
     }
 }
 
