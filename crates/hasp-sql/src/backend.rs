@@ -25,6 +25,9 @@ pub(crate) enum Backend {
     Sqlite(SqlitePool),
 }
 
+/// A hold as its row knows it: name, owner, token.
+pub(crate) type HoldKey = (String, String, i64);
+
 /// What one acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Taken {
@@ -299,6 +302,56 @@ impl Statements {
         Ok(left.map(|ms| Duration::from_millis(ms.max(1).unsigned_abs())))
     }
 
+    /// How long another owner's live hold of `name` has left (`None`: free,
+    /// expired, missing or `owner`'s own). A read that takes no write lock:
+    /// a waiter asks it before trying again, so that waiters queue no
+    /// writes in front of the holder's renewal and release (SQLite has one
+    /// writer at a time; the others serialise on the row). Only a hint: the
+    /// attempt that follows decides, in one statement.
+    pub(crate) async fn held_by_other(
+        &self,
+        db: &Backend,
+        name: &str,
+        owner: &str,
+    ) -> Result<Option<Duration>> {
+        let t = &self.table;
+        let left: Option<i64> = match db {
+            Backend::Postgres(pool) => {
+                sqlx::query_scalar(AssertSqlSafe(format!(
+                    "SELECT expires_at - {PG_MS} FROM {t} WHERE name = $1 \
+                     AND owner IS NOT NULL AND owner <> $2 AND expires_at > {PG_MS}"
+                )))
+                .bind(name)
+                .bind(owner)
+                .fetch_optional(pool)
+                .await?
+            }
+            Backend::MySql(pool) => {
+                sqlx::query_scalar(AssertSqlSafe(format!(
+                    "SELECT expires_at - {MY_MS} FROM {t} WHERE name = ? \
+                     AND owner IS NOT NULL AND owner <> ? AND expires_at > {MY_MS}"
+                )))
+                .bind(name)
+                .bind(owner)
+                .fetch_optional(pool)
+                .await?
+            }
+            Backend::Sqlite(pool) => {
+                sqlx::query_scalar(AssertSqlSafe(format!(
+                    "SELECT expires_at - {LITE_MS} FROM {t} WHERE name = ?1 \
+                     AND owner IS NOT NULL AND owner <> ?2 AND expires_at > {LITE_MS}"
+                )))
+                .bind(name)
+                .bind(owner)
+                .fetch_optional(pool)
+                .await?
+            }
+        };
+        Ok(left
+            .filter(|&ms| ms > 0)
+            .map(|ms| Duration::from_millis(ms.unsigned_abs())))
+    }
+
     /// Gives back `holds` holds of `owner`'s live row, checking owner and
     /// expiry in the same statement; the last frees the row (owner NULL)
     /// without deleting it, so its token survives. `Ok(None)`: not held
@@ -469,15 +522,17 @@ impl Statements {
         Ok(freed > 0)
     }
 
-    /// Re-arms every live hold among `holds` (name, owner) to `lease_ms`
-    /// from now, in one statement per 100; returns those renewed (the others
-    /// expired or were taken: lost).
+    /// Re-arms every live hold among `holds` to `lease_ms` from now, in one
+    /// statement per 100; returns those renewed (the others expired or were
+    /// taken: lost). A hold is its row's (name, owner, token): a row the
+    /// same owner took again after losing it has a new token, and renewing
+    /// it says nothing of the hold that was lost.
     pub(crate) async fn extend_many(
         &self,
         db: &Backend,
-        holds: &[(String, String)],
+        holds: &[HoldKey],
         lease_ms: i64,
-    ) -> Result<Vec<(String, String)>> {
+    ) -> Result<Vec<HoldKey>> {
         let mut renewed = Vec::with_capacity(holds.len());
         for chunk in holds.chunks(100) {
             renewed.extend(self.extend_chunk(db, chunk, lease_ms).await?);
@@ -488,18 +543,18 @@ impl Statements {
     async fn extend_chunk(
         &self,
         db: &Backend,
-        holds: &[(String, String)],
+        holds: &[HoldKey],
         lease_ms: i64,
-    ) -> Result<Vec<(String, String)>> {
+    ) -> Result<Vec<HoldKey>> {
         let t = &self.table;
-        let pairs = |first: usize, numbered: bool, dollar: bool| -> String {
+        let triples = |first: usize, numbered: bool, dollar: bool| -> String {
             (0..holds.len())
                 .map(|i| {
-                    let (a, b) = (first + 2 * i, first + 2 * i + 1);
+                    let [a, b, c] = [0, 1, 2].map(|k| first + 3 * i + k);
                     match (numbered, dollar) {
-                        (true, true) => format!("(${a}, ${b})"),
-                        (true, false) => format!("(?{a}, ?{b})"),
-                        _ => "(?, ?)".to_owned(),
+                        (true, true) => format!("(${a}, ${b}, ${c})"),
+                        (true, false) => format!("(?{a}, ?{b}, ?{c})"),
+                        _ => "(?, ?, ?)".to_owned(),
                     }
                 })
                 .collect::<Vec<_>>()
@@ -509,49 +564,49 @@ impl Statements {
             Backend::Postgres(pool) => {
                 let sql = format!(
                     "UPDATE {t} SET expires_at = {PG_MS} + $1 \
-                     WHERE (name, owner) IN ({}) AND expires_at > {PG_MS} \
-                     RETURNING name, owner",
-                    pairs(2, true, true)
+                     WHERE (name, owner, token) IN ({}) AND expires_at > {PG_MS} \
+                     RETURNING name, owner, token",
+                    triples(2, true, true)
                 );
                 let mut query = sqlx::query_as(AssertSqlSafe(sql)).bind(lease_ms);
-                for (name, owner) in holds {
-                    query = query.bind(name).bind(owner);
+                for (name, owner, token) in holds {
+                    query = query.bind(name).bind(owner).bind(token);
                 }
                 Ok(query.fetch_all(pool).await?)
             }
             Backend::Sqlite(pool) => {
                 let sql = format!(
                     "UPDATE {t} SET expires_at = {LITE_MS} + ?1 \
-                     WHERE (name, owner) IN ({}) AND expires_at > {LITE_MS} \
-                     RETURNING name, owner",
-                    pairs(2, true, false)
+                     WHERE (name, owner, token) IN ({}) AND expires_at > {LITE_MS} \
+                     RETURNING name, owner, token",
+                    triples(2, true, false)
                 );
                 let mut query = sqlx::query_as(AssertSqlSafe(sql)).bind(lease_ms);
-                for (name, owner) in holds {
-                    query = query.bind(name).bind(owner);
+                for (name, owner, token) in holds {
+                    query = query.bind(name).bind(owner).bind(token);
                 }
                 Ok(query.fetch_all(pool).await?)
             }
             Backend::MySql(pool) => {
                 // No RETURNING: the update, then which of them are live and
                 // still ours, on the same connection.
-                let list = pairs(0, false, false);
+                let list = triples(0, false, false);
                 let mut conn = pool.acquire().await?;
                 let mut update = sqlx::query(AssertSqlSafe(format!(
                     "UPDATE {t} SET expires_at = {MY_MS} + ? \
-                     WHERE (name, owner) IN ({list}) AND expires_at > {MY_MS}"
+                     WHERE (name, owner, token) IN ({list}) AND expires_at > {MY_MS}"
                 )))
                 .bind(lease_ms);
-                for (name, owner) in holds {
-                    update = update.bind(name).bind(owner);
+                for (name, owner, token) in holds {
+                    update = update.bind(name).bind(owner).bind(token);
                 }
                 update.execute(&mut *conn).await?;
                 let mut live = sqlx::query_as(AssertSqlSafe(format!(
-                    "SELECT CAST(name AS CHAR), CAST(owner AS CHAR) FROM {t} \
-                     WHERE (name, owner) IN ({list}) AND expires_at > {MY_MS}"
+                    "SELECT CAST(name AS CHAR), CAST(owner AS CHAR), token FROM {t} \
+                     WHERE (name, owner, token) IN ({list}) AND expires_at > {MY_MS}"
                 )));
-                for (name, owner) in holds {
-                    live = live.bind(name).bind(owner);
+                for (name, owner, token) in holds {
+                    live = live.bind(name).bind(owner).bind(token);
                 }
                 Ok(live.fetch_all(&mut *conn).await?)
             }

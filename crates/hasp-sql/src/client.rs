@@ -2,13 +2,14 @@
 //! listener that wakes waiters.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgListener;
 use tokio::sync::{watch, Notify};
 
-use crate::backend::{Backend, Statements, Taken};
+use crate::backend::{Backend, HoldKey, Statements, Taken};
 use crate::error::{Error, Result};
 use crate::hold::SqlHold;
 use crate::lock::SqlLock;
@@ -51,6 +52,8 @@ pub(crate) struct Inner {
     pub(crate) sql: Statements,
     pub(crate) settings: SqlSettings,
     holds: Mutex<HashMap<(String, String), Entry>>,
+    attempts: AtomicU64,
+    probes: AtomicU64,
     wakers: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
     _shutdown: watch::Sender<()>,
 }
@@ -88,6 +91,8 @@ impl SqlClient {
             sql,
             settings,
             holds: Mutex::default(),
+            attempts: AtomicU64::new(0),
+            probes: AtomicU64::new(0),
             wakers: Mutex::default(),
             _shutdown: shutdown,
         });
@@ -125,6 +130,26 @@ impl SqlClient {
     pub fn id(&self) -> &str {
         &self.inner.id
     }
+
+    /// What this client's acquisitions have cost the database so far.
+    pub fn stats(&self) -> SqlStats {
+        SqlStats {
+            attempts: self.inner.attempts.load(Ordering::Relaxed),
+            probes: self.inner.probes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Counts of a client's acquiring statements, from [`SqlClient::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SqlStats {
+    /// Acquiring statements sent (each one write: the upsert, or MySQL's
+    /// conditional update).
+    pub attempts: u64,
+    /// Reads a waiter made before a retry, which found the row held by
+    /// another owner and so sent no acquiring statement.
+    pub probes: u64,
 }
 
 impl Inner {
@@ -139,12 +164,24 @@ impl Inner {
     ) -> Result<std::result::Result<Arc<SqlHold>, Option<Duration>>> {
         let sent_at = Instant::now();
         let lease = i64::try_from(lease_ms).unwrap_or(i64::MAX);
+        self.attempts.fetch_add(1, Ordering::Relaxed);
         match self.sql.acquire(&self.db, name, owner.id(), lease).await? {
             Taken::Yes { token } => Ok(Ok(
                 self.register(name, owner, token, lease_ms, watchdog, sent_at)
             )),
             Taken::Busy { left } => Ok(Err(left)),
         }
+    }
+
+    /// How long another owner's hold of `name` has left (`None`: the row
+    /// looks free or `owner`'s): a waiter's read before a retry, which takes
+    /// no write lock (see `Statements::held_by_other`).
+    pub(crate) async fn probe(&self, name: &str, owner: &hasp::Owner) -> Result<Option<Duration>> {
+        let left = self.sql.held_by_other(&self.db, name, owner.id()).await?;
+        if left.is_some() {
+            self.probes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(left)
     }
 
     fn register(
@@ -176,6 +213,14 @@ impl Inner {
             },
         );
         hold
+    }
+
+    /// Whether `hold` is still in the registry (not released).
+    fn is_registered(&self, hold: &SqlHold) -> bool {
+        let key = (hold.name.clone(), hold.owner.id().to_owned());
+        guard(&self.holds)
+            .get(&key)
+            .is_some_and(|entry| std::ptr::eq(Arc::as_ptr(&entry.hold), hold))
     }
 
     /// Gives back one hold in the registry: true if it was registered.
@@ -301,21 +346,22 @@ async fn renew(inner: std::sync::Weak<Inner>, mut stop: watch::Receiver<()>) {
         if holds.is_empty() {
             continue;
         }
-        let keys: Vec<(String, String)> = holds
+        let keys: Vec<HoldKey> = holds
             .iter()
-            .map(|h| (h.name.clone(), h.owner.id().to_owned()))
+            .map(|h| (h.name.clone(), h.owner.id().to_owned(), h.token))
             .collect();
         let sent_at = Instant::now();
         match inner.sql.extend_many(&inner.renewals, &keys, lease).await {
             Ok(renewed) => {
-                let renewed: std::collections::HashSet<(String, String)> =
-                    renewed.into_iter().collect();
+                let renewed: std::collections::HashSet<HoldKey> = renewed.into_iter().collect();
                 for (hold, key) in holds.iter().zip(keys) {
                     if renewed.contains(&key) {
                         hold.confirm(sent_at, lease_ms);
-                    } else {
+                    } else if inner.is_registered(hold) {
                         hold.mark_gone();
                     }
+                    // Otherwise released while the statement ran: its row
+                    // was freed by its owner, not lost.
                 }
             }
             // Nothing is known: each hold is lost at its belief end unless

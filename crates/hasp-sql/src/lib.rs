@@ -46,9 +46,10 @@
 //!   expired row; a new row starts at the database clock in microseconds.
 //! * **Renewal**: one task per client renews every hold without a lease
 //!   every third of the watchdog timeout, 100 holds per statement
-//!   (`UPDATE … WHERE (name, owner) IN (…)`, `RETURNING` the renewed ones;
-//!   MySQL/MariaDB read them back); a renewal that finds the row expired or
-//!   taken fires the loss signal at once.
+//!   (`UPDATE … WHERE (name, owner, token) IN (…)`, `RETURNING` the renewed
+//!   ones; MySQL/MariaDB read them back); a renewal that finds the row
+//!   expired or taken (by another owner, or by the same owner again after
+//!   it was lost: a new token) fires the loss signal at once.
 //! * **Waiting**: see [`SqlLock`].
 //!
 //! ## The table
@@ -83,7 +84,7 @@ mod hold;
 mod lock;
 mod settings;
 
-pub use client::SqlClient;
+pub use client::{SqlClient, SqlStats};
 pub use error::{Error, Result};
 pub use lock::{SqlGuard, SqlLock};
 pub use settings::SqlSettings;

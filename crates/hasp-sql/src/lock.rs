@@ -27,9 +27,10 @@ const RECHECK: Duration = Duration::from_secs(1);
 ///   expired row; a re-entry keeps it.
 /// * **Waiting**: PostgreSQL wakes waiters with `LISTEN/NOTIFY`; MySQL,
 ///   MariaDB and SQLite retry with jittered back-off (5 ms doubling to
-///   500 ms, never past the holder's expiry or the wait's end). Waiters in
-///   the releasing client are woken at once on every backend. Waiting holds
-///   no pooled connection.
+///   500 ms, never past the holder's expiry or the wait's end), reading
+///   the row before each retry and writing only when it looks free. Waiters
+///   in the releasing client are woken at once on every backend. Waiting
+///   holds no pooled connection.
 #[derive(Clone, Debug)]
 pub struct SqlLock {
     client: SqlClient,
@@ -190,6 +191,12 @@ impl SqlLock {
         };
         let waker = wait.then(|| Waiting::join(&self.client, &self.name));
         let mut backoff = Duration::from_millis(5);
+        // The first try, and a try after a release woke this waiter, go
+        // straight to the acquiring statement; a try after a pause reads
+        // first (`held_by_other`) and writes only if the row looks free:
+        // waiters polling a held row then take no write lock, which on
+        // SQLite queued them in front of the holder's renewals.
+        let mut read_first = false;
         loop {
             let woken = waker.as_ref().map(|w| w.notify.clone());
             let notified = woken.as_ref().map(|n| n.notified());
@@ -197,32 +204,40 @@ impl SqlLock {
             if let Some(n) = notified.as_mut().as_pin_mut() {
                 n.enable();
             }
-            match inner
-                .attempt(&self.name, &owner, lease_ms, watchdog)
-                .await?
-            {
-                Ok(hold) => return Ok(Some(SqlGuard::new(self.client.clone(), hold))),
-                Err(left) => {
-                    let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-                    if !wait || remaining.is_some_and(|r| r.is_zero()) {
-                        return Ok(None);
-                    }
-                    let pause = if inner.db.is_postgres() {
-                        left.unwrap_or(RECHECK).min(RECHECK)
-                    } else {
-                        let jittered = backoff.mul_f64(0.5 + fastrand::f64());
-                        backoff = (backoff * 2).min(BACKOFF_CAP);
-                        left.map_or(jittered, |l| jittered.min(l))
-                    };
-                    let pause = remaining.map_or(pause, |r| pause.min(r));
-                    match notified.as_mut().as_pin_mut() {
-                        Some(n) => {
-                            let _ = tokio::time::timeout(pause, n).await;
-                        }
-                        None => tokio::time::sleep(pause).await,
-                    }
-                }
+            let busy = if read_first {
+                inner.probe(&self.name, &owner).await?
+            } else {
+                None
+            };
+            let left = match busy {
+                Some(left) => Some(left),
+                None => match inner
+                    .attempt(&self.name, &owner, lease_ms, watchdog)
+                    .await?
+                {
+                    Ok(hold) => return Ok(Some(SqlGuard::new(self.client.clone(), hold))),
+                    Err(left) => left,
+                },
+            };
+            let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if !wait || remaining.is_some_and(|r| r.is_zero()) {
+                return Ok(None);
             }
+            let pause = if inner.db.is_postgres() {
+                left.unwrap_or(RECHECK).min(RECHECK)
+            } else {
+                let jittered = backoff.mul_f64(0.5 + fastrand::f64());
+                backoff = (backoff * 2).min(BACKOFF_CAP);
+                left.map_or(jittered, |l| jittered.min(l))
+            };
+            let pause = remaining.map_or(pause, |r| pause.min(r));
+            read_first = match notified.as_mut().as_pin_mut() {
+                Some(n) => tokio::time::timeout(pause, n).await.is_err(),
+                None => {
+                    tokio::time::sleep(pause).await;
+                    true
+                }
+            };
         }
     }
 }

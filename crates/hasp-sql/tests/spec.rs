@@ -48,6 +48,7 @@ async fn scenarios(url: &str) {
     one_owner_at_a_time_reentrant_and_fenced(url).await;
     expiry_is_the_databases_and_a_late_release_is_not_held(url).await;
     waits_are_bounded_and_woken(url).await;
+    a_waiter_reads_a_held_row_and_writes_once_it_looks_free(url).await;
     an_exact_count_under_contention(url).await;
     the_watchdog_keeps_a_hold_and_a_taken_row_fires_the_loss(url).await;
     names_are_exact(url).await;
@@ -278,6 +279,41 @@ async fn waits_are_bounded_and_woken(url: &str) {
     assert!(after < Duration::from_millis(800), "{after:?}");
 }
 
+/// Seed 12 (waiters retry with back-off), and what that retrying costs
+/// the database: a waiter's retry reads the row and sends its acquiring
+/// statement (a write, which on SQLite queues behind and in front of every
+/// other writer, the holder's renewals included) only once the row looks
+/// free. So a waiter that outlives a 1.5 s lease writes twice: its first
+/// try and the one that takes the expired row.
+async fn a_waiter_reads_a_held_row_and_writes_once_it_looks_free(url: &str) {
+    let (a, b) = (
+        client(url, SqlSettings::default()).await,
+        client(url, SqlSettings::default()).await,
+    );
+    let holder = a
+        .lock("probed")
+        .unwrap()
+        .with_owner(Owner::new())
+        .with_lease(Duration::from_millis(1500))
+        .unwrap();
+    let held = holder.lock().await.unwrap();
+    let waiter = b.lock("probed").unwrap().with_owner(Owner::new());
+    let before = b.stats();
+    let guard = waiter.lock_within(Duration::from_secs(10)).await.unwrap();
+    let after = b.stats();
+    assert!(guard.fencing_token() > held.fencing_token());
+    let (attempts, probes) = (
+        after.attempts - before.attempts,
+        after.probes - before.probes,
+    );
+    assert_eq!(attempts, 2, "probes {probes}");
+    // PostgreSQL sleeps up to 1 s at a time (it is woken by NOTIFY), the
+    // others back off from 5 ms: one probe or more each way.
+    assert!(probes >= 1, "{probes}");
+    guard.unlock().await.unwrap();
+    assert!(matches!(held.unlock().await, Err(Error::NotHeld { .. })));
+}
+
 /// Seed 8: two clients × eight tasks doing read → yield → write on a shared
 /// counter under the lock end with the exact count.
 async fn an_exact_count_under_contention(url: &str) {
@@ -312,10 +348,11 @@ async fn an_exact_count_under_contention(url: &str) {
 
 /// Seed 7 (loss signal), lock spec's watchdog lines: a hold without a lease
 /// outlives several watchdog timeouts; a row taken behind the holder's back
-/// fires its loss signal within a renewal period.
+/// fires its loss signal within a renewal period, also when the taker is
+/// the same owner through another client (seed 11: a new token).
 async fn the_watchdog_keeps_a_hold_and_a_taken_row_fires_the_loss(url: &str) {
     let settings = SqlSettings::default().set_watchdog_timeout(Duration::from_millis(600));
-    let c = client(url, settings).await;
+    let c = client(url, settings.clone()).await;
     let lock = c.lock("renewed").unwrap().with_owner(Owner::new());
     let guard = lock.lock().await.unwrap();
     tokio::time::sleep(Duration::from_millis(2000)).await;
@@ -338,6 +375,28 @@ async fn the_watchdog_keeps_a_hold_and_a_taken_row_fires_the_loss(url: &str) {
         Error::NotHeld { .. }
     ));
     stealer.unlock().await.unwrap();
+
+    // Expired again, and taken by the *same* owner through another client:
+    // a new hold with a new token. Renewing that row must not keep the
+    // first hold alive (its token is stale).
+    let owner = Owner::new();
+    let guard = lock.clone().with_owner(owner.clone()).lock().await.unwrap();
+    force_expire(url, "renewed").await;
+    let second = client(url, settings).await;
+    let again = second
+        .lock("renewed")
+        .unwrap()
+        .with_owner(owner)
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("expired row taken");
+    assert!(again.fencing_token() > guard.fencing_token());
+    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("the stale hold's loss is signalled");
+    assert!(!again.is_lost());
+    again.unlock().await.unwrap();
 }
 
 /// Expires the row of `name` by hand (an operator, or a clock jump).
