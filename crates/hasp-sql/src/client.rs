@@ -279,14 +279,15 @@ impl Inner {
         }
     }
 
-    /// The wake-up of `name`'s waiters in this client, joined.
-    pub(crate) fn waker(&self, name: &str) -> Arc<Notify> {
+    /// The wake-up of `name`'s waiters in this client, joined, and how many
+    /// of its tasks waited for `name` before this one.
+    pub(crate) fn waker(&self, name: &str) -> (Arc<Notify>, usize) {
         let mut wakers = guard(&self.wakers);
         let entry = wakers
             .entry(name.to_owned())
             .or_insert_with(|| (Arc::new(Notify::new()), 0));
         entry.1 += 1;
-        entry.0.clone()
+        (entry.0.clone(), entry.1 - 1)
     }
 
     /// A waiter of `name` left.

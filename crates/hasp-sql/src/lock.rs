@@ -189,14 +189,16 @@ impl SqlLock {
             Some(ms) => (ms, false),
             None => (inner.settings.watchdog_lease_ms(), true),
         };
+        // A try after a pause reads first (`Inner::probe`) and writes only
+        // if the row looks free: waiters polling a held row then take no
+        // write lock, which on SQLite queued them in front of the holder's
+        // renewals. So does the first try when other tasks of this client
+        // already wait for the name (a burst of buyers of one item: one
+        // write per client, not per task). Otherwise, and after a release
+        // woke this waiter, the acquiring statement goes at once.
         let waker = wait.then(|| Waiting::join(&self.client, &self.name));
+        let mut read_first = waker.as_ref().is_some_and(|w| w.others > 0);
         let mut backoff = Duration::from_millis(5);
-        // The first try, and a try after a release woke this waiter, go
-        // straight to the acquiring statement; a try after a pause reads
-        // first (`held_by_other`) and writes only if the row looks free:
-        // waiters polling a held row then take no write lock, which on
-        // SQLite queued them in front of the holder's renewals.
-        let mut read_first = false;
         loop {
             let woken = waker.as_ref().map(|w| w.notify.clone());
             let notified = woken.as_ref().map(|n| n.notified());
@@ -247,12 +249,16 @@ struct Waiting {
     client: SqlClient,
     name: Arc<str>,
     notify: Arc<tokio::sync::Notify>,
+    /// Tasks of this client that waited for the name when this one joined.
+    others: usize,
 }
 
 impl Waiting {
     fn join(client: &SqlClient, name: &Arc<str>) -> Self {
+        let (notify, others) = client.inner.waker(name);
         Self {
-            notify: client.inner.waker(name),
+            notify,
+            others,
             client: client.clone(),
             name: name.clone(),
         }

@@ -49,6 +49,7 @@ async fn scenarios(url: &str) {
     expiry_is_the_databases_and_a_late_release_is_not_held(url).await;
     waits_are_bounded_and_woken(url).await;
     a_waiter_reads_a_held_row_and_writes_once_it_looks_free(url).await;
+    a_burst_of_waiters_in_one_client_writes_once(url).await;
     an_exact_count_under_contention(url).await;
     the_watchdog_keeps_a_hold_and_a_taken_row_fires_the_loss(url).await;
     names_are_exact(url).await;
@@ -312,6 +313,50 @@ async fn a_waiter_reads_a_held_row_and_writes_once_it_looks_free(url: &str) {
     assert!(probes >= 1, "{probes}");
     guard.unlock().await.unwrap();
     assert!(matches!(held.unlock().await, Err(Error::NotHeld { .. })));
+}
+
+/// Seed 12, as above, for a burst (the buyers of one item): tasks of one
+/// client that start waiting for a name other tasks of the client already
+/// wait for read the row first, so the burst sends one acquiring statement
+/// while the row is held, not one per task; all of them get it once it is
+/// released.
+async fn a_burst_of_waiters_in_one_client_writes_once(url: &str) {
+    let (a, b) = (
+        client(url, SqlSettings::default()).await,
+        client(url, SqlSettings::default()).await,
+    );
+    let held = a
+        .lock("burst")
+        .unwrap()
+        .with_owner(Owner::new())
+        .lock()
+        .await
+        .unwrap();
+    let before = b.stats();
+    let waiters: Vec<_> = (0..8)
+        .map(|_| {
+            let lock = b.lock("burst").unwrap().with_owner(Owner::new());
+            tokio::spawn(async move {
+                let guard = lock.lock_within(Duration::from_secs(30)).await.unwrap();
+                guard.unlock().await.unwrap();
+            })
+        })
+        .collect();
+    // Until each of the 8 has looked at the row at least once (all but the
+    // first start by reading it).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.stats().probes - before.probes < 8 {
+        assert!(Instant::now() < deadline, "{:?}", b.stats());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(b.stats().attempts - before.attempts, 1, "{:?}", b.stats());
+    held.unlock().await.unwrap();
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("every waiter gets it")
+            .unwrap();
+    }
 }
 
 /// Seed 8: two clients × eight tasks doing read → yield → write on a shared
