@@ -301,9 +301,14 @@ impl Inner {
         }
     }
 
+    /// `name` was freed: wakes one of this client's waiters for it (the
+    /// longest waiting). Waking all of them sent one acquiring statement
+    /// each, all but one in vain, and on SQLite each such write queues for
+    /// the single write lock; the others keep their back-off and read the
+    /// row when it ends.
     fn wake(&self, name: &str) {
         if let Some((notify, _)) = guard(&self.wakers).get(name) {
-            notify.notify_waiters();
+            notify.notify_one();
         }
     }
 

@@ -28,9 +28,10 @@ const RECHECK: Duration = Duration::from_secs(1);
 /// * **Waiting**: PostgreSQL wakes waiters with `LISTEN/NOTIFY`; MySQL,
 ///   MariaDB and SQLite retry with jittered back-off (5 ms doubling to
 ///   500 ms, never past the holder's expiry or the wait's end), reading
-///   the row before each retry and writing only when it looks free. Waiters
-///   in the releasing client are woken at once on every backend. Waiting
-///   holds no pooled connection.
+///   the row before each retry and writing only when it looks free. A
+///   release wakes the longest waiter of its own client at once on every
+///   backend (one: waking all sent a write each, all but one in vain).
+///   Waiting holds no pooled connection.
 #[derive(Clone, Debug)]
 pub struct SqlLock {
     client: SqlClient,

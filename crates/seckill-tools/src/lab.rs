@@ -122,14 +122,18 @@ impl Strategy {
 /// The critical section's work: long enough that races show.
 const WORK: Duration = Duration::from_millis(2);
 /// How long a buyer keeps trying for a lock before counting as stuck.
-const GIVE_UP: Duration = Duration::from_millis(1500);
-/// Lease of strategies 4, 5 and 6.
-const LEASE: Duration = Duration::from_millis(50);
-/// Lease of strategy 8. SQLite lets one writer at a time, and a writer kept
-/// waiting sleeps in SQLite's busy handler in steps of up to 100 ms: with 40
-/// buyers trying the row, a 50 ms lease was lost on a busy machine (3 runs
-/// of 15 beside two CPU hogs), and a lost lease lets a second holder in.
-const TABLE_LEASE: Duration = Duration::from_millis(250);
+const GIVE_UP: Duration = Duration::from_secs(3);
+/// Lease of strategies 4, 5 and 6. A lease must outlast the slowest reply
+/// to the call that takes or renews it (a hold whose acquisition comes back
+/// after its lease is lost from the start: nobody can say it still holds).
+/// Beside two CPU hogs, a debug build with a 50 ms lease lost strategy 6's
+/// hold in 1 run of ~30.
+const LEASE: Duration = Duration::from_millis(150);
+/// Lease of strategy 8. On SQLite every change is a committed write (an
+/// fsync), and beside two CPU hogs single statements took up to 250 ms:
+/// a 250 ms lease lost a hold in 1 run of ~20 there, a lost lease lets a
+/// second holder in, and so the row needs a lease several times that.
+const TABLE_LEASE: Duration = Duration::from_secs(1);
 /// How long a buyer of strategies 6 and 8 waits for the lock: every slow
 /// holder before it included.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
@@ -191,15 +195,20 @@ struct Sale {
 }
 
 impl Sale {
-    /// How long the next holder works: every 4th takes twice the lease
-    /// (strategies 4, 5, 6 and 8).
+    /// How long the next holder works: every 4th (strategy 8, with its long
+    /// lease: every 10th) outlasts its lease by [`LEASE`] (strategies 4, 5,
+    /// 6 and 8; twice the lease for 4, 5 and 6).
     fn next_holder_work(&self) -> Duration {
+        let every = match self.strategy {
+            Strategy::TableLock => 10,
+            _ => 4,
+        };
         if self
             .holders
             .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(4)
+            .is_multiple_of(every)
         {
-            self.strategy.lease() * 2
+            self.strategy.lease() + LEASE
         } else {
             WORK
         }
