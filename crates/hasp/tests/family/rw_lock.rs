@@ -72,7 +72,8 @@ async fn readers_share_and_a_writer_excludes_everyone() {
 
 /// Spec 6, research 17: once a writer waits, new readers wait behind it;
 /// with a new reader every 5 ms holding 20 ms, the writer gets in within
-/// the longest read in progress plus a few round trips.
+/// the longest read in progress plus a few round trips of the last read
+/// that was there before it ending.
 #[tokio::test]
 async fn a_waiting_writer_is_not_starved_by_new_readers() {
     let ctx = Ctx::new();
@@ -103,8 +104,18 @@ async fn a_waiting_writer_is_not_starved_by_new_readers() {
         }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // A read the test holds until it has seen the writer in line: the
+    // stream's reads last 20 ms, and a writer that waited only for them
+    // could join and leave the line between two looks at it (seen beside
+    // two CPU hogs), or find no read at all if the stream stalled.
+    let anchor = readers_client
+        .rw_lock("feed")
+        .unwrap()
+        .with_owner(Owner::new())
+        .read()
+        .await
+        .unwrap();
     let writer = writer_client.rw_lock("feed").unwrap();
-    let asked = Instant::now();
     let waiting = tokio::spawn({
         let writer = writer.clone();
         async move { writer.write().await.unwrap() }
@@ -122,11 +133,13 @@ async fn a_waiting_writer_is_not_starved_by_new_readers() {
     assert!(queued, "the writer waits in line");
     after_writer.store(0, Ordering::Release);
     writer_waits.store(true, Ordering::Release);
+    let released = Instant::now();
+    anchor.unlock().await.unwrap();
     let write = tokio::time::timeout(Duration::from_secs(3), waiting)
         .await
         .expect("the writer gets in")
         .unwrap();
-    let waited = asked.elapsed();
+    let waited = released.elapsed();
     let overtook = after_writer.load(Ordering::Acquire);
     write.unlock().await.unwrap();
     stop.store(true, Ordering::Release);
