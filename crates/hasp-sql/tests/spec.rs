@@ -42,6 +42,14 @@ async fn client(url: &str, settings: SqlSettings) -> SqlClient {
     client
 }
 
+/// Two clients of the database at `url`, default settings.
+async fn two_clients(url: &str) -> (SqlClient, SqlClient) {
+    (
+        client(url, SqlSettings::default()).await,
+        client(url, SqlSettings::default()).await,
+    )
+}
+
 /// Every scenario, in turn, on the database at `url`.
 async fn scenarios(url: &str) {
     migrations_are_idempotent_and_the_table_is_the_users(url).await;
@@ -181,10 +189,7 @@ async fn migrations_are_idempotent_and_the_table_is_the_users(url: &str) {
 /// counts holds); the last release frees it for another owner; tokens grow
 /// on every take-over and a re-entry keeps its token.
 async fn one_owner_at_a_time_reentrant_and_fenced(url: &str) {
-    let (a, b) = (
-        client(url, SqlSettings::default()).await,
-        client(url, SqlSettings::default()).await,
-    );
+    let (a, b) = two_clients(url).await;
     let mine = a.lock("exclusive").unwrap().with_owner(Owner::new());
     let theirs = b.lock("exclusive").unwrap().with_owner(Owner::new());
     let first = mine.lock().await.unwrap();
@@ -239,10 +244,7 @@ async fn expiry_is_the_databases_and_a_late_release_is_not_held(url: &str) {
 /// Seed 12: a bounded wait returns not acquired at its deadline; waiters
 /// are woken by a release (NOTIFY on PostgreSQL, back-off elsewhere).
 async fn waits_are_bounded_and_woken(url: &str) {
-    let (a, b) = (
-        client(url, SqlSettings::default()).await,
-        client(url, SqlSettings::default()).await,
-    );
+    let (a, b) = two_clients(url).await;
     let holder = a.lock("wait").unwrap().with_owner(Owner::new());
     let guard = holder.lock().await.unwrap();
     let waiter = b.lock("wait").unwrap().with_owner(Owner::new());
@@ -287,10 +289,7 @@ async fn waits_are_bounded_and_woken(url: &str) {
 /// free. So a waiter that outlives a 1.5 s lease writes twice: its first
 /// try and the one that takes the expired row.
 async fn a_waiter_reads_a_held_row_and_writes_once_it_looks_free(url: &str) {
-    let (a, b) = (
-        client(url, SqlSettings::default()).await,
-        client(url, SqlSettings::default()).await,
-    );
+    let (a, b) = two_clients(url).await;
     let holder = a
         .lock("probed")
         .unwrap()
@@ -321,10 +320,7 @@ async fn a_waiter_reads_a_held_row_and_writes_once_it_looks_free(url: &str) {
 /// while the row is held, not one per task; all of them get it once it is
 /// released.
 async fn a_burst_of_waiters_in_one_client_writes_once(url: &str) {
-    let (a, b) = (
-        client(url, SqlSettings::default()).await,
-        client(url, SqlSettings::default()).await,
-    );
+    let (a, b) = two_clients(url).await;
     let held = a
         .lock("burst")
         .unwrap()
@@ -344,11 +340,11 @@ async fn a_burst_of_waiters_in_one_client_writes_once(url: &str) {
         .collect();
     // Until each of the 8 has looked at the row at least once (all but the
     // first start by reading it).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while b.stats().probes - before.probes < 8 {
-        assert!(Instant::now() < deadline, "{:?}", b.stats());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let looked = testkit::eventually(Duration::from_secs(20), || async {
+        b.stats().probes - before.probes >= 8
+    })
+    .await;
+    assert!(looked, "{:?}", b.stats());
     assert_eq!(b.stats().attempts - before.attempts, 1, "{:?}", b.stats());
     held.unlock().await.unwrap();
     for waiter in waiters {
