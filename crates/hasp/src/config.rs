@@ -413,13 +413,6 @@ impl Settings {
         Ok(())
     }
 
-    /// The longest lease an adaptive lock of this client may learn.
-    pub(crate) fn longest_adaptive_lease(&self) -> Duration {
-        self.adaptive
-            .resolve(self.watchdog_timeout, self.max_lease)
-            .map_or(self.watchdog_timeout, |learning| learning.max)
-    }
-
     pub(crate) fn renew_period(&self) -> Duration {
         self.watchdog_timeout / 3
     }

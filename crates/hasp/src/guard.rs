@@ -79,16 +79,18 @@ impl Guard {
 
     /// True once the hold is known to be lost: renewal found the lock gone
     /// or owned by another, or the holder's belief ran out — the send time
-    /// of the last acquire or renewal Redis confirmed, plus the lease, has
-    /// passed (so it turns true on time even while Redis is unreachable).
+    /// of the last acquire or renewal Redis confirmed, plus the lease, less
+    /// the clock drift allowance (1% of the lease + 2 ms), has passed (so it
+    /// turns true on time even while Redis is unreachable, and before the
+    /// lock's key can expire on the server).
     pub fn is_lost(&self) -> bool {
         self.state.is_lost()
     }
 
     /// Resolves when the hold is lost (see [`is_lost`](Self::is_lost)): at
     /// once when renewal finds the lock gone, at the latest when the
-    /// holder's belief ends. After a reconnect every hold is checked at
-    /// once.
+    /// holder's belief ends (as soon as `is_lost` would say so, not a timer
+    /// tick later). After a reconnect every hold is checked at once.
     ///
     /// # Cancel safety
     /// Cancel safe.
@@ -98,7 +100,8 @@ impl Guard {
 
     /// The instant (monotonic) at which this hold counts as lost unless a
     /// renewal is confirmed first: when the last acquire or renewal that
-    /// Redis confirmed was sent, plus the lease.
+    /// Redis confirmed was sent, plus the lease, less the clock drift
+    /// allowance (1% of the lease + 2 ms).
     pub fn valid_until(&self) -> std::time::Instant {
         self.state.valid_until()
     }

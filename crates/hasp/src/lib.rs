@@ -63,11 +63,13 @@
 //! (the README's "Safety" table has the figures):
 //!
 //! * **A holder knows when its belief ends**: at the send time of the last
-//!   acquire or renewal Redis confirmed, plus the lease, on the monotonic
-//!   clock ([`Guard::valid_until`]). [`Guard::lost`] fires then even while
-//!   Redis is unreachable, and that instant comes before Redis can expire
-//!   the key, so a partitioned holder stops believing before anyone else
-//!   can take the lock (while the two machines' clocks run at one rate).
+//!   acquire or renewal Redis confirmed, plus the lease, less a clock drift
+//!   allowance of 1% of the lease + 2 ms, on the monotonic clock
+//!   ([`Guard::valid_until`]). [`Guard::lost`] fires then (not a timer tick
+//!   later) even while Redis is unreachable, and that instant comes before
+//!   Redis can expire the key, so a partitioned holder stops believing
+//!   before anyone else can take the lock (while the two machines' clocks
+//!   differ in rate by less than the allowance).
 //! * **A loss Redis can tell is told at once**: a renewal that finds the
 //!   lock gone or held by another owner marks it lost and re-creates
 //!   nothing; after any reconnect every hold is checked in one batch. The
@@ -79,8 +81,9 @@
 //! * **Tokens never go back** for a name: a fresh token is the counter's
 //!   next value, re-seeded from the server's `TIME` in µs when the counter
 //!   is missing and raised to `TIME`'s 100 ms floor when it is behind. So a
-//!   token never exceeds its issue time in µs, and after a restart without
-//!   persistence, or a failover (taking ≥ 100 ms) to a replica that missed
+//!   token never exceeds its issue time in µs, and after the counter
+//!   expired (it lives as long as the lock's lease, so an idle name keeps
+//!   no key), a restart without persistence, or a failover (taking ≥ 100 ms) to a replica that missed
 //!   the last increments, new tokens are still greater — as long as the
 //!   server's clock is not stepped back and a name is not taken more than
 //!   once a microsecond.
@@ -105,7 +108,7 @@
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
 //! | `P:{E}`                    | string  | `<count> <nonce> <flag> <owner id>` with the lease as expiry: hold count; nonce of the last operation that changed it; the id of the client waiting, `*` if several, `-` if none; the holder |
-//! | `P:{E}:fence`              | string  | last fencing token issued: the holder's while held (no TTL; see "Tokens never go back") |
+//! | `P:{E}:fence`              | string  | last fencing token issued: the holder's while held (expires with the lock's lease; see "Tokens never go back") |
 //! | `P:{E}:released`           | channel | release notifications                     |
 //!
 //! `{E}` is the hash tag of all three, so one lock lives in one Redis

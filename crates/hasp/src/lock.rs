@@ -280,11 +280,6 @@ impl Lock {
         self.core.settings()
     }
 
-    /// This handle's lease mode.
-    pub(crate) fn lease(&self) -> Lease {
-        self.lease
-    }
-
     /// True if both handles name the same lock through the same client.
     pub(crate) fn same_lock(&self, other: &Lock) -> bool {
         Arc::ptr_eq(&self.core, &other.core) && self.keys.lock == other.keys.lock

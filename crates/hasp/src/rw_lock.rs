@@ -32,8 +32,9 @@ use crate::owner::Owner;
 ///   **Upgrading** (a reader asking for the write lock) is refused at once
 ///   with [`Error::UpgradeNotSupported`]: it would wait for itself.
 /// * **Fencing.** Every write acquisition gets a fresh token; a read guard
-///   carries the token of the last write (0 if there was none), so a reader
-///   can tell which write it sees.
+///   carries the token of the last write (0 if there was none since the
+///   lock was last idle: the counter expires with the last lease, like
+///   every key of the lock), so a reader can tell which write it sees.
 ///
 /// # Examples
 ///
@@ -273,8 +274,9 @@ fn unbounded(guard: Option<Guard>) -> Result<Guard> {
 pub struct ReadGuard(Guard);
 
 impl ReadGuard {
-    /// The token of the last write before this read was taken (0 if the
-    /// lock was never written).
+    /// The token of the last write before this read was taken (0 if none
+    /// is remembered: the lock was never written, or it sat idle after the
+    /// last write's lease ended).
     pub fn fencing_token(&self) -> u64 {
         self.0.fencing_token()
     }

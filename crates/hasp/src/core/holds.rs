@@ -8,12 +8,14 @@
 //! two clients share an explicit owner — and the watchdog renews what is
 //! listed here.
 //!
-//! Each hold knows when the holder's belief ends (faults spec 4): when the
-//! last acquire or renewal that Redis confirmed was *sent*, plus its lease,
-//! on the monotonic clock. Redis's expiry runs from when it *applied* the
-//! call, which is later, so while clocks run at the same rate the belief
-//! ends before the key can expire; past that instant the hold counts as
-//! lost, whether or not Redis can be reached to say so.
+//! Each hold knows when the holder's belief ends: when the last acquire or
+//! renewal that Redis confirmed was *sent*, plus its lease, less a clock
+//! drift allowance (1% of the lease + 2 ms, as Redlock's), on the monotonic
+//! clock. Redis's expiry runs from when it *applied* the call, which is
+//! later, and the allowance covers a server clock that runs a little fast,
+//! so the belief ends before the key can expire; past that instant the hold
+//! counts as lost, whether or not Redis can be reached to say so, and
+//! [`HoldState::lost`] resolves then, not a timer tick later.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -25,6 +27,40 @@ use tokio::sync::Notify;
 
 use super::keys::{Kind, LockKeys};
 use crate::owner::Owner;
+
+/// The clock drift allowance of a lease (the Redlock spec's): 1% of it,
+/// rounded up, plus 2 ms.
+pub(crate) fn drift(lease: Duration) -> Duration {
+    let ms = u64::try_from(lease.as_millis().div_ceil(100)).unwrap_or(u64::MAX);
+    Duration::from_millis(ms.saturating_add(2))
+}
+
+/// When the belief in a hold ends, for a call sent at `sent_at` that set a
+/// lease of `lease_ms`.
+fn belief_end(sent_at: Instant, lease_ms: u64) -> Instant {
+    let lease = Duration::from_millis(lease_ms);
+    (sent_at + lease)
+        .checked_sub(drift(lease))
+        .unwrap_or(sent_at)
+        .max(sent_at)
+}
+
+/// tokio's timer fires on whole-millisecond ticks, up to a tick after its
+/// deadline.
+const TIMER_TICK: Duration = Duration::from_millis(1);
+
+/// Returns once `deadline` has passed on the monotonic clock, and not a
+/// timer tick after it: sleeps until a tick before it and yields to other
+/// tasks for the rest. So a signal that fires at a deadline fires when a
+/// reading of the clock (`Instant::now() >= deadline`) would first say so.
+pub(crate) async fn sleep_past(deadline: Instant) {
+    if let Some(early) = deadline.checked_sub(TIMER_TICK) {
+        tokio::time::sleep_until(early.into()).await;
+    }
+    while Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+}
 
 /// How a hold's lease is kept alive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +120,7 @@ impl HoldState {
     /// A call sent at `sent_at` that set the lease to `lease_ms` was
     /// confirmed.
     pub(crate) fn confirm(&self, sent_at: Instant, lease_ms: u64) {
-        *lock(&self.valid_until) = sent_at + Duration::from_millis(lease_ms);
+        *lock(&self.valid_until) = belief_end(sent_at, lease_ms);
         self.lost_notify.notify_waiters(); // lost() re-reads the new end
     }
 
@@ -103,7 +139,10 @@ impl HoldState {
                 return;
             }
             // Woken early by a renewal: read the new end.
-            let _ = tokio::time::timeout_at(self.valid_until().into(), notified).await;
+            tokio::select! {
+                () = notified => {}
+                () = sleep_past(self.valid_until()) => {}
+            }
         }
     }
 }
@@ -268,7 +307,7 @@ impl Holds {
             lease,
             gone: AtomicBool::new(false),
             lost_notify: Notify::new(),
-            valid_until: Mutex::new(sent_at + Duration::from_millis(lease_ms)),
+            valid_until: Mutex::new(belief_end(sent_at, lease_ms)),
             acquired_at: Instant::now(),
             renewed: AtomicBool::new(false),
             schedule_seq: AtomicU64::new(0),

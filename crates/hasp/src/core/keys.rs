@@ -5,7 +5,7 @@
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
 //! | `P:{E}`                    | string  | `<count> <nonce> <flag> <owner id>`, expiring with the lease: the hold count; the nonce of the last operation that changed it; the id of the client whose tasks wait, `*` if several (since the lock was last free), `-` if none; the holder (last: it may hold spaces) |
-//! | `P:{E}:fence`              | string  | last fencing token issued for `N`, which is the holder's while the lock is held (no TTL) |
+//! | `P:{E}:fence`              | string  | last fencing token issued for `N`, which is the holder's while the lock is held (expires with the lock's lease) |
 //! | `P:{E}:released` (channel) | pub/sub | a release message, payload = releasing client id or `*` |
 //!
 //! A semaphore named `N` lives beside a lock of that name, in the same slot:

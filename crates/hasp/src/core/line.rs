@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use super::batcher::Queue;
 use super::keys::LockKeys;
-use super::waiters::{remaining, Attempt};
+use super::waiters::{ran_out, remaining, unconfirmed_as_busy, Attempt};
 use super::wire::permits::Place;
 use super::wire::Op;
 use super::Core;
@@ -57,7 +57,8 @@ impl Core {
         // Ask again before the place can end, and when the hint says.
         let refresh = self.settings.waiter_ttl / 3;
         let busy_for = move |ttl: Option<Duration>| Some(ttl.unwrap_or(refresh).min(refresh));
-        let ttl = match attempt().await? {
+        let mut unconfirmed = None;
+        let ttl = match unconfirmed_as_busy(attempt().await, deadline, &mut unconfirmed)? {
             Attempt::Done(done) => {
                 leave.op = None;
                 return Ok(Some(done));
@@ -65,7 +66,7 @@ impl Core {
             Attempt::Busy(ttl) => busy_for(ttl),
         };
         if remaining(deadline).is_zero() {
-            return Ok(None);
+            return ran_out(unconfirmed);
         }
         let waiter = self.waiters.join_place(keys, id);
         let confirm = remaining(deadline)

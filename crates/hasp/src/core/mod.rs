@@ -79,7 +79,7 @@ use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
 use keys::{Kind, LockKeys};
 use pubsub::{Listener, PubSub};
 use reply::{HoldReply, Undo};
-use waiters::{Waiters, RECHECK};
+use waiters::{ran_out, unconfirmed_as_busy, Waiters, RECHECK};
 use watchdog::Watchdog;
 use wire::{Op, Reply};
 
@@ -319,12 +319,19 @@ impl Core {
         let behind_local_waiters = wait && self.waiters.has_waiters(&keys.channel);
         let mut ttl = None;
         if !behind_local_waiters {
-            match self.attempt(keys, owner, lease, wait).await? {
+            let first = self.attempt(keys, owner, lease, wait).await;
+            let mut unconfirmed = None;
+            let first = if wait {
+                unconfirmed_as_busy(first, deadline, &mut unconfirmed)
+            } else {
+                first
+            };
+            match first? {
                 Attempt::Done(hold) => return Ok(Some(hold)),
                 Attempt::Busy(t) => ttl = t,
             }
             if !wait || remaining(deadline).is_zero() {
-                return Ok(None);
+                return ran_out(unconfirmed);
             }
         }
         let lease_ms = self.lease_ms(lease);
@@ -375,7 +382,7 @@ impl Core {
     /// to the send time plus the lease.
     pub(crate) async fn extend(&self, hold: &HoldState, lease_ms: u64) -> Result<bool> {
         let sent_at = Instant::now();
-        let op = Op::extend(hold.keys.clone(), hold.owner.clone(), Some(lease_ms));
+        let op = Op::extend(hold, Some(lease_ms));
         match self.queue.call(op).await.map_err(|_| closed())?? {
             Reply::Extended => {
                 hold.confirm(sent_at, lease_ms);
@@ -413,7 +420,7 @@ impl Core {
                 Lease::Watchdog | Lease::Adaptive(_) => held_ms,
             };
             let sent_at = Instant::now();
-            let op = Op::extend(keys.clone(), owner.clone(), Some(ms));
+            let op = Op::extend(&state, Some(ms));
             match self.queue.call(op).await.map_err(|_| closed())?? {
                 Reply::Extended => state.confirm(sent_at, ms),
                 _ => {

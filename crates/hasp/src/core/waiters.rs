@@ -480,6 +480,7 @@ impl Waiter {
     {
         let queue = self.queue.clone();
         let named = self.named.as_ref().map(|(_, wake)| wake.clone());
+        let mut unconfirmed = None;
         loop {
             let notified = queue.notify.notified();
             tokio::pin!(notified);
@@ -493,7 +494,7 @@ impl Waiter {
                 if let Some(done) = self.hold_back().await.and_then(&granted) {
                     return Ok(Some(done));
                 }
-                match attempt().await? {
+                match unconfirmed_as_busy(attempt().await, deadline, &mut unconfirmed)? {
                     Attempt::Done(done) => return Ok(Some(done)),
                     Attempt::Busy(t) => ttl = t,
                 }
@@ -501,7 +502,7 @@ impl Waiter {
             queued_blind = false;
             let left = remaining(deadline);
             if left.is_zero() {
-                return Ok(None);
+                return ran_out(unconfirmed);
             }
             let slice = ttl.unwrap_or(RECHECK).min(left);
             let pending_grant = self.grant.as_mut().filter(|g| !g.is_done());
@@ -532,7 +533,7 @@ impl Waiter {
                 }) => woken.is_ok(),
             };
             if !woken && deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None);
+                return ran_out(unconfirmed);
             }
         }
     }
@@ -614,6 +615,36 @@ pub(crate) fn remaining(deadline: Option<Instant>) -> Duration {
         Some(d) => d.saturating_duration_since(Instant::now()),
         None => Duration::MAX,
     }
+}
+
+/// How soon an acquisition that too few replicas confirmed (so it was
+/// undone) is tried again by a caller that waits.
+const UNCONFIRMED_RETRY: Duration = Duration::from_millis(50);
+
+/// An attempt's result for a caller that waits until `deadline`: an
+/// acquisition too few replicas confirmed (a replica that has just
+/// attached is not counted for a while) is "busy, ask again soon" while
+/// the wait has time left; its error is kept in `unconfirmed`, answered if
+/// the wait runs out before an attempt succeeds.
+pub(crate) fn unconfirmed_as_busy<T>(
+    result: Result<Attempt<T>, Error>,
+    deadline: Option<Instant>,
+    unconfirmed: &mut Option<Error>,
+) -> Result<Attempt<T>, Error> {
+    match result {
+        Err(error @ Error::NotReplicated { .. }) if !remaining(deadline).is_zero() => {
+            tracing::debug!(%error, "acquisition not confirmed by replicas: trying again");
+            *unconfirmed = Some(error);
+            Ok(Attempt::Busy(Some(UNCONFIRMED_RETRY)))
+        }
+        other => other,
+    }
+}
+
+/// What a wait that ran out answers: "not acquired", or the replicas'
+/// refusal if that is why the last attempt failed.
+pub(crate) fn ran_out<T>(unconfirmed: Option<Error>) -> Result<Option<T>, Error> {
+    unconfirmed.map_or(Ok(None), Err)
 }
 
 #[cfg(test)]

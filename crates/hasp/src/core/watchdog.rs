@@ -76,7 +76,7 @@ impl Watchdog {
             };
             let lease_ms = self.classes.lease_ms(class);
             let sent_at = Instant::now();
-            let op = Op::extend(hold.keys.clone(), hold.owner.clone(), Some(lease_ms));
+            let op = Op::extend(&hold, Some(lease_ms));
             let holds = self.holds.clone();
             let retry_in = self.classes.learning.renew_floor / 4;
             self.queue.send(
@@ -119,7 +119,7 @@ impl Watchdog {
             // Checked, not extended (an adaptive hold is extended when due).
             Lease::Fixed(_) | Lease::Adaptive(_) => None,
         };
-        let op = Op::extend(hold.keys.clone(), hold.owner.clone(), lease_ms);
+        let op = Op::extend(&hold, lease_ms);
         self.queue.send(
             op,
             Box::new(move |reply| {

@@ -25,12 +25,7 @@ pub(crate) mod red_lock;
 
 use std::time::Duration;
 
-/// The clock drift allowance of a lease (the Redlock spec's): 1% of it,
-/// rounded up, plus 2 ms.
-pub(crate) fn drift(lease: Duration) -> Duration {
-    let ms = u64::try_from(lease.as_millis().div_ceil(100)).unwrap_or(u64::MAX);
-    Duration::from_millis(ms.saturating_add(2))
-}
+pub(crate) use crate::core::holds::drift;
 
 /// A random delay in `[d/2, d]`: contenders that collided do not retry in
 /// step.

@@ -7,9 +7,9 @@ use futures_util::StreamExt;
 
 use super::fence::{Fence, FenceVector};
 use super::holders::{Held, Holders, Step};
+use super::jitter;
 use super::parts::{release_all, servers_failed, Outcome, Parts, Watches};
-use super::{drift, jitter};
-use crate::core::holds::{HoldState, Lease};
+use crate::core::holds::{sleep_past, HoldState};
 use crate::core::{deadline_after, remaining};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
@@ -275,7 +275,7 @@ impl MultiLock {
         }
         if !busy && failed.is_empty() {
             let guards: Vec<Guard> = held.into_iter().flatten().collect();
-            return Ok(Ok(MultiHold::new(&self.parts, guards)));
+            return Ok(Ok(MultiHold::new(guards)));
         }
         let taken: Vec<Guard> = held.into_iter().flatten().collect();
         let collided = !taken.is_empty();
@@ -363,25 +363,14 @@ impl MultiLock {
 struct MultiHold {
     /// The parts' guards, until the last MultiGuard is released.
     guards: Mutex<Vec<Guard>>,
-    /// Their loss signals and belief ends, readable without the mutex.
+    /// Their loss signals and belief ends (each less its drift allowance),
+    /// readable without the mutex.
     signals: Vec<Arc<HoldState>>,
-    /// Each part's drift allowance (1% of its lease + 2 ms).
-    drifts: Vec<Duration>,
     fences: FenceVector,
 }
 
 impl MultiHold {
-    fn new(parts: &Parts, guards: Vec<Guard>) -> Self {
-        let drifts = parts
-            .locks()
-            .iter()
-            .map(|lock| match lock.lease() {
-                Lease::Fixed(ms) => drift(Duration::from_millis(ms)),
-                Lease::Watchdog => drift(lock.settings().watchdog_timeout()),
-                // The longest lease it may learn.
-                Lease::Adaptive(_) => drift(lock.settings().longest_adaptive_lease()),
-            })
-            .collect();
+    fn new(guards: Vec<Guard>) -> Self {
         let fences = FenceVector::new(
             guards
                 .iter()
@@ -395,7 +384,6 @@ impl MultiHold {
         Self {
             signals: guards.iter().map(|g| g.hold().clone()).collect(),
             guards: Mutex::new(guards),
-            drifts,
             fences,
         }
     }
@@ -403,8 +391,7 @@ impl MultiHold {
     fn valid_until(&self) -> Instant {
         self.signals
             .iter()
-            .zip(&self.drifts)
-            .map(|(s, d)| s.valid_until().checked_sub(*d).unwrap_or_else(Instant::now))
+            .map(|s| s.valid_until())
             .min()
             .unwrap_or_else(Instant::now)
     }
@@ -468,7 +455,7 @@ impl MultiGuard {
             let parts = self.hold.signals.iter().map(|s| Box::pin(s.lost()));
             tokio::select! {
                 _ = futures_util::future::select_all(parts) => {}
-                () = tokio::time::sleep_until(until.into()) => {}
+                () = sleep_past(until) => {}
             }
         }
     }

@@ -14,6 +14,7 @@ use super::parts::{no_answer, release_all, servers_failed, Outcome, Parts, Tried
 use super::{drift, jitter};
 use crate::client::Client;
 use crate::config::validate_lease;
+use crate::core::holds::sleep_past;
 use crate::core::{deadline_after, remaining, Attempt};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
@@ -691,7 +692,10 @@ impl RedGuard {
                 return;
             }
             let until = self.hold.valid_until();
-            let _ = tokio::time::timeout_at(until.into(), changed).await;
+            tokio::select! {
+                () = changed => {}
+                () = sleep_past(until) => {}
+            }
         }
     }
 

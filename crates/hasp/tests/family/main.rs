@@ -12,6 +12,7 @@ mod helpers;
 
 mod child;
 mod fair_lock;
+mod idle_keys;
 mod latch;
 mod rw_lock;
 mod semaphore;

@@ -38,7 +38,8 @@ async fn a_partitioned_holder_with_a_lease_learns_the_loss_at_its_belief_end() {
             .await
             .unwrap();
         let until = guard.valid_until();
-        assert!(until >= sent + lease && until <= Instant::now() + lease);
+        let drift = Duration::from_millis(10); // 1% of the lease + 2 ms
+        assert!(until >= sent + lease - drift && until <= Instant::now() + lease - drift);
         let mut raw = ctx.raw().await;
         proxy.set(Direction::Both, Mode::BlackHole);
         let (_, gone) = tokio::join!(guard.lost(), key_gone(&mut raw, "cut-off"));
@@ -55,6 +56,55 @@ async fn a_partitioned_holder_with_a_lease_learns_the_loss_at_its_belief_end() {
             "told {:?} after the key expired",
             lost_at.saturating_duration_since(gone)
         );
+    })
+    .await;
+}
+
+/// A partitioned holder stops believing, and its `lost()` resolves, before
+/// another client's `lock()` returns the lock it held: the loss signal
+/// fires at the belief end, not a timer tick later, and the belief end
+/// comes before the key's expiry on the server by the drift allowance.
+/// Several rounds, since the margin is what is tested.
+#[tokio::test]
+async fn a_partitioned_holder_is_told_before_another_client_takes_the_lock() {
+    bounded(Duration::from_secs(60), async {
+        let ctx = Ctx::new();
+        let watchdog = Duration::from_millis(600);
+        let (proxy, holder) = through_proxy(&ctx, watchdog).await;
+        let other = ctx.client().await;
+        for round in 0..6 {
+            proxy.set(Direction::Both, Mode::Pass);
+            let name = format!("taken-over-{round}");
+            let guard = holder.lock(&name).unwrap().lock().await.unwrap();
+            // A renewal or two, then the holder is cut off.
+            tokio::time::sleep(watchdog / 2).await;
+            proxy.set(Direction::Both, Mode::BlackHole);
+            let lock = other.lock(&name).unwrap();
+            let taker = async {
+                let taken = lock.lock().await.unwrap();
+                let at = Instant::now();
+                taken.unlock().await.unwrap();
+                at
+            };
+            let told = async {
+                guard.lost().await;
+                Instant::now()
+            };
+            let (taken_at, told_at) = tokio::join!(taker, told);
+            let belief_end = guard.valid_until();
+            println!(
+                "figure: partition, watchdog 600 ms, round {round}: belief end {:?} and lost() {:?} before another client's lock() returned",
+                taken_at.saturating_duration_since(belief_end),
+                taken_at.saturating_duration_since(told_at),
+            );
+            assert!(told_at >= belief_end, "lost() before the belief end");
+            assert!(
+                told_at < taken_at,
+                "round {round}: lost() resolved {:?} after another client took the lock",
+                told_at - taken_at
+            );
+            drop(guard);
+        }
     })
     .await;
 }

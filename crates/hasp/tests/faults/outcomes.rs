@@ -387,3 +387,77 @@ async fn with_a_healthy_replica_acknowledged_locks_work_as_usual() {
     })
     .await;
 }
+
+/// With replica acknowledgement, an acquisition too few replicas confirmed
+/// is undone, and a caller that waits tries again while its wait lasts:
+/// right after a replica attaches (the master counts it only once it
+/// acknowledges, within about a second) `lock_within` still gets the lock.
+/// The error comes when the wait runs out, not before; a single try
+/// answers it at once.
+#[tokio::test]
+async fn an_unconfirmed_acquisition_is_tried_again_while_the_wait_lasts() {
+    bounded(Duration::from_secs(60), async {
+        let master = RedisServer::start_tcp();
+        let settings = Settings::default().set_replica_ack(1, Duration::from_millis(100));
+        let client = Client::open_with(&master.url(), settings).await.unwrap();
+        let _replica = RedisServer::start_replica_of(&master);
+        let lock = client.lock("just-attached").unwrap();
+        let guard = lock.lock_within(Duration::from_secs(20)).await.unwrap();
+        guard.unlock().await.unwrap();
+
+        // A replica that never confirms: the wait runs out with the error.
+        let link_master = RedisServer::start_tcp();
+        let link = FaultProxy::start(&link_master);
+        let lagging = RedisServer::start_with(ServerOptions {
+            transport: testkit::Transport::Tcp,
+            replica_of: Some(link.port()),
+            ..ServerOptions::default()
+        });
+        let linked = testkit::eventually(Duration::from_secs(10), || {
+            let up = lagging
+                .cli(&["INFO", "replication"])
+                .contains("master_link_status:up");
+            async move { up }
+        })
+        .await;
+        assert!(linked, "the replica never linked");
+        link.set(Direction::ToClient, Mode::BlackHole);
+        let settings = Settings::default().set_replica_ack(1, Duration::from_millis(100));
+        let client = Client::open_with(&link_master.url(), settings)
+            .await
+            .unwrap();
+        let lock = client.lock("never-confirmed").unwrap();
+        let wait = Duration::from_millis(600);
+        let started = Instant::now();
+        let outcome = lock.lock_within(wait).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(outcome, Err(hasp::Error::NotReplicated { .. })),
+            "{outcome:?}"
+        );
+        assert!(took >= wait, "gave up after {took:?} of a {wait:?} wait");
+        assert!(matches!(
+            lock.try_lock().await,
+            Err(hasp::Error::NotReplicated { .. })
+        ));
+        let raw = redis::Client::open(link_master.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let undone = testkit::eventually(Duration::from_secs(10), || {
+            let mut raw = raw.clone();
+            async move {
+                let exists: i64 = redis::cmd("EXISTS")
+                    .arg(lock_key("never-confirmed"))
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                exists == 0
+            }
+        })
+        .await;
+        assert!(undone, "an unconfirmed acquisition is undone");
+    })
+    .await;
+}

@@ -257,3 +257,109 @@ async fn a_holder_learns_that_its_lease_ran_out_while_redis_was_paused() {
         .expect("loss noticed after the pause");
     assert_not_held(guard.unlock().await.unwrap_err());
 }
+
+/// The name of hasp's batch function on the servers (`FUNCTION LIST`).
+async fn batch_function(raw: &mut Raw) -> String {
+    let libraries: Vec<redis::Value> = query(raw, &["FUNCTION", "LIST"]).await;
+    let text = format!("{libraries:?}");
+    let start = text.find("hasp_").expect("hasp's library is loaded");
+    text[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// A renewal racing its own release (as reported against Redisson): a
+/// renewal of a released hold that reaches Redis after its owner took the
+/// lock again must not re-arm the new hold's lease (here: stretch a 2 s
+/// lease to the watchdog's, or cut it short). The renewal is sent as the
+/// watchdog sends it, with the released hold's token, straight to the
+/// batch function, so the race is not left to chance.
+#[tokio::test]
+async fn a_renewal_of_a_released_hold_does_not_touch_the_owners_next_hold() {
+    let ctx = Ctx::new();
+    let client = ctx.client().await;
+    let owner = hasp::Owner::new();
+    let lock = client.lock("renew-race").unwrap().with_owner(owner.clone());
+    let first = lock.lock().await.unwrap();
+    let released = first.fencing_token();
+    first.unlock().await.unwrap();
+    let leased = lock.clone().with_lease(Duration::from_secs(2)).unwrap();
+    let second = leased.lock().await.unwrap();
+    assert!(second.fencing_token() > released);
+
+    let mut raw = ctx.raw().await;
+    let function = batch_function(&mut raw).await;
+    let key = lock_key("renew-race");
+    let renew = |token: u64| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&function)
+            .arg(1)
+            .arg(&key)
+            .arg(client.id())
+            .arg("e")
+            .arg(owner.id())
+            .arg(30_000)
+            .arg(token);
+        cmd
+    };
+    let late: Vec<i64> = renew(released).query_async(&mut raw).await.unwrap();
+    assert_eq!(late, [0], "a renewal of the released hold was applied");
+    let ttl: i64 = query(&mut raw, &["PTTL", &key]).await;
+    assert!(
+        ttl > 0 && ttl <= 2_000,
+        "the new hold's lease became {ttl} ms"
+    );
+    assert!(!second.is_lost());
+    // The new hold's own renewal is applied.
+    let own: Vec<i64> = renew(second.fencing_token())
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(own, [1]);
+    second.unlock().await.unwrap();
+}
+
+/// A loss signal racing a re-acquisition (as reported against
+/// redis-semaphore): a hold that ran out is signalled lost, and the hold
+/// its owner takes again afterwards is not, also when every hold is
+/// checked at once after the client's connections were closed.
+#[tokio::test]
+async fn the_loss_of_an_old_hold_is_not_signalled_on_the_owners_new_hold() {
+    let ctx = Ctx::new();
+    let client = ctx.fast_watchdog_client(WATCHDOG).await;
+    let owner = hasp::Owner::new();
+    let lock = client.lock("lost-race").unwrap().with_owner(owner);
+    let old = lock
+        .clone()
+        .with_lease(Duration::from_millis(150))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    old.lost().await;
+    let new = lock.lock_within(Duration::from_secs(10)).await.unwrap();
+    assert_ne!(new.fencing_token(), old.fencing_token());
+    // Every hold checked at once, and several renewal rounds.
+    for url in ctx.urls() {
+        let mut conn = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: redis::Value = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal") // not this connection: SKIPME is on by default
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let signalled = tokio::time::timeout(WATCHDOG * 3, new.lost()).await;
+    assert!(signalled.is_err(), "the new hold was signalled lost");
+    assert!(!new.is_lost());
+    assert!(old.is_lost());
+    assert!(lock.is_held_by_me().await.unwrap());
+    new.unlock().await.unwrap();
+    assert_not_held(old.unlock().await.unwrap_err());
+}

@@ -21,8 +21,8 @@ local function batch(keys, args)
         ARGV[arg + 4], ARGV[arg + 5])
       key, arg = key + 2, arg + 6
     elseif op == 'e' then
-      ok, result = pcall(extend, lock, ARGV[arg + 1], ARGV[arg + 2])
-      key, arg = key + 1, arg + 3
+      ok, result = pcall(extend, lock, ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3])
+      key, arg = key + 1, arg + 4
     elseif op == 'u' then
       ok, result = pcall(undo, lock, ARGV[arg + 1], ARGV[arg + 2])
       key, arg = key + 1, arg + 3

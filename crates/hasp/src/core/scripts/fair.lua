@@ -42,7 +42,7 @@ local function fair_acquire(lock, fence, queue, due, owner, lease, nonce, waiter
   fair_tidy(lock, queue, due, now)
   local count, _, flag, holder = read_hold(lock)
   if holder == owner then
-    local token = tonumber(call('get', fence)) or next_token(fence)
+    local token = held_token(fence, lease)
     call('set', lock, hold_value(tonumber(count) + 1, nonce, flag, owner), 'PX', lease)
     return token
   end
@@ -50,7 +50,7 @@ local function fair_acquire(lock, fence, queue, due, owner, lease, nonce, waiter
   if not count then
     local rank = member and call('zrank', queue, member)
     if rank == 0 or call('zcard', queue) == 0 then
-      local token = next_token(fence)
+      local token = next_token(fence, lease)
       call('set', lock, hold_value('1', nonce, '-', owner), 'PX', lease)
       if rank then
         leave_line(queue, due, member)

@@ -10,8 +10,13 @@
 --   h   lock, fence   h, owner, holds, nonce, heir, lease
 --                                                   release; if that frees the
 --                                                   lock, hand it to heir
---   e   lock          e, owner, lease               extend the lease ('0': only
+--   e   lock          e, owner, lease, token        extend the lease ('0': only
 --                                                   check that owner holds it)
+--                                                   of owner's hold of fencing
+--                                                   token (a renewal that comes
+--                                                   after its hold was released
+--                                                   and the lock taken again by
+--                                                   owner touches nothing)
 --   u   lock          u, owner, nonce               undo: if operation nonce gave
 --                                                   owner a hold that is still
 --                                                   the last change, release it
@@ -26,8 +31,13 @@
 --         did; and the holder's id, last (it may hold spaces). A string
 --         rather than a hash: an acquisition of a free lock is one
 --         SET NX PX GET, where a hash took EXISTS, HSET and PEXPIRE.
--- fence   the fencing counter: a string without TTL in the lock's slot, the
---         last token issued for the name (the holder's, while it is held)
+-- fence   the fencing counter: a string in the lock's slot, the last token
+--         issued for the name (the holder's, while it is held). It expires
+--         with the lock: every operation that sets the lock's lease sets
+--         the counter's too, so a name nobody holds leaves no key once its
+--         last lease has run out (a release leaves the counter to run out
+--         its lease). A missing counter restarts at the server's clock (see
+--         "Tokens"), so its expiry never lets a token go back.
 -- owner   owner id
 -- hold    the value a free lock takes: '1 <nonce> - <owner>' (see "lock").
 --         An acquisition sends it whole rather than owner and nonce apart,
@@ -64,7 +74,8 @@
 -- when the counter is behind it. So a token never exceeds its issue time in
 -- microseconds (while a name is taken at most once a microsecond), and
 -- tokens for a name never repeat or go back: not after Redis lost the
--- counter (restart without persistence: the next token is the time now),
+-- counter (it expired with the lock, or a restart without persistence:
+-- the next token is the time now),
 -- nor after a failover to a replica that missed the last increments, if
 -- the failover took 100 ms or more (Sentinel and Cluster take seconds) —
 -- provided the server's clock is not stepped back.
@@ -87,19 +98,39 @@
 --   u     as r
 --   f     1 a lock was freed, 0 there was none
 
--- Fresh tokens (see "Tokens" above). The common case is one
--- INCR: the counter is written again only when it is missing (its data was
--- lost: seeded with the exact microseconds) or behind the clock's 100 ms
--- floor (a replica that missed the last increments: at most once per 100
--- ms per name).
-local function next_token(fence)
+-- Fresh tokens (see "Tokens" above). The common case is one INCR and the
+-- counter's expiry: the counter is written again only when it is missing
+-- (it expired, or its data was lost: seeded with the exact microseconds) or
+-- behind the clock's 100 ms floor (a replica that missed the last
+-- increments: at most once per 100 ms per name). lease: the counter's
+-- expiry in ms, that of the hold the token is for; nil for a caller that
+-- sets the counter's expiry itself (rw.lua).
+local function next_token(fence, lease)
   local now = clock_us()
   local token = call('incr', fence)
   local least = token == 1 and now or now - now % 100000
   if token < least then
     token = least
-    call('set', fence, string.format('%d', token))
+    if lease then
+      call('set', fence, string.format('%d', token), 'PX', lease)
+    else
+      call('set', fence, string.format('%d', token))
+    end
+  elseif lease then
+    call('pexpire', fence, lease)
   end
+  return token
+end
+
+-- The token of the hold a re-entry joins: the counter's value, its expiry
+-- re-armed with the lease the re-entry sets on the lock.
+local function held_token(fence, lease)
+  local token = tonumber(call('get', fence))
+  if not token then
+    -- A counter deleted behind our back still yields a valid token.
+    return next_token(fence, lease)
+  end
+  call('pexpire', fence, lease)
   return token
 end
 
@@ -136,14 +167,12 @@ end
 local function acquire(lock, hold, lease, flag_waiting)
   local held = call('set', lock, hold, 'NX', 'PX', lease, 'GET')
   if not held then
-    return next_token(lock .. ':fence')
+    return next_token(lock .. ':fence', lease)
   end
   local _, nonce, _, owner = parse_hold(lock, hold)
   local count, last, flag, holder = parse_hold(lock, held)
   if holder == owner then
-    local fence = lock .. ':fence'
-    -- A counter deleted behind our back still yields a valid token.
-    local token = tonumber(call('get', fence)) or next_token(fence)
+    local token = held_token(lock .. ':fence', lease)
     call('set', lock, hold_value(tonumber(count) + 1, nonce, flag, owner), 'PX', lease)
     return token
   end
@@ -205,18 +234,19 @@ local function hand_off(lock, fence, owner, holds, nonce, heir, lease)
     free(lock, client, flagged)
     return -2
   end
-  local token = next_token(fence)
+  local token = next_token(fence, lease)
   call('set', lock, hold_value('1', nonce, flagged, heir), 'PX', lease)
   return token
 end
 
-local function extend(lock, owner, lease)
+local function extend(lock, owner, lease, token)
   local count, _, _, holder = read_hold(lock)
-  if holder ~= owner then
+  if holder ~= owner or call('get', lock .. ':fence') ~= token then
     return 0
   end
   if lease ~= '0' then
     call('pexpire', lock, lease)
+    call('pexpire', lock .. ':fence', lease)
   end
   return 1
 end

@@ -24,7 +24,10 @@
 --         that changed that count (lock.lua's "nonce")
 -- leases  zset: '<side>:<owner>' -> end of that hold's lease (server ms).
 --         Ended holds are given back by every operation (100 at most per
---         call). rw and leases expire together when the last lease ends
+--         call). rw, leases and fence expire together when the last lease
+--         ends
+-- fence   the fencing counter (lock.lua's "fence"); so a read of a lock
+--         whose last lease has ended gets 0 for "no write remembered"
 -- queue, due  the line (line.lua); members 'W|<waiter>' (a writer),
 --         'R|<waiter>' (a reader), 'P|<waiter>' (a reader that prefers
 --         readers)
@@ -45,11 +48,12 @@
 --   ye  1 held (and re-armed), 0 not held
 --   yq  1 left the line, 0 was not in it
 
-local function rw_expire(rw, leases)
+local function rw_expire(rw, fence, leases)
   local last = call('zrange', leases, -1, -1, 'WITHSCORES')
   if last[2] then
     call('pexpireat', leases, last[2])
     call('pexpireat', rw, last[2])
+    call('pexpireat', fence, last[2])
   end
 end
 
@@ -130,11 +134,11 @@ local function writer_ahead_of(queue, member)
   return false
 end
 
-local function rw_hold(rw, leases, field, lease, nonce, now)
+local function rw_hold(rw, fence, leases, field, lease, nonce, now)
   local count = call('hincrby', rw, field, 1)
   call('hset', rw, ':n:' .. field, nonce)
   call('zadd', leases, now + lease, field)
-  rw_expire(rw, leases)
+  rw_expire(rw, fence, leases)
   return count
 end
 
@@ -151,8 +155,10 @@ local function rw_acquire(rw, fence, leases, queue, due, side, owner, lease, non
   end
   if side == 'w' then
     if writer == owner then
-      rw_hold(rw, leases, field, lease, nonce, now)
-      return tonumber(call('get', fence)) or next_token(fence)
+      -- A counter deleted behind our back still yields a valid token.
+      local token = tonumber(call('get', fence)) or next_token(fence)
+      rw_hold(rw, fence, leases, field, lease, nonce, now)
+      return token
     end
     if call('hexists', rw, 'r:' .. owner) == 1 then
       error('UPGRADE: a read hold cannot be upgraded to write')
@@ -161,12 +167,13 @@ local function rw_acquire(rw, fence, leases, queue, due, side, owner, lease, non
     if not writer and readers == 0 then
       local rank = member and call('zrank', queue, member)
       if rank == 0 or call('zcard', queue) == 0 then
-        rw_hold(rw, leases, field, lease, nonce, now)
+        local token = next_token(fence)
+        rw_hold(rw, fence, leases, field, lease, nonce, now)
         call('hset', rw, ':writer', owner)
         if rank then
           leave_line(queue, due, member)
         end
-        return next_token(fence)
+        return token
       end
     end
   else
@@ -175,7 +182,7 @@ local function rw_acquire(rw, fence, leases, queue, due, side, owner, lease, non
       entered = prefer == '1' or not writer_ahead_of(queue, member)
     end
     if entered then
-      if rw_hold(rw, leases, field, lease, nonce, now) == 1 then
+      if rw_hold(rw, fence, leases, field, lease, nonce, now) == 1 then
         call('hincrby', rw, ':rc', 1)
       end
       if member and leave_line(queue, due, member) then
@@ -211,7 +218,7 @@ local function rw_release(rw, leases, queue, due, side, owner, holds, nonce)
   return 0
 end
 
-local function rw_extend(rw, leases, side, owner, lease)
+local function rw_extend(rw, fence, leases, side, owner, lease)
   local now = clock_ms()
   local field = side .. ':' .. owner
   local ends = tonumber(call('zscore', leases, field))
@@ -220,7 +227,7 @@ local function rw_extend(rw, leases, side, owner, lease)
   end
   if lease ~= '0' then
     call('zadd', leases, now + lease, field)
-    rw_expire(rw, leases)
+    rw_expire(rw, fence, leases)
   end
   return 1
 end
@@ -234,7 +241,7 @@ ops.yr = { 5, 5, function(k, a)
     ARGV[a + 4])
 end }
 ops.ye = { 5, 4, function(k, a)
-  return rw_extend(K[k], K[k + 2], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+  return rw_extend(K[k], K[k + 1], K[k + 2], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
 end }
 ops.yu = { 5, 4, function(k, a)
   local field = ARGV[a + 1] .. ':' .. ARGV[a + 2]

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use redis::{Cmd, Value};
 
+use super::holds::HoldState;
 use super::keys::{Kind, LockKeys};
 use super::scripts::{Library, BATCH};
 use crate::error::Error;
@@ -78,10 +79,14 @@ pub(crate) enum Op {
         heir: Owner,
         lease_ms: u64,
     },
-    /// Re-arm the lease of `owner`'s hold (`None`: only check it is held).
+    /// Re-arm the lease of `owner`'s hold (`None`: only check it is held),
+    /// if it is still the hold of fencing token `token`: a renewal that
+    /// reaches Redis after its hold was released and the owner took the
+    /// lock again is not applied to the new hold.
     Extend {
         keys: Arc<LockKeys>,
         owner: Owner,
+        token: u64,
         lease_ms: Option<u64>,
     },
     /// Undo the acquisition or hand-off `nonce` if it was applied.
@@ -152,9 +157,10 @@ impl Reply {
 }
 
 impl Op {
-    /// The renewal (`lease_ms`) or check (`None`) of `owner`'s hold on the
-    /// object `keys` name, whatever its kind.
-    pub(crate) fn extend(keys: Arc<LockKeys>, owner: Owner, lease_ms: Option<u64>) -> Op {
+    /// The renewal (`lease_ms`) or check (`None`) of `hold`, whatever its
+    /// kind.
+    pub(crate) fn extend(hold: &HoldState, lease_ms: Option<u64>) -> Op {
+        let (keys, owner) = (hold.keys.clone(), hold.owner.clone());
         match keys.kind {
             Kind::Semaphore => Op::Permits(PermitOp::Extend {
                 keys,
@@ -171,6 +177,7 @@ impl Op {
             Kind::Lock | Kind::FairLock | Kind::Latch | Kind::LeaseHistory => Op::Extend {
                 keys,
                 owner,
+                token: hold.token,
                 lease_ms,
             },
         }
@@ -365,9 +372,8 @@ impl Op {
             Op::HandOff { owner, heir, .. } => {
                 (2, 6, 2 * lock + owner.id().len() + heir.id().len() + 60)
             }
-            Op::Extend { owner, .. } | Op::Undo { owner, .. } => {
-                (1, 3, lock + owner.id().len() + 24)
-            }
+            Op::Extend { owner, .. } => (1, 4, lock + owner.id().len() + 48),
+            Op::Undo { owner, .. } => (1, 3, lock + owner.id().len() + 24),
             Op::Force { .. } => (1, 1, lock + 4),
             Op::Fair(op) => op.size(),
             Op::Rw(op) => op.size(),
@@ -435,9 +441,15 @@ impl Op {
                     .arg(*lease_ms);
             }
             Op::Extend {
-                owner, lease_ms, ..
+                owner,
+                token,
+                lease_ms,
+                ..
             } => {
-                cmd.arg("e").arg(owner.id()).arg(lease_ms.unwrap_or(0));
+                cmd.arg("e")
+                    .arg(owner.id())
+                    .arg(lease_ms.unwrap_or(0))
+                    .arg(*token);
             }
             Op::Undo { owner, nonce, .. } => {
                 cmd.arg("u").arg(owner.id()).arg(nonce);
@@ -727,6 +739,7 @@ mod tests {
             Op::Extend {
                 keys: keys("c"),
                 owner,
+                token: 7,
                 lease_ms: None,
             },
         ];
@@ -744,7 +757,7 @@ mod tests {
         // A release of one hold does not send the count.
         assert_eq!(&args[10..12], ["r", "o1"]);
         assert_eq!(args[12].len(), 16);
-        assert_eq!(&args[13..], ["e", "o1", "0"]);
+        assert_eq!(&args[13..], ["e", "o1", "0", "7"]);
     }
 
     #[test]
