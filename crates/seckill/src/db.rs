@@ -70,6 +70,35 @@ pub struct Database {
     backend: Backend,
 }
 
+/// Whether a database error means "the database cannot answer now; ask
+/// again": unreachable, its pool exhausted, or busy (SQLite's file locked
+/// by another process, PostgreSQL or MariaDB out of connections, a lock
+/// wait that timed out, a deadlock victim, a server starting up). Every
+/// route answers these the same way: 503 with `Retry-After`.
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(d) => {
+            if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their
+                // extended codes (the primary code is the low byte).
+                let code = d.code().and_then(|c| c.parse::<i64>().ok()).unwrap_or(0);
+                matches!(code & 0xff, 5 | 6)
+            } else if let Some(e) = d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                // lock_not_available, deadlock_detected, too_many_connections,
+                // cannot_connect_now, admin_shutdown
+                matches!(e.code(), "55P03" | "40P01" | "53300" | "57P03" | "57P01")
+            } else if let Some(e) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                // lock wait timeout, deadlock, too many connections
+                matches!(e.number(), 1205 | 1213 | 1040)
+            } else {
+                false
+            }
+        }
+        _ => false,
+    }
+}
+
 /// How long a query waits for a pooled connection (sqlx's default is 30 s).
 /// With the database down, each acquire keeps trying to connect until this
 /// passes: a read then fails as a 503 within about this time, instead of
@@ -104,6 +133,20 @@ impl Database {
         };
         let pool = AnyPoolOptions::new()
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // A statement waits for another process's lock no
+                        // longer than a query waits for a connection
+                        // (sqlx's default is 5 s): a locked file is then a
+                        // 503 as soon as a pool that is busy would be.
+                        let pragma =
+                            format!("PRAGMA busy_timeout = {}", ACQUIRE_TIMEOUT.as_millis());
+                        sqlx::query(AssertSqlSafe(pragma)).execute(conn).await?;
+                    }
+                    Ok(())
+                })
+            })
             .max_connections(match backend {
                 // One writer at a time is all SQLite allows; more only queue.
                 Backend::Sqlite => 1,
@@ -119,19 +162,40 @@ impl Database {
         self.backend
     }
 
-    /// Applies the backend's migrations (idempotent).
+    /// Applies the backend's migrations (idempotent), also when several
+    /// processes run them at once on a fresh database.
+    ///
+    /// PostgreSQL and MariaDB serialise concurrent runs with sqlx's
+    /// migration lock (an advisory lock). SQLite has none: a process can
+    /// find a table another has created since it read the list of applied
+    /// migrations, or the file locked. Each migration runs in a
+    /// transaction, so the failed one left nothing behind, and running
+    /// again finds it applied: a failed run is tried again, a few times
+    /// over a few seconds, before its error is reported.
     ///
     /// # Errors
-    /// [`Error::Migration`] if a migration fails or the applied ones differ
-    /// from the embedded ones.
+    /// [`Error::Migration`] if a migration still fails after the retries,
+    /// or the applied ones differ from the embedded ones.
     pub async fn migrate(&self) -> Result<()> {
+        const TRIES: u32 = 8;
         let migrator = match self.backend {
             Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
             Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
             Backend::MySql => sqlx::migrate!("./migrations/mysql"),
         };
-        migrator.run(&self.pool).await?;
-        Ok(())
+        let mut tries = 1;
+        loop {
+            match migrator.run(&self.pool).await {
+                Ok(()) => return Ok(()),
+                Err(error) if tries < TRIES => {
+                    tracing::info!(%error, tries, "migration failed: another process may be migrating; trying again");
+                    let pause = 25 * u64::from(tries) + fastrand::u64(0..25);
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    tries += 1;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
     }
 
     /// `?` placeholders numbered for PostgreSQL (`$1`, `$2`, …). Takes only

@@ -958,3 +958,56 @@ async fn every_answer_carries_a_request_id() {
         Some("no spaces or {braces} please")
     );
 }
+
+/// A SQLite file another process holds locked (`BEGIN EXCLUSIVE`): every
+/// route that reads the database answers 503 `unavailable` with
+/// `Retry-After`, as a stopped server does, not 500 after SQLite's own
+/// busy wait; purchases (Redis alone) go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_sqlite_file_is_a_503_on_every_route() {
+    use sqlx::Connection;
+    let app = spawn_app().await;
+    let (_, v) = app.create_voucher(open_voucher(5)).await;
+    let id = v["id"].as_i64().unwrap();
+    assert_eq!(app.buy(id, 1).await.0, StatusCode::OK);
+
+    let url = format!("sqlite://{}/api.db", app._dir.display());
+    let mut other = sqlx::sqlite::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let user = app.token(Principal::User(1));
+    for path in [
+        format!("/api/vouchers/{id}"),
+        format!("/api/vouchers/{id}/order"),
+        "/api/vouchers".to_owned(),
+        "/api/orders".to_owned(),
+    ] {
+        let started = std::time::Instant::now();
+        let r = app
+            .http
+            .get(format!("{}{path}", app.base))
+            .bearer_auth(&user)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let retry_after = r.headers().get("retry-after").cloned();
+        let body: Value = r.json().await.unwrap_or(Value::Null);
+        println!(
+            "figure: {path} on a locked SQLite file: {status} after {:?}",
+            started.elapsed()
+        );
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
+        assert_eq!(body["code"], "unavailable", "{path}: {body}");
+        assert!(retry_after.is_some(), "{path}: no Retry-After");
+    }
+    assert_eq!(
+        app.buy(id, 2).await.0,
+        StatusCode::OK,
+        "Redis alone decides"
+    );
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    assert_eq!(app.show(id).await.0, StatusCode::OK);
+}

@@ -77,10 +77,7 @@ fn redis_unavailable(e: &redis::RedisError) -> bool {
 
 /// Whether a database error means "the database is not available now".
 fn database_unavailable(e: &sqlx::Error) -> bool {
-    matches!(
-        e,
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)
-    )
+    crate::db::is_unavailable(e)
 }
 
 impl From<crate::Error> for ApiError {
