@@ -161,7 +161,13 @@ impl SaleRepair {
         for &id in &vouchers {
             self.verify(id, &mut report).await?;
         }
-        // Purchases go on only now (see the module docs).
+        // Purchases go on only now (see the module docs). After a restart
+        // every open sale is verified: the script goes on every server, also
+        // when no sale is open (a purchase of a voucher Redis does not know
+        // is then a 404, or the repair of a sale the database has).
+        if let Scope::Restarted { .. } = scope {
+            self.fast.arm_all().await?;
+        }
         for &id in &vouchers {
             self.fast.arm(id).await?;
         }

@@ -338,3 +338,19 @@ async fn reconcile_repair_restores_a_sale_redis_lost() {
     assert_eq!(code, "already_bought");
     shop.stop().await;
 }
+
+/// A service started on a deployment with no open sale arms its fast path:
+/// a purchase of a voucher that does not exist is a 404 at once, not a 503
+/// `sale_repairing` (Redis never failed), on either instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_started_with_no_open_sale_answers_an_unknown_voucher_with_404() {
+    let shop = shop("no-open-sale", RedisServer::start()).await;
+    for (i, voucher) in [(0, 9_999), (1, 9_998), (0, 9_997)] {
+        let (status, code, _) = shop.buy_once(i, voucher, 1).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (404, "unknown_voucher"),
+            "instance {i}"
+        );
+    }
+}
