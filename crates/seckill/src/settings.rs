@@ -25,6 +25,7 @@
 //! | replicas to confirm | `--replica-ack` … `replica_ack` | 0 (off) |
 //! | their timeout | `--replica-ack-timeout-ms` … `replica_ack_timeout_ms` | 100 |
 //! | open connections | `--max-connections` … `max_connections` | 10,000 |
+//! | of them from one address | `--max-connections-per-address` … `max_connections_per_address` | 1,000 (behind a proxy: as `max_connections`) |
 //! | header/idle timeout | `--header-timeout-ms` … `header_timeout_ms` | 10,000 |
 //! | body timeout | `--body-timeout-ms` … `body_timeout_ms` | 10,000 |
 
@@ -175,6 +176,9 @@ pub struct Layer {
     /// Open HTTP connections at most; more get a 503 and are closed [default: 10000].
     #[arg(long, env = "SECKILL_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Open HTTP connections from one client address at most; more get a 503 and are closed (behind a load balancer or proxy, where every connection comes from its address, set it to max_connections) [default: 1000].
+    #[arg(long, env = "SECKILL_MAX_CONNECTIONS_PER_ADDRESS")]
+    pub max_connections_per_address: Option<usize>,
     /// A request's head must arrive within this, from the connection's start or the previous response (also the idle timeout) [default: 10000].
     #[arg(long, env = "SECKILL_HEADER_TIMEOUT_MS")]
     pub header_timeout_ms: Option<u64>,
@@ -224,6 +228,7 @@ impl Layer {
             replica_ack: Some(0),
             replica_ack_timeout_ms: Some(100),
             max_connections: Some(connections.max_connections),
+            max_connections_per_address: Some(connections.max_per_address),
             header_timeout_ms: Some(connections.header_timeout.as_millis() as u64),
             body_timeout_ms: Some(connections.body_timeout.as_millis() as u64),
         }
@@ -259,6 +264,9 @@ impl Layer {
             replica_ack: self.replica_ack.or(lower.replica_ack),
             replica_ack_timeout_ms: self.replica_ack_timeout_ms.or(lower.replica_ack_timeout_ms),
             max_connections: self.max_connections.or(lower.max_connections),
+            max_connections_per_address: self
+                .max_connections_per_address
+                .or(lower.max_connections_per_address),
             header_timeout_ms: self.header_timeout_ms.or(lower.header_timeout_ms),
             body_timeout_ms: self.body_timeout_ms.or(lower.body_timeout_ms),
         }
@@ -307,6 +315,15 @@ impl Layer {
             max_connections: match all.max_connections {
                 Some(n @ 1..) => n,
                 _ => return Err(Error::invalid("max_connections", "must be at least 1")),
+            },
+            max_per_address: match all.max_connections_per_address {
+                Some(n @ 1..) => n,
+                _ => {
+                    return Err(Error::invalid(
+                        "max_connections_per_address",
+                        "must be at least 1",
+                    ))
+                }
             },
             header_timeout: ms(all.header_timeout_ms, "header_timeout_ms")?,
             body_timeout: ms(all.body_timeout_ms, "body_timeout_ms")?,

@@ -213,3 +213,61 @@ async fn past_the_cap_a_connection_gets_a_503_at_once() {
     service.stop().await.unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// One client address cannot take the whole connection cap: past its share
+/// its new connections get the 503 at once, while another address is
+/// served; its share comes back as its connections close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_fill_the_connection_cap() {
+    let (_redis, service, dir) = service(
+        "per-address",
+        ConnectionLimits {
+            max_connections: 100,
+            max_per_address: 20,
+            ..ConnectionLimits::default()
+        },
+    )
+    .await;
+    let addr = service.addr();
+    let hog: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let other: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let connect_from = |ip: std::net::IpAddr| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(std::net::SocketAddr::new(ip, 0)).unwrap();
+        socket.connect(addr).await.unwrap()
+    };
+    // Idle connections the server has accepted: each answers a request.
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        let mut s = connect_from(hog).await;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+        held.push(s);
+    }
+    let answer_to = |ip| async move {
+        let mut s = connect_from(ip).await;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer).await;
+        answer
+    };
+    let refused = answer_to(hog).await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("\"code\":\"overloaded\""), "{refused}");
+    let served = answer_to(other).await;
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+    drop(held);
+    let back = testkit::eventually(Duration::from_secs(10), || async {
+        answer_to(hog).await.starts_with("HTTP/1.1 200")
+    })
+    .await;
+    assert!(back, "the address's share never came back");
+    service.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -15,11 +15,15 @@
 //!   connections, a new one gets a short 503 and is closed at once, so the
 //!   process keeps file descriptors for its Redis, its database and the
 //!   connections it serves;
+//! * **per-address cap**: past [`ConnectionLimits::max_per_address`] open
+//!   connections from one client address, the same: one address that keeps
+//!   reopening connections cannot take the whole cap from everyone else;
 //! * graceful shutdown: no new connections; idle ones are closed, requests
 //!   in flight finish.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -37,6 +41,10 @@ use tower::Service;
 pub struct ConnectionLimits {
     /// Connections open at once; more are answered 503 and closed.
     pub max_connections: usize,
+    /// Connections open at once from one client IP address; more are
+    /// answered 503 and closed. Behind a load balancer or a proxy every
+    /// connection comes from its address: set this to `max_connections`.
+    pub max_per_address: usize,
     /// Time for a request's head to arrive, counted from the connection's
     /// start or the previous response: also the idle timeout.
     pub header_timeout: Duration,
@@ -46,11 +54,13 @@ pub struct ConnectionLimits {
 
 impl Default for ConnectionLimits {
     /// 10,000 connections (the process needs descriptors for Redis, the
-    /// database and its files too: keep this below `ulimit -n`), 10 s for a
-    /// request's head or an idle connection, 10 s for a body.
+    /// database and its files too: keep this below `ulimit -n`), 1,000 of
+    /// them from one address, 10 s for a request's head or an idle
+    /// connection, 10 s for a body.
     fn default() -> Self {
         Self {
             max_connections: 10_000,
+            max_per_address: 1_000,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(10),
         }
@@ -82,6 +92,7 @@ pub(crate) async fn serve(
     ));
     let mut make_service = router.into_make_service_with_connect_info::<SocketAddr>();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_address = PerAddress::new(limits.max_per_address);
     let graceful = GracefulShutdown::new();
     // HTTP/1 only: the protocol sniffing of hyper-util's `auto` builder
     // waits for a client's first bytes with no timeout, so an idle
@@ -108,6 +119,10 @@ pub(crate) async fn serve(
             },
             () = &mut stopped => break,
         };
+        let Some(address_slot) = per_address.take(peer.ip()) else {
+            tokio::spawn(refuse(stream));
+            continue;
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             tokio::spawn(refuse(stream));
             continue;
@@ -122,7 +137,7 @@ pub(crate) async fn serve(
                 // Timeouts and clients going away end up here: routine.
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
-            drop(slot);
+            drop((slot, address_slot));
         });
     }
     drop(listener);
@@ -130,7 +145,57 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-/// Answers a connection past the cap with a 503 and closes it.
+/// Open connections per client address, each at most `max`.
+#[derive(Clone)]
+struct PerAddress {
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    max: usize,
+}
+
+/// One open connection of an address; given back when dropped.
+struct AddressSlot {
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    address: IpAddr,
+}
+
+impl PerAddress {
+    fn new(max: usize) -> Self {
+        Self {
+            open: Arc::default(),
+            max,
+        }
+    }
+
+    /// A slot for one more connection from `address`, if it has fewer than
+    /// `max` open.
+    fn take(&self, address: IpAddr) -> Option<AddressSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(address).or_insert(0);
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(AddressSlot {
+            open: self.open.clone(),
+            address,
+        })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = open.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                // Only addresses with connections open are kept.
+                open.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// Answers a connection past a cap with a 503 and closes it.
 async fn refuse(mut stream: TcpStream) {
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         stream.write_all(OVERLOADED).await?;
@@ -142,6 +207,22 @@ async fn refuse(mut stream: TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_gets_at_most_its_share_and_gives_it_back() {
+        let per_address = PerAddress::new(2);
+        let a: IpAddr = "127.0.0.1".parse().unwrap();
+        let b: IpAddr = "::1".parse().unwrap();
+        let first = per_address.take(a).unwrap();
+        let _second = per_address.take(a).unwrap();
+        assert!(per_address.take(a).is_none());
+        assert!(
+            per_address.take(b).is_some(),
+            "another address is not affected"
+        );
+        drop(first);
+        assert!(per_address.take(a).is_some());
+    }
 
     #[test]
     fn the_overload_answer_is_well_formed() {
