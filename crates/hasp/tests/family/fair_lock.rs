@@ -217,7 +217,8 @@ async fn try_lock_never_queues_and_reentry_is_immediate() {
     wait_for_line(&ctx, "door", 1).await;
     let started = Instant::now();
     let again = mine.lock().await.unwrap();
-    assert!(started.elapsed() < Duration::from_millis(200));
+    // At once: not after the holder's lease.
+    assert!(started.elapsed() < Duration::from_secs(3));
     assert_eq!(again.fencing_token(), guard.fencing_token());
     let first_token = guard.fencing_token();
     again.unlock().await.unwrap();

@@ -124,7 +124,8 @@ async fn a_completed_latch_is_remembered_and_a_never_set_one_is_not_zero() {
 
     let started = Instant::now();
     latch.wait().await.unwrap();
-    assert!(started.elapsed() < Duration::from_millis(500));
+    // Woken by the setter, not by its 10 s wait running out.
+    assert!(started.elapsed() < Duration::from_secs(5));
     let mut raw = ctx.raw().await;
     let ttl: i64 = query(&mut raw, &["PTTL", &latch_key("tomb")]).await;
     assert!(

@@ -277,7 +277,8 @@ async fn an_upgrade_is_refused_at_once() {
     let remote = b.rw_lock("up").unwrap().with_owner(owner);
     let err = remote.write().await.unwrap_err();
     assert!(matches!(err, Error::UpgradeNotSupported { .. }), "{err:?}");
-    assert!(started.elapsed() < Duration::from_millis(500));
+    // At once: an upgrade that waited would wait for itself.
+    assert!(started.elapsed() < Duration::from_secs(5));
     read.unlock().await.unwrap();
     assert_eq!(line_len(&ctx, "up").await, 0);
 }

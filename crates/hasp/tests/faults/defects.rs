@@ -97,9 +97,8 @@ async fn a_release_whose_reply_was_lost_is_completed_by_the_client() {
         assert!(guard.unlock().await.is_err());
         proxy.set(Direction::ToServer, Mode::Pass);
         let other = ctx.client().await.lock("released").unwrap();
-        let started = Instant::now();
-        let taken = other.lock_within(Duration::from_secs(5)).await.unwrap();
-        assert!(started.elapsed() < Duration::from_secs(2));
+        // Within the wait: not after the lease (30 s) ran out.
+        let taken = other.lock_within(Duration::from_secs(10)).await.unwrap();
         taken.unlock().await.unwrap();
     })
     .await;
@@ -160,7 +159,8 @@ async fn a_waiter_asking_in_the_holders_last_millisecond_is_not_put_to_sleep() {
             slowest = slowest.max(started.elapsed());
             guard.unlock().await.unwrap();
         }
-        assert!(slowest < Duration::from_millis(500), "{slowest:?}");
+        // Below the one-second recheck a waiter put to sleep would take.
+        assert!(slowest < Duration::from_millis(900), "{slowest:?}");
     })
     .await;
 }

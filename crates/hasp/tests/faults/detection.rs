@@ -126,7 +126,7 @@ async fn a_partitioned_holder_in_watchdog_mode_learns_the_loss_while_still_cut_o
         guard.lost().await;
         let after = cut.elapsed();
         println!("figure: partition, watchdog 900 ms: told {after:?} after the cut-off");
-        assert!(after <= watchdog + Duration::from_millis(200), "{after:?}");
+        assert!(after <= watchdog + Duration::from_secs(1), "{after:?}");
         assert_not_held(guard.unlock().await.unwrap_err());
     })
     .await;

@@ -75,7 +75,8 @@ async fn with_aof_always_a_restart_loses_nothing() {
         println!(
             "figure: AOF always restart: hold kept, waiter got it {waited:?} after the release"
         );
-        assert!(waited < Duration::from_millis(1000), "{waited:?}");
+        // Woken by the release, not by the lease (30 s) running out.
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
     })
     .await;
 }

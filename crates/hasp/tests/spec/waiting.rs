@@ -32,7 +32,8 @@ async fn a_waiter_in_another_client_is_woken_by_the_release() {
     let waiter = ctx.client().await.lock("handoff").unwrap();
     for _ in 0..5 {
         let t = hand_off_time(holder.clone(), waiter.clone()).await;
-        assert!(t < Duration::from_millis(250), "hand-off took {t:?}");
+        // Woken by the release, not by the lease (30 s) running out.
+        assert!(t < Duration::from_secs(3), "hand-off took {t:?}");
     }
 }
 
@@ -42,7 +43,8 @@ async fn a_waiter_in_the_same_client_is_woken_by_the_release() {
     let lock = ctx.client().await.lock("handoff-local").unwrap();
     for _ in 0..5 {
         let t = hand_off_time(lock.clone(), lock.clone()).await;
-        assert!(t < Duration::from_millis(250), "hand-off took {t:?}");
+        // Woken by the release, not by the lease (30 s) running out.
+        assert!(t < Duration::from_secs(3), "hand-off took {t:?}");
     }
 }
 

@@ -66,7 +66,7 @@ impl Dependency {
 }
 
 /// Seconds a client should wait before retrying after a 429 or a 503.
-const RETRY_AFTER_SECS: &str = "1";
+pub(crate) const RETRY_AFTER_SECS: &str = "1";
 
 /// Whether a Redis error means "Redis is not available now" (down,
 /// unreachable, loading its data, failing over) rather than a bug: what

@@ -119,8 +119,10 @@ fn bad_json(rejection: JsonRejection) -> ApiError {
         cause = e.source();
     }
     let message = rejection.body_text();
+    // A syntax error inside a string (a lone UTF-16 surrogate escape, say)
+    // carries the path of the field being read, as a data error does.
     let field = match rejection {
-        JsonRejection::JsonDataError(_) => field_of(&message),
+        JsonRejection::JsonDataError(_) | JsonRejection::JsonSyntaxError(_) => field_of(&message),
         _ => None,
     };
     ApiError::BadRequest {
@@ -129,13 +131,14 @@ fn bad_json(rejection: JsonRejection) -> ApiError {
     }
 }
 
-/// The field a serde data error is about: axum reports `<path>: <error>`,
-/// serde itself ``missing field `x` ``, ``unknown field `x` `` or
-/// ``duplicate field `x` ``.
+/// The field a serde error is about: axum reports `<path>: <error>` after
+/// its own words, serde itself ``missing field `x` ``, ``unknown field
+/// `x` `` or ``duplicate field `x` ``.
 fn field_of(message: &str) -> Option<&str> {
-    let detail = message
-        .split_once("target type: ")
-        .map_or(message, |(_, d)| d);
+    let detail = ["target type: ", "body as JSON: "]
+        .iter()
+        .find_map(|prefix| message.split_once(prefix).map(|(_, d)| d))
+        .unwrap_or(message);
     if ["missing field", "unknown field", "duplicate field"]
         .iter()
         .any(|kind| detail.starts_with(kind))

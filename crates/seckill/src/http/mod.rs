@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
@@ -106,9 +106,7 @@ pub fn router(state: AppState) -> Router {
 /// hangs.
 const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
-async fn ready(
-    axum::extract::State(state): axum::extract::State<AppState>,
-) -> (axum::http::StatusCode, axum::Json<serde_json::Value>) {
+async fn ready(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
     let check = |f| async move {
         match tokio::time::timeout(READY_TIMEOUT, f).await {
             Ok(Ok(())) => "ok",
@@ -120,15 +118,18 @@ async fn ready(
         check(Box::pin(state.sales.ping_redis()) as BoxedCheck<'_>),
         check(Box::pin(state.db.ping()) as BoxedCheck<'_>)
     );
-    let status = if redis == "ok" && db == "ok" {
-        axum::http::StatusCode::OK
+    let body = axum::Json(serde_json::json!({ "redis": redis, "database": db }));
+    if redis == "ok" && db == "ok" {
+        (axum::http::StatusCode::OK, body).into_response()
     } else {
-        axum::http::StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        status,
-        axum::Json(serde_json::json!({ "redis": redis, "database": db })),
-    )
+        // As every other 503 of the service: when to ask again.
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            [(axum::http::header::RETRY_AFTER, error::RETRY_AFTER_SECS)],
+            body,
+        )
+            .into_response()
+    }
 }
 
 type BoxedCheck<'a> =
