@@ -21,12 +21,13 @@ export SECKILL_TOKEN_SECRET="private-$(head -c 16 /dev/urandom | od -An -tx1 | t
 redis_url="redis+unix://$work/redis.sock"
 
 # serve_instance NAME [serve flags...]: starts an instance (every request
-# comes from 127.0.0.1: no per-IP limit) and prints its base URL.
+# comes from 127.0.0.1: no per-IP rate or connection limit) and prints its
+# base URL.
 serve_instance() {
   local name=$1
   shift
   "$seckill" serve --redis-url "$redis_url" --listen 127.0.0.1:0 \
-    --consumer "$name" --ip-rate 0 "$@" >/dev/null 2>"$work/serve-$name.log" &
+    --consumer "$name" --ip-rate 0 --max-connections-per-address 10000 "$@" >/dev/null 2>"$work/serve-$name.log" &
   pids+=($!)
   until grep -q "listening on" "$work/serve-$name.log"; do
     kill -0 "${pids[-1]}" 2>/dev/null || { cat "$work/serve-$name.log" >&2; exit 1; }

@@ -1,6 +1,6 @@
-//! The database lock against real PostgreSQL, MariaDB and SQLite:
-//! shared/spec/seeds-001-004.md lines 7–14 (the lock spec's lines as far
-//! as they apply), each scenario on each backend, plus a holder process
+//! The database lock against real PostgreSQL, MariaDB and SQLite: the
+//! "Table lock" section of `docs/guarantees.md` (cited as "table N") and
+//! the lock lines as far as they apply, each scenario on each backend, plus a holder process
 //! killed with SIGKILL and a PostgreSQL restart.
 
 use std::io::{BufRead, BufReader};
@@ -170,7 +170,7 @@ async fn many_holds_are_renewed_in_batches(url: &str) {
     }
 }
 
-/// Seed 13: the table is created once (a second run changes nothing), with
+/// Table 7: the table is created once (a second run changes nothing), with
 /// a name the user chooses; a bad name is refused before any statement.
 async fn migrations_are_idempotent_and_the_table_is_the_users(url: &str) {
     let settings = SqlSettings::default().set_table("my_locks");
@@ -185,7 +185,7 @@ async fn migrations_are_idempotent_and_the_table_is_the_users(url: &str) {
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
 }
 
-/// Seeds 7, 8, 10, 11: one owner at a time; the holder re-enters (the row
+/// Table 1, 2, 4, 5: one owner at a time; the holder re-enters (the row
 /// counts holds); the last release frees it for another owner; tokens grow
 /// on every take-over and a re-entry keeps its token.
 async fn one_owner_at_a_time_reentrant_and_fenced(url: &str) {
@@ -210,7 +210,7 @@ async fn one_owner_at_a_time_reentrant_and_fenced(url: &str) {
     third.unlock().await.unwrap();
 }
 
-/// Seeds 9 and 10: a fixed lease ends by the database's clock (another
+/// Table 3 and 4: a fixed lease ends by the database's clock (another
 /// owner gets in after it, not before); the late release of the first
 /// holder changes nothing and is `NotHeld`.
 async fn expiry_is_the_databases_and_a_late_release_is_not_held(url: &str) {
@@ -241,7 +241,7 @@ async fn expiry_is_the_databases_and_a_late_release_is_not_held(url: &str) {
     next.unlock().await.unwrap();
 }
 
-/// Seed 12: a bounded wait returns not acquired at its deadline; waiters
+/// Table 6: a bounded wait returns not acquired at its deadline; waiters
 /// are woken by a release (NOTIFY on PostgreSQL, back-off elsewhere).
 async fn waits_are_bounded_and_woken(url: &str) {
     let (a, b) = two_clients(url).await;
@@ -282,7 +282,7 @@ async fn waits_are_bounded_and_woken(url: &str) {
     assert!(after < Duration::from_millis(800), "{after:?}");
 }
 
-/// Seed 12 (waiters retry with back-off), and what that retrying costs
+/// Table 6 (waiters retry with back-off), and what that retrying costs
 /// the database: a waiter's retry reads the row and sends its acquiring
 /// statement (a write, which on SQLite queues behind and in front of every
 /// other writer, the holder's renewals included) only once the row looks
@@ -314,7 +314,7 @@ async fn a_waiter_reads_a_held_row_and_writes_once_it_looks_free(url: &str) {
     assert!(matches!(held.unlock().await, Err(Error::NotHeld { .. })));
 }
 
-/// Seed 12, as above, for a burst (the buyers of one item): tasks of one
+/// Table 6, as above, for a burst (the buyers of one item): tasks of one
 /// client that start waiting for a name other tasks of the client already
 /// wait for read the row first, so the burst sends one acquiring statement
 /// while the row is held, not one per task; all of them get it once it is
@@ -355,7 +355,7 @@ async fn a_burst_of_waiters_in_one_client_writes_once(url: &str) {
     }
 }
 
-/// Seed 8: two clients × eight tasks doing read → yield → write on a shared
+/// Table 2: two clients × eight tasks doing read → yield → write on a shared
 /// counter under the lock end with the exact count.
 async fn an_exact_count_under_contention(url: &str) {
     let clients = [
@@ -387,10 +387,10 @@ async fn an_exact_count_under_contention(url: &str) {
     assert_eq!(counter.load(Ordering::SeqCst), 160);
 }
 
-/// Seed 7 (loss signal), lock spec's watchdog lines: a hold without a lease
+/// Table 1 (loss signal), lock spec's watchdog lines: a hold without a lease
 /// outlives several watchdog timeouts; a row taken behind the holder's back
 /// fires its loss signal within a renewal period, also when the taker is
-/// the same owner through another client (seed 11: a new token).
+/// the same owner through another client (table 5: a new token).
 async fn the_watchdog_keeps_a_hold_and_a_taken_row_fires_the_loss(url: &str) {
     let settings = SqlSettings::default().set_watchdog_timeout(Duration::from_millis(600));
     let c = client(url, settings.clone()).await;
@@ -503,7 +503,7 @@ async fn mariadb() {
     scenarios(&server.url()).await;
 }
 
-/// Seed 14: a holder process killed with SIGKILL: another owner acquires
+/// Table 8: a holder process killed with SIGKILL: another owner acquires
 /// within one watchdog timeout, on each backend.
 #[tokio::test]
 async fn a_killed_holder_frees_its_lock_within_one_lease() {
@@ -565,7 +565,7 @@ async fn child_holds_until_killed() {
     std::future::pending::<()>().await;
 }
 
-/// Seed 14: a PostgreSQL restart shorter than the lease loses nothing: the
+/// Table 8: a PostgreSQL restart shorter than the lease loses nothing: the
 /// row is committed, renewals resume, and nobody else gets in.
 #[tokio::test]
 async fn a_short_database_restart_loses_nothing() {

@@ -265,6 +265,8 @@ impl Deployment {
                 "1000",
                 "--ip-rate",
                 "0",
+                "--max-connections-per-address",
+                "10000",
                 "--user-rate",
                 "0",
             ])

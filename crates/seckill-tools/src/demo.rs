@@ -103,8 +103,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         prefix: PREFIX.into(),
         consumer: "demo".into(),
         user_limit: seckill::http::Limit::per_second(5),
-        // Every simulated user comes from 127.0.0.1: no per-IP limit here.
+        // Every simulated user comes from 127.0.0.1: no per-IP limit here,
+        // on requests or connections.
         ip_limit: None,
+        connections: seckill::http::ConnectionLimits {
+            max_per_address: seckill::http::ConnectionLimits::default().max_connections,
+            ..seckill::http::ConnectionLimits::default()
+        },
         ..Settings::new(&redis_url, &database_url, &secret)
     })
     .await?;

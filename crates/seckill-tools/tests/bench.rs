@@ -334,7 +334,7 @@ async fn an_instance_that_goes_away_mid_run_is_counted_reported_and_fails_the_ru
     assert_charts(&out_dir);
 }
 
-/// Issue 11: a request whose answer died with its instance has an unknown
+/// A request whose answer died with its instance has an unknown
 /// outcome; the store checks hold with accepted ⊆ stored ⊆ accepted ∪
 /// unknown, and the report says how many unknowns turned out stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

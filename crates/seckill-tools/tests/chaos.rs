@@ -1,4 +1,4 @@
-//! `seckill-tools chaos` end to end (issue 11): a private deployment (two
+//! `seckill-tools chaos` end to end: a private deployment (two
 //! instances, Redis with AOF, PostgreSQL) under load while an instance is
 //! killed, Redis and PostgreSQL are restarted and Redis is paused; nothing
 //! may be lost, duplicated or oversold, and no 5xx but 503 answered.

@@ -1,5 +1,5 @@
 //! Order status (`GET /api/vouchers/{id}/order`'s lookup) beside the number
-//! of orders waiting in the voucher's stream (issue 16): 10,000 and 100,000
+//! of orders waiting in the voucher's stream: 10,000 and 100,000
 //! accepted orders the pipeline has not stored yet, then buyers' status
 //! asked one at a time through `Sales::order_of` (the database first, then
 //! Redis). The same lookups with the `order-of` hash deleted take the path

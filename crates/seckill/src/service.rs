@@ -117,7 +117,7 @@ impl Service {
         // Blocking reads need a connection of their own; a cluster's
         // streams cannot share one read (polled instead).
         let reader = match &conn_for_reads {
-            crate::store::RedisConn::Server(_) => {
+            crate::store::RedisConn::Server(_) | crate::store::RedisConn::Sentinel(_) => {
                 Some(crate::store::connect(&config.redis_url).await?)
             }
             crate::store::RedisConn::Cluster(_) => None,

@@ -66,7 +66,8 @@ pub enum UserLocks {
 /// layers with [`Layer::resolve`].
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Redis URL (`redis://…`, `redis+unix://…`, `redis+cluster://…`).
+    /// Redis URL (`redis://…`, `redis+unix://…`, `redis+sentinel://…`,
+    /// `redis+cluster://…`).
     pub redis_url: String,
     /// Database URL (`sqlite://…`, `postgres://…`, `mysql://…`).
     pub database_url: String,
@@ -393,7 +394,7 @@ mod tests {
         }
     }
 
-    /// Issue 16: the defaults are written once (`Layer::defaults`) and are
+    /// The defaults are written once (`Layer::defaults`) and are
     /// what `Settings::new` and a resolve of nothing give alike.
     #[test]
     fn the_defaults_are_one_set_and_valid() {
@@ -414,7 +415,7 @@ mod tests {
         assert_eq!(new.connections, ConnectionLimits::default());
     }
 
-    /// Issue 16: defaults < file < environment and flags (one layer: clap
+    /// Defaults < file < environment and flags (one layer: clap
     /// reads a flag's variable, the flag winning).
     #[test]
     fn upper_layers_win_field_by_field() {
@@ -441,7 +442,7 @@ mod tests {
         let _ = std::fs::remove_file(path);
     }
 
-    /// Issue 16: the secret never prints, from any layer or the settings.
+    /// The secret never prints, from any layer or the settings.
     #[test]
     fn the_secret_never_appears_in_debug_output() {
         let path = write("token_secret = \"file-secret-0123456789\"\n");

@@ -302,7 +302,7 @@ async fn on_a_redis_cluster_vouchers_spread_and_never_oversell() {
     assert!(left.iter().all(|s| *s == Some(0)), "{left:?}");
 }
 
-/// Issue 11: Redis losing the day's counter (restart without data) does not
+/// Redis losing the day's counter (restart without data) does not
 /// make ids repeat, even for an instance still using a block it took
 /// before the loss: the counter starts again at the day's time floor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -324,7 +324,7 @@ async fn order_ids_stay_unique_when_redis_loses_the_sequence() {
     }
 }
 
-/// Issue 11 (chosen durability): with replica confirmation on, `accepted`
+/// With replica confirmation on, `accepted`
 /// means a replica has the order; a replica that does not confirm in time
 /// makes the purchase `NotReplicated` (it stands on the primary: an
 /// unknown outcome for the buyer), not `Accepted`.

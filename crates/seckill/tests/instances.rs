@@ -91,7 +91,7 @@ async fn two_instances_share_the_sale_and_the_pipeline_without_loss_or_duplicate
     assert_eq!(found.db_stock, Some(0));
 }
 
-/// Issue 16: an idle instance costs Redis almost nothing, however many
+/// An idle instance costs Redis almost nothing, however many
 /// sales it has seen: 1,000 sales that were open and ended, and 10 open
 /// ones, make fewer than 100 Redis commands a second (16,440 a second
 /// measured with 200 open sales before the blocking read). Then the 10

@@ -260,7 +260,7 @@ async fn entries_that_cannot_succeed_or_keep_failing_are_dead_lettered_and_count
     let report = p.step(sale.voucher).await.unwrap();
     assert_eq!(report.dead_lettered, 1, "{report:?}");
     assert_eq!(p.dead_letters(), 3);
-    // Issue 16: its buyer reads `failed` in one lookup, no stream scanned
+    // Its buyer reads `failed` in one lookup, no stream scanned
     // (the order-of and failed hashes).
     let scans = || sale.server.cli(&["INFO", "commandstats"]);
     let calls = |stats: &str, cmd: &str| {

@@ -1,4 +1,4 @@
-//! Issue 11: the service repairs a sale's Redis state that Redis lost or
+//! The service repairs a sale's Redis state that Redis lost or
 //! rolled back, from the database, with purchases answered 503 meanwhile,
 //! and no oversell or duplicate across two instances.
 
@@ -299,7 +299,7 @@ async fn a_sale_whose_keys_vanished_is_restored_on_the_next_purchase() {
     shop.stop().await;
 }
 
-/// Issue 18: `seckill reconcile --repair` restores a sale Redis lost (it
+/// `seckill reconcile --repair` restores a sale Redis lost (it
 /// applied 0 repairs and exited 1 on every run), and exits 0 after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_repair_restores_a_sale_redis_lost() {

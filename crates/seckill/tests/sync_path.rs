@@ -157,7 +157,7 @@ async fn the_sale_window_is_enforced() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Issue 16: a user whose lock stays busy (another purchase of theirs is
+/// A user whose lock stays busy (another purchase of theirs is
 /// being decided) is refused `InProgress` after the bounded wait: a 409,
 /// not the server error a lock timeout used to become.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

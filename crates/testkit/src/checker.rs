@@ -12,7 +12,7 @@
 //! so every process of a test can write to it.
 //!
 //! [`History::check`] reads the whole history afterwards and counts what
-//! the fault specification (`shared/spec/faults.md`, lines 2 and 9) asks
+//! the fault guarantees (`docs/guarantees.md`, faults 2 and 9) ask
 //! for: overlapping beliefs, tokens issued twice, stale writes accepted.
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! Names nobody uses any more leave nothing in Redis: once every lease and
 //! documented tombstone has ended, the keys a name used are gone, for
-//! every kind (docs/guarantees.md, family 9).
+//! every kind (`docs/guarantees.md`, lock 29 and family detail 2).
 
 use std::time::Duration;
 

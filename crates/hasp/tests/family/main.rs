@@ -1,7 +1,8 @@
-//! The synchronizer family beyond the basic lock: every line of
-//! `shared/spec/family.md` (and of the research notes' finer lines, cited as
-//! "research N"), against real redis-server processes that each test starts
-//! for itself. Line numbers refer to that specification.
+//! The synchronizer family beyond the basic lock: every line of the
+//! "Family" section of `docs/guarantees.md` (cited as "spec/family.md N" or
+//! "family N") and of its "Family in detail" section (cited as "research
+//! N"), against real redis-server processes that each test starts for
+//! itself.
 //!
 //! With `HASP_SPEC_DEPLOYMENT=cluster` the same tests run on a private
 //! 3-master Redis Cluster each (`scripts/test.sh` runs both).

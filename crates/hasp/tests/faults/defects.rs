@@ -1,4 +1,4 @@
-//! Regressions of the four defects injected faults exposed (issue 17): a
+//! Regressions of the four defects injected faults exposed: a
 //! lost reply left a hold nobody tracked, a waiter slept through its
 //! holder's last millisecond, one bad key broke its whole batch, and a lease
 //! Redis refuses passed validation.
@@ -20,7 +20,7 @@ async fn redis_count(raw: &mut Raw, name: &str, owner: &str) -> i64 {
     }
 }
 
-/// Issue 17.1: the reply to an acquire is lost after Redis applied it (the
+/// The reply to an acquire is lost after Redis applied it (the
 /// connection dies with the reply in it). The client undoes and retries on
 /// a new connection: the caller holds the lock exactly once, and after one
 /// unlock nothing is left.
@@ -58,7 +58,7 @@ async fn an_acquire_whose_connection_died_with_the_reply_leaves_no_ghost() {
     .await;
 }
 
-/// Issue 17.1: an acquire times out with its outcome unknown (the reply is
+/// An acquire times out with its outcome unknown (the reply is
 /// held back): the caller gets an error, and when the same task locks again
 /// Redis counts one hold, not a re-entry of a hold nobody tracks.
 #[tokio::test]
@@ -83,7 +83,7 @@ async fn a_failed_acquire_then_a_retry_by_the_same_task_counts_one_hold() {
     .await;
 }
 
-/// Issue 17.1: the reply to a release is lost. The client completes the
+/// The reply to a release is lost. The client completes the
 /// release by itself once Redis answers again, even if it sends nothing
 /// else: another client gets the lock, not after the 30 s lease.
 #[tokio::test]
@@ -104,7 +104,7 @@ async fn a_release_whose_reply_was_lost_is_completed_by_the_client() {
     .await;
 }
 
-/// Issue 17.1: a failed unlock followed by a new lock by the same task: the
+/// A failed unlock followed by a new lock by the same task: the
 /// new hold is the only one, and its unlock frees the lock.
 #[tokio::test]
 async fn a_failed_unlock_then_a_new_lock_by_the_same_task_leaves_no_ghost() {
@@ -127,7 +127,7 @@ async fn a_failed_unlock_then_a_new_lock_by_the_same_task_leaves_no_ghost() {
     .await;
 }
 
-/// Issue 17.2: in its holder's last millisecond a lock's PTTL is 0 while
+/// In its holder's last millisecond a lock's PTTL is 0 while
 /// the key exists. A waiter that asks then must try again at once, not take
 /// it for a lock without expiry and sleep (it slept its 30 s watchdog
 /// timeout). Many short leases make waiters ask in that millisecond.
@@ -165,7 +165,7 @@ async fn a_waiter_asking_in_the_holders_last_millisecond_is_not_put_to_sleep() {
     .await;
 }
 
-/// Issue 17.3: one lock name whose key holds another type (here a hash, as
+/// One lock name whose key holds another type (here a hash, as
 /// the lock's key was before it became a string) fails alone; the
 /// operations batched with it succeed and leave nothing held.
 #[tokio::test]
@@ -221,7 +221,7 @@ async fn a_foreign_string_at_a_locks_key_is_refused_and_kept() {
     .await;
 }
 
-/// Issue 17.4: a `max_lease` beyond what Redis accepts is refused when the
+/// A `max_lease` beyond what Redis accepts is refused when the
 /// client opens; the longest lease allowed works and its batch neighbours
 /// are unaffected.
 #[tokio::test]
@@ -263,7 +263,7 @@ async fn leases_redis_would_refuse_cannot_be_configured() {
     .await;
 }
 
-/// Issue 17.1: a release that could not even be sent (the connection broke
+/// A release that could not even be sent (the connection broke
 /// and making a new one failed) is sent once Redis can be reached again: the
 /// lock does not stay held for the rest of its 30 s lease.
 #[tokio::test]
@@ -289,7 +289,7 @@ async fn a_release_that_could_not_be_sent_is_sent_when_redis_is_back() {
     .await;
 }
 
-/// Issue 17.1, found by the random mix: a release sent as Redis restarts
+/// Found by the random mix: a release sent as Redis restarts
 /// (AOF) is retried on a new connection while Redis is still loading its
 /// data and refused (`-LOADING`). It must stay pending and be applied once
 /// Redis has loaded; dropped, it left a hold that its owner later re-entered

@@ -1,5 +1,6 @@
-//! hasp under faults: every line of `shared/spec/faults.md`, and the
-//! regressions of the four defects the faults exposed (issue 17), against
+//! hasp under faults: every line of the "Faults" section of
+//! `docs/guarantees.md` ("faults spec N" is its line N), and the
+//! regressions of the four defects the faults exposed, against
 //! real redis-server processes with real faults: a TCP proxy that delays,
 //! holds or closes connections, SIGSTOP/SIGKILL of servers and of client
 //! processes, restarts with and without persistence, `DEBUG SLEEP`,

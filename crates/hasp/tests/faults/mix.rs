@@ -1,4 +1,4 @@
-//! Faults spec 18 (and issue 17's run): several client processes, each with
+//! Faults spec 18 (and the runs that found the defects): several client processes, each with
 //! many tasks locking a few names, writing to a fenced register while they
 //! hold, cancelling some acquires; meanwhile a nemesis kills connections
 //! (`CLIENT KILL`), pauses Redis for less than the lease, restarts it (AOF

@@ -1,6 +1,6 @@
-//! Every behaviour of `shared/spec/multi.md` for locks over several
-//! independent Redis servers, against real redis-server processes each
-//! test starts for itself. "multi N" names the line of that specification.
+//! Every line of the "Several servers" section of `docs/guarantees.md`, for
+//! locks over several independent Redis servers, against real redis-server
+//! processes each test starts for itself. "multi N" names its line N.
 //!
 //! The tests run on a multi-threaded runtime: they inspect the servers with
 //! `redis-cli` (a blocking process call) while holding locks, which on a

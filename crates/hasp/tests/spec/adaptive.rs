@@ -1,6 +1,7 @@
-//! The adaptive lease: shared/spec/seeds-001-004.md lines 1–6 (and the
-//! research notes' adaptive lines, cited as "research N"). The estimator's
-//! arithmetic is unit-tested in `src/core/adaptive.rs`.
+//! The adaptive lease: the "Adaptive lease" section of `docs/guarantees.md`
+//! (its lines cited as "seed N"; "research N" names a finer point the test
+//! states itself). The estimator's arithmetic is unit-tested in
+//! `src/core/adaptive.rs`.
 
 use std::time::{Duration, Instant, SystemTime};
 

@@ -1,9 +1,9 @@
-//! Every behaviour of `shared/spec/lock.md`, against real redis-server
-//! processes that each test starts for itself. Section numbers refer to that
-//! specification.
+//! Every line of the "Lock" section of `docs/guarantees.md`, against real
+//! redis-server processes that each test starts for itself. "Spec N" and
+//! "§N" name line N of that section.
 //!
 //! With `HASP_SPEC_DEPLOYMENT=cluster` the same tests run on a private
-//! 3-master Redis Cluster each (spec multi 21; `scripts/test.sh` runs
+//! 3-master Redis Cluster each (multi 21; `scripts/test.sh` runs
 //! both); faults meant for "the server" hit the master of the lock's slot.
 
 mod helpers;

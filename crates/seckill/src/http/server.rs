@@ -2,7 +2,7 @@
 //! public service needs.
 //!
 //! `axum::serve` sets none: an idle or trickling connection was held
-//! forever, and 20,000 of them filled the process' file limit (issue 18).
+//! forever, and 20,000 of them filled the process' file limit.
 //! Here:
 //!
 //! * **header timeout**: a request's head must arrive whole within

@@ -1,8 +1,11 @@
-//! The service's Redis connection: one server, or a Redis Cluster.
+//! The service's Redis connection: one server, the master of a Sentinel
+//! service, or a Redis Cluster.
 //!
-//! `redis_url` is a Redis URL (`redis://host:port/`, `redis+unix:///path`)
-//! or, for a cluster, `redis+cluster://host:port,host:port,...` (any of its
-//! nodes; the rest are discovered). Every key of one voucher shares a hash
+//! `redis_url` is a Redis URL (`redis://host:port/`, `redis+unix:///path`);
+//! for a Sentinel service, `redis+sentinel://host:port,host:port/<service>`
+//! (the sentinels, and the name they know the service by: `sentinel`); for
+//! a cluster, `redis+cluster://host:port,host:port,...` (any of its nodes;
+//! the rest are discovered). Every key of one voucher shares a hash
 //! tag (`keys`), so each purchase script and each voucher's pipeline work
 //! stays on one slot.
 
@@ -12,6 +15,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
+use super::sentinel::{sentinel_service, SentinelConn};
 use crate::error::{Error, Result};
 
 /// How long a command may wait for its answer. redis-rs' default is 500 ms,
@@ -38,6 +42,8 @@ pub const CLUSTER_SCHEME: &str = "redis+cluster://";
 pub enum RedisConn {
     /// One server, reconnected when it breaks.
     Server(ConnectionManager),
+    /// The master of a Sentinel service, followed through failovers.
+    Sentinel(SentinelConn),
     /// A Redis Cluster, routed by slot. redis-rs sends no command twice (a
     /// purchase sent again could buy twice): a command turned away by a
     /// slot move or a failover fails, and the caller's retry lands right.
@@ -48,6 +54,7 @@ impl std::fmt::Debug for RedisConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             RedisConn::Server(_) => "RedisConn::Server",
+            RedisConn::Sentinel(_) => "RedisConn::Sentinel",
             RedisConn::Cluster(_) => "RedisConn::Cluster",
         })
     }
@@ -57,6 +64,7 @@ impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConn::Server(c) => c.req_packed_command(cmd),
+            RedisConn::Sentinel(c) => c.req_packed_command(cmd),
             RedisConn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -69,6 +77,7 @@ impl ConnectionLike for RedisConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             RedisConn::Server(c) => c.req_packed_commands(cmd, offset, count),
+            RedisConn::Sentinel(c) => c.req_packed_commands(cmd, offset, count),
             RedisConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
@@ -76,6 +85,7 @@ impl ConnectionLike for RedisConn {
     fn get_db(&self) -> i64 {
         match self {
             RedisConn::Server(c) => c.get_db(),
+            RedisConn::Sentinel(c) => c.get_db(),
             RedisConn::Cluster(c) => c.get_db(),
         }
     }
@@ -125,6 +135,11 @@ pub async fn connect(redis_url: &str) -> Result<RedisConn> {
         .set_connection_timeout(Some(CONNECTION_TIMEOUT))
         .set_number_of_retries(RECONNECT_RETRIES)
         .set_max_delay(Duration::from_secs(1));
+    if let Some((sentinels, service)) = sentinel_service(redis_url)? {
+        return Ok(RedisConn::Sentinel(
+            SentinelConn::connect(&sentinels, &service, config).await?,
+        ));
+    }
     let client = redis::Client::open(redis_url)?;
     Ok(RedisConn::Server(
         ConnectionManager::new_with_config(client, config).await?,
@@ -136,6 +151,10 @@ pub async fn connect(redis_url: &str) -> Result<RedisConn> {
 /// # Errors
 /// As [`connect`]; [`Error::Lock`](crate::Error::Lock) if hasp cannot connect.
 pub async fn lock_client(redis_url: &str, settings: hasp::Settings) -> Result<hasp::Client> {
+    if let Some((sentinels, service)) = sentinel_service(redis_url)? {
+        let sentinels: Vec<&str> = sentinels.iter().map(String::as_str).collect();
+        return Ok(hasp::Client::open_sentinel(&sentinels, &service, settings).await?);
+    }
     Ok(match cluster_seeds(redis_url)? {
         Some(seeds) => {
             let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::store::reachability::{self, Admission, Reachability};
 use crate::store::replica_ack::Acker;
 use crate::store::RedisConn;
 use redis::Script;
@@ -67,6 +68,8 @@ pub struct FastPath {
     /// Confirms accepted purchases on replicas (`None`: the primary's word
     /// is enough).
     acker: Option<Acker>,
+    /// Whether Redis was reachable for the last purchases.
+    reachability: Reachability,
 }
 
 /// How many replicas must have an accepted purchase before it is answered
@@ -89,6 +92,7 @@ impl FastPath {
             ids,
             sold_out: Mutex::new(HashMap::new()),
             acker: None,
+            reachability: Reachability::default(),
         }
     }
 
@@ -215,7 +219,20 @@ impl FastPath {
         if self.known_sold_out(voucher_id) {
             return Ok(Purchase::Refused(Refusal::SoldOut));
         }
-        let order = self.ids.next_id().await?;
+        let _probe = match self.reachability.admit() {
+            Admission::Go => None,
+            Admission::Probe(probe) => Some(probe),
+            Admission::Refuse => return Err(Error::Redis(reachability::unreachable())),
+        };
+        let order = match self.ids.next_id().await {
+            Ok(order) => order,
+            Err(e) => {
+                if let Error::Redis(r) = &e {
+                    self.reachability.record::<()>(&Err(r.clone()));
+                }
+                return Err(e);
+            }
+        };
         let keys = VoucherKeys::new(&self.prefix, voucher_id);
         let mut script = redis::cmd("EVALSHA");
         script
@@ -228,7 +245,9 @@ impl FastPath {
             .arg(user_id)
             .arg(order.as_i64())
             .arg(voucher_id);
-        let code = match script.query_async::<i64>(&mut self.conn.clone()).await {
+        let answer = script.query_async::<i64>(&mut self.conn.clone()).await;
+        self.reachability.record(&answer);
+        let code = match answer {
             Ok(answer) => answer,
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 return Err(Error::SaleUnverified)

@@ -4,13 +4,15 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | `connect` | the connection: one server or a cluster; the lock client |
+//! | `connect` | the connection: one server, a Sentinel service or a cluster; the lock client |
+//! | `sentinel` | a connection that follows the master of a Sentinel service |
 //! | `keys` | the key layout |
 //! | `fast_path` | the sale's terms and the atomic purchase |
 //! | `order_ids` | order id blocks from the day's counter |
 //! | `replica_ack` | group-committed `WAIT` for replica confirmation |
 //! | `order_stream` | the order streams as the pipeline consumes them |
 //! | `order_lookup` | a buyer's order as Redis knows it |
+//! | `reachability` | purchases refused at once while Redis is known to be unreachable |
 //! | `sale_audit` | a sale's Redis side for `reconcile`, and its safe fixes |
 
 mod connect;
@@ -19,8 +21,10 @@ mod keys;
 mod order_ids;
 mod order_lookup;
 mod order_stream;
+mod reachability;
 mod replica_ack;
 mod sale_audit;
+mod sentinel;
 
 pub use connect::{
     cluster_seeds, connect, lock_client, RedisConn, CLUSTER_SCHEME, CONNECTION_TIMEOUT,
@@ -32,3 +36,4 @@ pub use order_ids::OrderIdGenerator;
 pub use order_lookup::order_in_redis;
 pub use order_stream::{is_missing_group, Delivery, OrderStreams};
 pub use sale_audit::{add_buyers, lower_stock, read_sale, RedisSale};
+pub use sentinel::{sentinel_service, SentinelConn, SENTINEL_SCHEME};

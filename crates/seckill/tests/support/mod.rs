@@ -26,13 +26,19 @@ pub async fn purchase(
 }
 
 /// Settings of an in-process test instance: the defaults, listening on any
-/// free port of 127.0.0.1, with no rate limits (every simulated user comes
-/// from 127.0.0.1, and tests buy faster than a person).
+/// free port of 127.0.0.1, with no rate limits and no per-address
+/// connection limit (every simulated user comes from 127.0.0.1, and tests
+/// buy faster than a person).
 pub fn settings(redis: impl Into<String>, database: impl Into<String>, secret: &str) -> Settings {
+    let connections = seckill::http::ConnectionLimits::default();
     Settings {
         listen: "127.0.0.1:0".parse().unwrap(),
         user_limit: None,
         ip_limit: None,
+        connections: seckill::http::ConnectionLimits {
+            max_per_address: connections.max_connections,
+            ..connections
+        },
         ..Settings::new(redis, database, secret)
     }
 }

@@ -1,0 +1,272 @@
+//! A connection that follows the master of a Sentinel service.
+//!
+//! `redis+sentinel://host:port,host:port/<service>` names the sentinels
+//! (any of them; each is asked in turn) and the service they watch. The
+//! connection asks them for the current master when it first connects and
+//! again whenever the master may have changed: a sentinel announced
+//! `+switch-master` for the service, a command found its server gone
+//! (connection refused, dropped, timed out) or demoted (`READONLY`). A
+//! command that fails so is not sent again (a purchase sent twice could buy
+//! twice): it fails, the service answers 503, and the next command goes to
+//! the master the sentinels name then. While the sentinels have not yet
+//! promoted a replica, that is still the old master, and commands keep
+//! failing fast until they have.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+
+use crate::error::{Error, Result};
+
+/// The scheme of a Sentinel service's address.
+pub const SENTINEL_SCHEME: &str = "redis+sentinel://";
+
+/// The sentinels' URLs and the service name of a `redis+sentinel://` URL,
+/// or `None` for another one.
+///
+/// # Errors
+/// [`Error::Invalid`] for a Sentinel URL without sentinels or service.
+pub fn sentinel_service(redis_url: &str) -> Result<Option<(Vec<String>, String)>> {
+    let Some(rest) = redis_url.strip_prefix(SENTINEL_SCHEME) else {
+        return Ok(None);
+    };
+    let invalid = |reason: &str| Error::Invalid {
+        field: "redis_url",
+        reason: format!("{redis_url:?}: {reason} (redis+sentinel://host:port,host:port/service)"),
+    };
+    let (hosts, service) = rest.split_once('/').ok_or_else(|| invalid("no service"))?;
+    let service = service.trim_end_matches('/');
+    if service.is_empty() || service.contains('/') {
+        return Err(invalid("no service"));
+    }
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{h}/"))
+        .collect();
+    if sentinels.is_empty() {
+        return Err(invalid("no sentinel"));
+    }
+    Ok(Some((sentinels, service.to_owned())))
+}
+
+/// A cloneable, multiplexed connection to the current master of a Sentinel
+/// service (see the module docs).
+#[derive(Clone)]
+pub struct SentinelConn {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sentinel: tokio::sync::Mutex<SentinelClient>,
+    config: ConnectionManagerConfig,
+    /// The connection to the master as last resolved, and its generation.
+    current: Mutex<Option<(u64, ConnectionManager)>>,
+    /// Bumped each time the master may have changed.
+    generation: AtomicU64,
+}
+
+impl SentinelConn {
+    /// Connects to the master the sentinels at `sentinels` name for
+    /// `service`, with `config`'s timeouts, and follows it.
+    ///
+    /// # Errors
+    /// [`Error::Redis`](crate::Error::Redis) if no sentinel names a master
+    /// or it cannot be reached.
+    pub async fn connect(
+        sentinels: &[String],
+        service: &str,
+        config: ConnectionManagerConfig,
+    ) -> Result<Self> {
+        let infos = sentinels
+            .iter()
+            .map(|s| s.as_str().into_connection_info())
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let announcers = infos
+            .iter()
+            .cloned()
+            .map(redis::Client::open)
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let client = SentinelClient::build(
+            infos,
+            String::from(service),
+            None,
+            SentinelServerType::Master,
+        )?;
+        let conn = Self {
+            inner: Arc::new(Inner {
+                sentinel: tokio::sync::Mutex::new(client),
+                config,
+                current: Mutex::new(None),
+                generation: AtomicU64::new(0),
+            }),
+        };
+        conn.inner.connection().await?;
+        tokio::spawn(follow_announcements(
+            Arc::downgrade(&conn.inner),
+            announcers,
+            service.to_owned(),
+        ));
+        Ok(conn)
+    }
+}
+
+impl Inner {
+    /// The connection to the current master, resolved afresh when the
+    /// master may have changed since the last one.
+    async fn connection(&self) -> redis::RedisResult<(u64, ConnectionManager)> {
+        if let Some(current) = self.current() {
+            return Ok(current);
+        }
+        // One resolution at a time; a task that waited finds it done.
+        let mut sentinel = self.sentinel.lock().await;
+        if let Some(current) = self.current() {
+            return Ok(current);
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        let client = sentinel.async_get_client().await?;
+        let manager = ConnectionManager::new_with_config(client, self.config.clone()).await?;
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if self.generation.load(Ordering::Acquire) == generation {
+            *current = Some((generation, manager.clone()));
+        }
+        Ok((generation, manager))
+    }
+
+    fn current(&self) -> Option<(u64, ConnectionManager)> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The master may have changed since `generation`'s connection was
+    /// made: the next command asks the sentinels again.
+    fn stale(&self, generation: u64) {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if self.generation.load(Ordering::Acquire) == generation {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            *current = None;
+            tracing::info!("the Redis master may have changed: asking the sentinels again");
+        }
+    }
+
+    /// A command's error that says its server is gone or no longer the
+    /// master marks the connection stale.
+    fn after<T>(&self, generation: u64, result: redis::RedisResult<T>) -> redis::RedisResult<T> {
+        if let Err(e) = &result {
+            if server_gone_or_demoted(e) {
+                self.stale(generation);
+            }
+        }
+        result
+    }
+}
+
+fn server_gone_or_demoted(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+}
+
+impl ConnectionLike for SentinelConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let (generation, mut conn) = self.inner.connection().await?;
+            let result = conn.req_packed_command(cmd).await;
+            self.inner.after(generation, result)
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let (generation, mut conn) = self.inner.connection().await?;
+            let result = conn.req_packed_commands(cmd, offset, count).await;
+            self.inner.after(generation, result)
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// Listens to `+switch-master` on one sentinel at a time (the next one
+/// when it fails) and marks the connection stale when one names `service`.
+/// Ends when the connection is gone.
+async fn follow_announcements(inner: Weak<Inner>, sentinels: Vec<redis::Client>, service: String) {
+    let mut next = 0;
+    loop {
+        let sentinel = &sentinels[next % sentinels.len()];
+        next += 1;
+        match sentinel.get_async_pubsub().await {
+            Ok(mut pubsub) => {
+                if pubsub.subscribe("+switch-master").await.is_ok() {
+                    let mut messages = pubsub.on_message();
+                    loop {
+                        let message = tokio::time::timeout(Duration::from_secs(1), messages.next());
+                        match message.await {
+                            Ok(Some(message)) => {
+                                let payload: String = message.get_payload().unwrap_or_default();
+                                // "<service> <old ip> <old port> <new ip> <new port>"
+                                if payload.split(' ').next() == Some(service.as_str()) {
+                                    let Some(inner) = inner.upgrade() else { return };
+                                    let generation = inner.generation.load(Ordering::Acquire);
+                                    inner.stale(generation);
+                                }
+                            }
+                            Ok(None) => break, // the sentinel went away: the next one
+                            Err(_) if inner.strong_count() == 0 => return,
+                            Err(_) => {}
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "sentinel unreachable for announcements"),
+        }
+        if inner.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinel_urls_name_sentinels_and_a_service() {
+        let (sentinels, service) =
+            sentinel_service("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/shop")
+                .unwrap()
+                .unwrap();
+        assert_eq!(
+            sentinels,
+            ["redis://127.0.0.1:26379/", "redis://127.0.0.1:26380/"]
+        );
+        assert_eq!(service, "shop");
+        assert!(sentinel_service("redis://127.0.0.1/").unwrap().is_none());
+        for bad in [
+            "redis+sentinel://127.0.0.1:26379",
+            "redis+sentinel://127.0.0.1:26379/",
+            "redis+sentinel:///shop",
+            "redis+sentinel://a:1/b/c",
+        ] {
+            assert!(sentinel_service(bad).is_err(), "{bad}");
+        }
+    }
+}
