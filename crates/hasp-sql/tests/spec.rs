@@ -256,7 +256,7 @@ async fn waits_are_bounded_and_woken(url: &str) {
         .is_none());
     let waited = started.elapsed();
     assert!(
-        waited >= Duration::from_millis(300) && waited < Duration::from_millis(900),
+        waited >= Duration::from_millis(300) && waited < Duration::from_millis(2300),
         "{waited:?}"
     );
     let err = waiter
@@ -278,8 +278,10 @@ async fn waits_are_bounded_and_woken(url: &str) {
         .await
         .expect("the waiter gets it")
         .unwrap();
+    // Woken, or at the latest after one capped back-off (500 ms, jittered
+    // up to 750), with slack for a loaded machine: not left to wait on.
     let after = at.saturating_duration_since(released);
-    assert!(after < Duration::from_millis(800), "{after:?}");
+    assert!(after < Duration::from_secs(2), "{after:?}");
 }
 
 /// Table 6 (waiters retry with back-off), and what that retrying costs

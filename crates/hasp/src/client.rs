@@ -224,6 +224,9 @@ impl Client {
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
     /// empty or over-long class; [`Error::Redis`](crate::Error::Redis) if
     /// Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn learned_lease(&self, class: &str) -> Result<LearnedLease> {
         self.core.learned(class).await
     }

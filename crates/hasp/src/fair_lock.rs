@@ -143,6 +143,11 @@ impl FairLock {
     ///
     /// # Errors
     /// As [`Lock::force_unlock`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the change is sent when the future is first polled and
+    /// made even if the future is dropped afterwards; only its answer is
+    /// lost.
     pub async fn force_unlock(&self) -> Result<bool> {
         self.lock.force_unlock().await
     }
@@ -151,6 +156,9 @@ impl FairLock {
     ///
     /// # Errors
     /// As [`Lock::is_locked`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn is_locked(&self) -> Result<bool> {
         self.lock.is_locked().await
     }
@@ -159,6 +167,9 @@ impl FairLock {
     ///
     /// # Errors
     /// As [`Lock::is_held_by_me`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn is_held_by_me(&self) -> Result<bool> {
         self.lock.is_held_by_me().await
     }

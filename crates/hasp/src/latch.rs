@@ -110,6 +110,11 @@ impl CountDownLatch {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero count; [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the change is sent when the future is first polled and
+    /// made even if the future is dropped afterwards; only its answer is
+    /// lost.
     pub async fn try_set_count(&self, count: u64) -> Result<bool> {
         self.arm(count, 0).await
     }
@@ -120,6 +125,11 @@ impl CountDownLatch {
     /// # Errors
     /// As `try_set_count`, and [`Error::InvalidArgument`] for a zero or
     /// over-large `expiry`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the change is sent when the future is first polled and
+    /// made even if the future is dropped afterwards; only its answer is
+    /// lost.
     pub async fn try_set_count_for(&self, count: u64, expiry: Duration) -> Result<bool> {
         let ms = validate_lease(self.core.settings(), expiry)
             .map_err(|_| Error::invalid("expiry", format!("{expiry:?} is not a valid expiry")))?;
@@ -147,6 +157,11 @@ impl CountDownLatch {
     /// # Errors
     /// [`Error::NotSet`] if the latch is not set (nothing is created);
     /// [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe as the other changes (made once sent, whatever becomes of
+    /// the future); a count whose answer was lost and that is sent again
+    /// may count twice: [`count_down_once`](Self::count_down_once) does not.
     pub async fn count_down(&self) -> Result<u64> {
         self.count_down_as(None).await
     }
@@ -156,6 +171,11 @@ impl CountDownLatch {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty id; as [`count_down`](Self::count_down).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the change is sent when the future is first polled and
+    /// made even if the future is dropped afterwards; only its answer is
+    /// lost.
     pub async fn count_down_once(&self, id: &str) -> Result<u64> {
         if id.is_empty() || id.len() > self.core.settings().max_name_len {
             return Err(Error::invalid("id", "must be 1 to max_name_len bytes"));
@@ -179,6 +199,9 @@ impl CountDownLatch {
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn count(&self) -> Result<Option<u64>> {
         self.core.latch_count(&self.keys).await
     }
@@ -219,6 +242,11 @@ impl CountDownLatch {
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the change is sent when the future is first polled and
+    /// made even if the future is dropped afterwards; only its answer is
+    /// lost.
     pub async fn delete(&self) -> Result<bool> {
         let op = LatchOp::Delete {
             keys: self.keys.clone(),

@@ -242,6 +242,9 @@ impl RwLock {
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn is_write_locked(&self) -> Result<bool> {
         self.core
             .query(redis::cmd("HEXISTS").arg(&*self.read.lock).arg(":writer"))
@@ -253,6 +256,9 @@ impl RwLock {
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn reader_count(&self) -> Result<u64> {
         let count: Option<u64> = self
             .core

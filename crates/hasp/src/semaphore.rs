@@ -149,6 +149,11 @@ impl Semaphore {
     /// # Errors
     /// [`Error::InvalidArgument`] above [`MAX_PERMITS`]; [`Error::Redis`]
     /// if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the change is sent when the future is first polled and
+    /// made even if the future is dropped afterwards; only its answer is
+    /// lost.
     pub async fn try_set_capacity(&self, permits: u64) -> Result<bool> {
         let capacity = check_capacity(permits)?;
         let resize = Resize::Try {
@@ -165,6 +170,11 @@ impl Semaphore {
     /// # Errors
     /// As `try_set_capacity`, and [`Error::InvalidArgument`] for a zero or
     /// over-large `expiry`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the change is sent when the future is first polled and
+    /// made even if the future is dropped afterwards; only its answer is
+    /// lost.
     pub async fn try_set_capacity_for(&self, permits: u64, expiry: Duration) -> Result<bool> {
         let capacity = check_capacity(permits)?;
         let expiry_ms = validate_lease(self.core.settings(), expiry)
@@ -181,6 +191,11 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] above [`MAX_PERMITS`]; [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the change is sent when the future is first polled and
+    /// made even if the future is dropped afterwards; only its answer is
+    /// lost.
     pub async fn set_capacity(&self, permits: u64) -> Result<()> {
         let capacity = check_capacity(permits)?;
         self.core
@@ -194,6 +209,11 @@ impl Semaphore {
     /// # Errors
     /// [`Error::InvalidArgument`] if the capacity would go below zero or
     /// above [`MAX_PERMITS`] (nothing changes); [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the change is sent when the future is first polled and
+    /// made even if the future is dropped afterwards; only its answer is
+    /// lost.
     pub async fn add_capacity(&self, delta: i64) -> Result<()> {
         if delta.unsigned_abs() > MAX_PERMITS {
             return Err(Error::invalid(
@@ -211,6 +231,9 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn capacity(&self) -> Result<Option<u64>> {
         self.core
             .query(redis::cmd("HGET").arg(&*self.keys.lock).arg(":cap"))
@@ -223,6 +246,9 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn available(&self) -> Result<i64> {
         let op = PermitOp::Available {
             keys: self.keys.clone(),
@@ -304,6 +330,10 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: permits granted to a call whose future was dropped are
+    /// given back.
     pub async fn drain(&self) -> Result<Option<Permit>> {
         let owner = self.owner();
         let drained = self
@@ -319,6 +349,11 @@ impl Semaphore {
     /// # Errors
     /// [`Error::NotHeld`] if the owner holds fewer (nothing changes: no
     /// permit is ever created by a release); [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the change is sent when the future is first polled and
+    /// made even if the future is dropped afterwards; only its answer is
+    /// lost.
     pub async fn release(&self, permits: u32) -> Result<()> {
         if permits == 0 {
             return Ok(());
@@ -334,6 +369,11 @@ impl Semaphore {
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero or over-large lease;
     /// [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the change is sent when the future is first polled and
+    /// made even if the future is dropped afterwards; only its answer is
+    /// lost.
     pub async fn update_lease(&self, lease: Duration) -> Result<bool> {
         let ms = validate_lease(self.core.settings(), lease)?;
         self.core
@@ -346,6 +386,9 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn lease_left(&self) -> Result<Option<Duration>> {
         let op = PermitOp::LeaseLeft {
             keys: self.keys.clone(),

@@ -146,7 +146,7 @@ async fn killed_waiters_leave_the_line_and_the_live_keep_their_order() {
     }
     // The children's places last 900 ms (their waiter TTL).
     let after = first.unwrap().saturating_duration_since(released);
-    assert!(after <= Duration::from_millis(900 + 600), "{after:?}");
+    assert!(after <= Duration::from_millis(900 + 1500), "{after:?}");
     assert_eq!(
         *order.lock().unwrap(),
         [0, 1, 2],

@@ -77,7 +77,7 @@ async fn the_validity_ends_on_time_without_extension() {
         .expect("no loss signal");
     let late = Instant::now().saturating_duration_since(guard.valid_until());
     assert!(guard.is_lost());
-    assert!(late < Duration::from_millis(200), "signalled {late:?} late");
+    assert!(late < Duration::from_millis(500), "signalled {late:?} late");
     assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
 }
 

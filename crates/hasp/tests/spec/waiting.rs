@@ -112,7 +112,7 @@ async fn a_waiter_that_gets_no_message_acquires_when_the_lease_runs_out() {
         .expect("acquired after the lease");
     let waited = started.elapsed();
     assert!(waited >= lease - Duration::from_millis(100), "{waited:?}");
-    assert!(waited < lease + Duration::from_millis(600), "{waited:?}");
+    assert!(waited < lease + Duration::from_secs(2), "{waited:?}");
     g.unlock().await.unwrap();
     drop(guard);
 }
