@@ -79,6 +79,7 @@
 
 mod backend;
 mod client;
+mod engine;
 mod error;
 mod hold;
 mod lock;

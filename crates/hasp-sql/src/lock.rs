@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::SqlClient;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hold::SqlHold;
 
@@ -34,16 +34,16 @@ const RECHECK: Duration = Duration::from_secs(1);
 ///   Waiting holds no pooled connection.
 #[derive(Clone, Debug)]
 pub struct SqlLock {
-    client: SqlClient,
+    engine: Arc<Engine>,
     name: Arc<str>,
     lease_ms: Option<u64>,
     owner: Option<hasp::Owner>,
 }
 
 impl SqlLock {
-    pub(crate) fn new(client: SqlClient, name: &str) -> Self {
+    pub(crate) fn new(engine: Arc<Engine>, name: &str) -> Self {
         Self {
-            client,
+            engine,
             name: name.into(),
             lease_ms: None,
             owner: None,
@@ -60,7 +60,7 @@ impl SqlLock {
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero lease or one above `max_lease`.
     pub fn with_lease(mut self, lease: Duration) -> Result<Self> {
-        self.lease_ms = Some(self.client.inner.settings.lease_ms(lease)?);
+        self.lease_ms = Some(self.engine.settings.lease_ms(lease)?);
         Ok(self)
     }
 
@@ -76,8 +76,8 @@ impl SqlLock {
             return owner.clone();
         }
         let id = match tokio::task::try_id() {
-            Some(task) => format!("{}:t{task}", self.client.id()),
-            None => format!("{}:{:?}", self.client.id(), std::thread::current().id()),
+            Some(task) => format!("{}:t{task}", self.engine.id),
+            None => format!("{}:{:?}", self.engine.id, std::thread::current().id()),
         };
         // The id never starts with ":" (it starts with the client id).
         hasp::Owner::from_id(id).unwrap_or_else(|_| hasp::Owner::new())
@@ -136,7 +136,7 @@ impl SqlLock {
     /// # Errors
     /// [`Error::Db`].
     pub async fn is_locked(&self) -> Result<bool> {
-        let inner = &self.client.inner;
+        let inner = &self.engine;
         inner.sql.is_locked(&inner.db, &self.name).await
     }
 
@@ -154,7 +154,7 @@ impl SqlLock {
     /// # Errors
     /// [`Error::Db`].
     pub async fn hold_count(&self) -> Result<u32> {
-        let inner = &self.client.inner;
+        let inner = &self.engine;
         let held = inner
             .sql
             .held_by(&inner.db, &self.name, self.owner().id())
@@ -168,7 +168,7 @@ impl SqlLock {
     /// # Errors
     /// [`Error::Db`].
     pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
-        let inner = &self.client.inner;
+        let inner = &self.engine;
         inner.sql.remaining(&inner.db, &self.name).await
     }
 
@@ -179,12 +179,12 @@ impl SqlLock {
     /// # Errors
     /// [`Error::Db`].
     pub async fn force_unlock(&self) -> Result<bool> {
-        let inner = &self.client.inner;
+        let inner = &self.engine;
         inner.sql.force_release(&inner.db, &self.name).await
     }
 
     async fn acquire(&self, deadline: Option<Instant>, wait: bool) -> Result<Option<SqlGuard>> {
-        let inner = &self.client.inner;
+        let inner = &self.engine;
         let owner = self.owner();
         let (lease_ms, watchdog) = match self.lease_ms {
             Some(ms) => (ms, false),
@@ -197,7 +197,7 @@ impl SqlLock {
         // already wait for the name (a burst of buyers of one item: one
         // write per client, not per task). Otherwise, and after a release
         // woke this waiter, the acquiring statement goes at once.
-        let waker = wait.then(|| Waiting::join(&self.client, &self.name));
+        let waker = wait.then(|| Waiting::join(&self.engine, &self.name));
         let mut read_first = waker.as_ref().is_some_and(|w| w.others > 0);
         let mut backoff = Duration::from_millis(5);
         loop {
@@ -218,7 +218,7 @@ impl SqlLock {
                     .attempt(&self.name, &owner, lease_ms, watchdog)
                     .await?
                 {
-                    Ok(hold) => return Ok(Some(SqlGuard::new(self.client.clone(), hold))),
+                    Ok(hold) => return Ok(Some(SqlGuard::new(self.engine.clone(), hold))),
                     Err(left) => left,
                 },
             };
@@ -247,7 +247,7 @@ impl SqlLock {
 
 /// A waiting task's registration for in-process and NOTIFY wake-ups.
 struct Waiting {
-    client: SqlClient,
+    engine: Arc<Engine>,
     name: Arc<str>,
     notify: Arc<tokio::sync::Notify>,
     /// Tasks of this client that waited for the name when this one joined.
@@ -255,12 +255,12 @@ struct Waiting {
 }
 
 impl Waiting {
-    fn join(client: &SqlClient, name: &Arc<str>) -> Self {
-        let (notify, others) = client.inner.waker(name);
+    fn join(engine: &Arc<Engine>, name: &Arc<str>) -> Self {
+        let (notify, others) = engine.waker(name);
         Self {
             notify,
             others,
-            client: client.clone(),
+            engine: engine.clone(),
             name: name.clone(),
         }
     }
@@ -268,7 +268,7 @@ impl Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.client.inner.leave(&self.name);
+        self.engine.leave(&self.name);
     }
 }
 
@@ -278,15 +278,15 @@ impl Drop for Waiting {
 #[must_use = "if unused the lock is released at once, in the background"]
 #[derive(Debug)]
 pub struct SqlGuard {
-    client: SqlClient,
+    engine: Arc<Engine>,
     hold: Arc<SqlHold>,
     released: bool,
 }
 
 impl SqlGuard {
-    fn new(client: SqlClient, hold: Arc<SqlHold>) -> Self {
+    fn new(engine: Arc<Engine>, hold: Arc<SqlHold>) -> Self {
         Self {
-            client,
+            engine,
             hold,
             released: false,
         }
@@ -331,14 +331,14 @@ impl SqlGuard {
     /// by anyone else is touched. [`Error::Db`].
     pub async fn unlock(mut self) -> Result<()> {
         self.released = true;
-        self.client.inner.release(&self.hold).await
+        self.engine.release(&self.hold).await
     }
 }
 
 impl Drop for SqlGuard {
     fn drop(&mut self) {
         if !self.released {
-            self.client.inner.release_detached(self.hold.clone());
+            self.engine.release_detached(self.hold.clone());
         }
     }
 }

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use crate::config::Settings;
-use crate::core::{Core, LearnedLease};
+use crate::core::learning::LearnedLease;
+use crate::core::Core;
 use crate::error::Result;
 use crate::fair_lock::FairLock;
 use crate::latch::CountDownLatch;

@@ -10,6 +10,10 @@ use crate::error::{Error, Result};
 /// every lease far inside what Redis accepts, and no real lease near it.
 pub const MAX_LEASE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// The largest count the functions keep (semaphore permits, a latch's
+/// count): 2^48, far inside what a Lua number holds exactly.
+pub(crate) const MAX_COUNT: u64 = 1 << 48;
+
 /// The most renewals one script call carries (one batch of the batcher).
 const MAX_RENEW_BATCH: usize = 100;
 

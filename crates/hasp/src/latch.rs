@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{lease_millis, validate_lease};
+use crate::config::{lease_millis, validate_lease, MAX_COUNT};
 use crate::core::keys::LockKeys;
 use crate::core::wire::latch::LatchOp;
 use crate::core::{deadline_after, Core};
@@ -137,10 +137,10 @@ impl CountDownLatch {
     }
 
     async fn arm(&self, count: u64, expiry_ms: u64) -> Result<bool> {
-        if count == 0 || count > crate::MAX_PERMITS {
+        if count == 0 || count > MAX_COUNT {
             return Err(Error::invalid(
                 "count",
-                format!("{count} is not in 1..={}", crate::MAX_PERMITS),
+                format!("{count} is not in 1..={MAX_COUNT}"),
             ));
         }
         let op = LatchOp::Arm {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::validate_lease;
+use crate::config::MAX_COUNT;
 use crate::core::holds::{HoldState, Lease};
 use crate::core::keys::LockKeys;
 use crate::core::wire::permits::{PermitOp, Resize};
@@ -13,7 +14,7 @@ use crate::owner::Owner;
 
 /// The largest capacity a semaphore takes (2^48): the script counts permits
 /// in Lua numbers, exact far beyond it.
-pub const MAX_PERMITS: u64 = 1 << 48;
+pub const MAX_PERMITS: u64 = MAX_COUNT;
 
 /// A handle on one named distributed semaphore: a capacity of permits that
 /// owners take and give back.

@@ -83,7 +83,6 @@ use waiters::{ran_out, unconfirmed_as_busy, Waiters, RECHECK};
 use watchdog::Watchdog;
 use wire::{Op, Reply};
 
-pub use learning::LearnedLease;
 pub(crate) use waiters::{deadline_after, remaining, Attempt, Watch};
 
 /// One client's connections, tasks and registries (see the module docs).

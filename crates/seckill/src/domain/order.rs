@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::OrderId;
+use crate::domain::order_id::OrderId;
 
 /// An order as the pipeline writes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! What a purchase comes to, whichever path decided it (the Redis fast
 //! path or the locked database path).
 
-use crate::OrderId;
+use crate::domain::order_id::OrderId;
 
 /// Why a purchase was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
