@@ -79,7 +79,7 @@ impl Engine {
     pub(crate) async fn attempt(
         &self,
         name: &str,
-        owner: &hasp::Owner,
+        owner: &hasp_owner::Owner,
         lease_ms: u64,
         watchdog: bool,
     ) -> Result<std::result::Result<Arc<SqlHold>, Option<Duration>>> {
@@ -97,7 +97,11 @@ impl Engine {
     /// How long another owner's hold of `name` has left (`None`: the row
     /// looks free or `owner`'s): a waiter's read before a retry, which takes
     /// no write lock (see `Statements::held_by_other`).
-    pub(crate) async fn probe(&self, name: &str, owner: &hasp::Owner) -> Result<Option<Duration>> {
+    pub(crate) async fn probe(
+        &self,
+        name: &str,
+        owner: &hasp_owner::Owner,
+    ) -> Result<Option<Duration>> {
         let left = self.sql.held_by_other(&self.db, name, owner.id()).await?;
         if left.is_some() {
             self.probes.fetch_add(1, Ordering::Relaxed);
@@ -108,7 +112,7 @@ impl Engine {
     fn register(
         &self,
         name: &str,
-        owner: &hasp::Owner,
+        owner: &hasp_owner::Owner,
         token: i64,
         lease_ms: u64,
         watchdog: bool,

@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 #[derive(Debug)]
 pub(crate) struct SqlHold {
     pub(crate) name: String,
-    pub(crate) owner: hasp::Owner,
+    pub(crate) owner: hasp_owner::Owner,
     pub(crate) token: i64,
     /// Renewed by the client's task (no explicit lease).
     pub(crate) watchdog: bool,
@@ -23,7 +23,7 @@ pub(crate) struct SqlHold {
 impl SqlHold {
     pub(crate) fn new(
         name: &str,
-        owner: &hasp::Owner,
+        owner: &hasp_owner::Owner,
         token: i64,
         lease_ms: u64,
         watchdog: bool,

@@ -1,7 +1,7 @@
 //! # hasp-sql — hasp's lock kept in a database table (seed 004)
 //!
 //! For a deployment with PostgreSQL, MySQL/MariaDB or SQLite and no Redis:
-//! the same shape as [`hasp::Lock`] (owner, lease or watchdog renewal,
+//! the same shape as `hasp::Lock` (owner, lease or watchdog renewal,
 //! re-entry, guards with an async `unlock`, a loss signal, fencing tokens),
 //! kept in one row per name.
 //!
@@ -87,5 +87,6 @@ mod settings;
 
 pub use client::{SqlClient, SqlStats};
 pub use error::{Error, Result};
+pub use hasp_owner::{InvalidOwner, Owner};
 pub use lock::{SqlGuard, SqlLock};
 pub use settings::SqlSettings;

@@ -15,7 +15,7 @@ const BACKOFF_CAP: Duration = Duration::from_millis(500);
 const RECHECK: Duration = Duration::from_secs(1);
 
 /// A handle on one lock kept in the database table: the same shape as
-/// [`hasp::Lock`]. Cheap to clone.
+/// `hasp::Lock`. Cheap to clone.
 ///
 /// * **Owner**: the current tokio task by default;
 ///   [`with_owner`](Self::with_owner) sets an explicit one.
@@ -37,7 +37,7 @@ pub struct SqlLock {
     engine: Arc<Engine>,
     name: Arc<str>,
     lease_ms: Option<u64>,
-    owner: Option<hasp::Owner>,
+    owner: Option<hasp_owner::Owner>,
 }
 
 impl SqlLock {
@@ -65,13 +65,13 @@ impl SqlLock {
     }
 
     /// This handle acting for `owner` instead of the current task.
-    pub fn with_owner(mut self, owner: hasp::Owner) -> Self {
+    pub fn with_owner(mut self, owner: hasp_owner::Owner) -> Self {
         self.owner = Some(owner);
         self
     }
 
     /// The owner this handle acts for, resolved now.
-    pub fn owner(&self) -> hasp::Owner {
+    pub fn owner(&self) -> hasp_owner::Owner {
         if let Some(owner) = &self.owner {
             return owner.clone();
         }
@@ -80,7 +80,7 @@ impl SqlLock {
             None => format!("{}:{:?}", self.engine.id, std::thread::current().id()),
         };
         // The id never starts with ":" (it starts with the client id).
-        hasp::Owner::from_id(id).unwrap_or_else(|_| hasp::Owner::new())
+        hasp_owner::Owner::from_id(id).unwrap_or_else(|_| hasp_owner::Owner::new())
     }
 
     /// Acquires the lock, waiting as long as it takes.

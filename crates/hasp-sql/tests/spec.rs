@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hasp::Owner;
+use hasp_sql::Owner;
 use hasp_sql::{Error, SqlClient, SqlSettings};
 use testkit::{MariaDbServer, PostgresServer};
 

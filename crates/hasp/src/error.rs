@@ -134,6 +134,12 @@ impl Error {
     }
 }
 
+impl From<hasp_owner::InvalidOwner> for Error {
+    fn from(e: hasp_owner::InvalidOwner) -> Self {
+        Error::invalid("owner", e.0)
+    }
+}
+
 /// A call a Redis Cluster turned away without applying it: the slot is
 /// elsewhere or moving, the cluster is failing over, or the node it was
 /// meant for has no connection yet (a replica just promoted).

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::lock::Lock;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// A handle on one named fair lock: a [`Lock`] whose waiters, across all
 /// clients, acquire in the order they started waiting.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::core::holds::HoldState;
 use crate::core::Core;
 use crate::error::Result;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// A held lock, returned by [`Lock::lock`](crate::Lock::lock) and friends.
 ///

@@ -10,7 +10,7 @@ use crate::core::keys::LockKeys;
 use crate::core::{deadline_after, Attempt, Core, Watch};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// A handle on one named, reentrant distributed lock.
 ///

@@ -9,7 +9,7 @@ use crate::core::keys::LockKeys;
 use crate::core::{deadline_after, Core};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// A handle on one named read-write lock: many readers or one writer.
 ///

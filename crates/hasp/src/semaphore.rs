@@ -10,7 +10,7 @@ use crate::core::keys::LockKeys;
 use crate::core::wire::permits::{PermitOp, Resize};
 use crate::core::{deadline_after, Core};
 use crate::error::{Error, Result};
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// The largest capacity a semaphore takes (2^48): the script counts permits
 /// in Lua numbers, exact far beyond it.

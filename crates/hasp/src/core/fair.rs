@@ -14,7 +14,7 @@ use super::wire::permits::Place;
 use super::wire::Op;
 use super::Core;
 use crate::error::Result;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 impl Core {
     /// The keys of the fair lock called `name`, after checking the name.

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::keys::{Kind, LockKeys};
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// The clock drift allowance of a lease (the Redlock spec's): 1% of it,
 /// rounded up, plus 2 ms.
@@ -252,7 +252,7 @@ impl Holds {
     fn key(keys: &LockKeys, owner: &Owner) -> HoldKey {
         HoldKey {
             lock: keys.lock.clone(),
-            owner: owner.as_arc().clone(),
+            owner: owner.shared_id().clone(),
             kind: keys.kind,
         }
     }

@@ -51,7 +51,7 @@ use tokio::sync::{oneshot, watch, Notify};
 
 use crate::config::{lease_millis, Settings};
 use crate::error::{Error, Result};
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 mod adaptive;
 mod batcher;

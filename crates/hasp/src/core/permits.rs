@@ -15,7 +15,7 @@ use super::wire::permits::{PermitOp, Place, Resize};
 use super::wire::{Op, Reply};
 use super::{closed, Core};
 use crate::error::{Error, Result};
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 impl Core {
     /// The keys of the semaphore called `name`, after checking the name.

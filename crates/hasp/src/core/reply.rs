@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use super::batcher::Queue;
 use super::keys::LockKeys;
 use super::wire::Op;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// What gives back a grant (a hold, permits) whose recipient is gone, to
 /// queue then.

@@ -14,7 +14,7 @@ use super::wire::rw::RwOp;
 use super::wire::Op;
 use super::Core;
 use crate::error::{Error, Result};
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 impl Core {
     /// The keys of the read and the write side of the read-write lock

@@ -50,7 +50,7 @@ use super::pubsub::PubSub;
 use super::reply::{HoldReply, Undo};
 use super::wire::{Op, Reply};
 use crate::error::Error;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// How long a client holds its own waiters back after it freed a lock for
 /// another client's waiter: ample for that client to hear of it and ask (a

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// What a hold of several parts tells the registry.
 pub(crate) trait Held {

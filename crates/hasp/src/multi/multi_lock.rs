@@ -14,7 +14,7 @@ use crate::core::{deadline_after, remaining};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::lock::Lock;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// The first delay after two acquisitions collided (each took some parts).
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);

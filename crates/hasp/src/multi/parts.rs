@@ -11,7 +11,7 @@ use crate::core::{Attempt, Watch};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::lock::Lock;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// What one part's try found.
 #[derive(Debug)]

@@ -18,7 +18,7 @@ use crate::core::holds::sleep_past;
 use crate::core::{deadline_after, remaining, Attempt};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// The default upper bound of the random delay between two tries.
 const RETRY_DELAY: Duration = Duration::from_millis(200);

@@ -32,7 +32,7 @@ async fn bad_arguments_are_rejected_before_any_redis_call() {
     assert_invalid(lock.clone().with_lease(Duration::MAX), "lease");
     assert_invalid(lock.try_lock_for(Duration::MAX).await, "wait");
     assert_invalid(lock.lock_within(Duration::MAX).await, "wait");
-    assert_invalid(hasp::Owner::from_id(":t"), "owner");
+    assert_invalid(hasp::Owner::from_id(":t").map_err(Error::from), "owner");
 
     let urls = ctx.urls();
     for (settings, argument) in [

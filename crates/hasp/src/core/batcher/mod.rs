@@ -76,7 +76,7 @@ use super::scripts::{self, Library, BATCH, BATCH_SHARDED};
 use super::wire::{self, Nonces, Op, Reply};
 use crate::config::{ReplicaAck, Settings};
 use crate::error::{is_redirect, Error};
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 mod connection;
 mod repoll;

@@ -8,7 +8,7 @@ use redis::Cmd;
 use super::permits::Place;
 use super::{Nonce, Op, Reply};
 use crate::core::keys::LockKeys;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// One operation on a fair lock.
 #[derive(Debug, Clone)]

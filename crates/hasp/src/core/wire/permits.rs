@@ -8,7 +8,7 @@ use redis::Cmd;
 
 use super::{Nonce, Op, Reply};
 use crate::core::keys::LockKeys;
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// A waiter's place in a semaphore's queue: the member `<k>|<waiter id>`
 /// and how long the place lasts unless the waiter asks again.

@@ -8,7 +8,7 @@ use redis::Cmd;
 use super::permits::Place;
 use super::{Nonce, Op, Reply};
 use crate::core::keys::{Kind, LockKeys};
-use crate::owner::Owner;
+use hasp_owner::Owner;
 
 /// One operation on a read-write lock; `keys` says which side (their kind
 /// is [`Kind::RwRead`] or [`Kind::RwWrite`]).

@@ -1,10 +1,15 @@
-//! Who holds a lock.
+//! Who holds a lock: the owner identity shared by `hasp` (locks on Redis)
+//! and `hasp-sql` (locks in a database table).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+/// An owner id that cannot be used: empty, longer than 256 bytes, or
+/// starting with `:` (reserved for a lock's own fields).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid owner id: {0}")]
+pub struct InvalidOwner(pub &'static str);
 
 /// The identity a lock is held by.
 ///
@@ -12,17 +17,17 @@ use crate::error::{Error, Result};
 /// async analogue of Redisson's thread id: a lock taken in one task is
 /// re-entered by that task and released by it, and another task of the same
 /// client is a different owner. The guard remembers its owner, so a
-/// [`Guard`](crate::Guard) can be moved to another task and released there.
+/// `Guard` can be moved to another task and released there.
 ///
 /// When a lock must be *re-entered* or *checked* from several tasks, give
 /// them an explicit owner: create one with [`Owner::new`] and pass it to
-/// [`Lock::with_owner`](crate::Lock::with_owner). An owner is cheap to clone
+/// `Lock::with_owner`. An owner is cheap to clone
 /// and can be sent between tasks; its [`id`](Owner::id) can even cross
 /// processes with [`Owner::from_id`].
 ///
 /// ```
-/// let owner = hasp::Owner::new();
-/// let same = hasp::Owner::from_id(owner.id()).unwrap();
+/// let owner = hasp_owner::Owner::new();
+/// let same = hasp_owner::Owner::from_id(owner.id()).unwrap();
 /// assert_eq!(owner, same);
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -37,16 +42,19 @@ impl Owner {
 
     /// The owner with this id. Ids must be non-empty, at most 256 bytes, and
     /// must not start with `:` (reserved for the lock's own fields).
-    pub fn from_id(id: impl Into<String>) -> Result<Self> {
+    ///
+    /// # Errors
+    /// [`InvalidOwner`] for an id that breaks these rules.
+    pub fn from_id(id: impl Into<String>) -> Result<Self, InvalidOwner> {
         let id = id.into();
         if id.is_empty() {
-            return Err(Error::invalid("owner", "must not be empty"));
+            return Err(InvalidOwner("must not be empty"));
         }
         if id.len() > 256 {
-            return Err(Error::invalid("owner", "must be at most 256 bytes"));
+            return Err(InvalidOwner("must be at most 256 bytes"));
         }
         if id.starts_with(':') {
-            return Err(Error::invalid("owner", "must not start with ':'"));
+            return Err(InvalidOwner("must not start with ':'"));
         }
         Ok(Self(id.into()))
     }
@@ -56,13 +64,15 @@ impl Owner {
         &self.0
     }
 
-    pub(crate) fn as_arc(&self) -> &Arc<str> {
+    /// The id, shared: a registry keyed by owner keeps it without a copy.
+    pub fn shared_id(&self) -> &Arc<str> {
         &self.0
     }
 
-    /// The default owner: the current tokio task, or, outside any task (for
-    /// instance the future passed to `block_on`), the current thread.
-    pub(crate) fn current(client_id: &str) -> Self {
+    /// The default owner of a client whose id is `client_id`: the current
+    /// tokio task, or, outside any task (for instance the future passed to
+    /// `block_on`), the current thread. Two clients' owners never meet.
+    pub fn current(client_id: &str) -> Self {
         let id = match tokio::task::try_id() {
             Some(task) => format!("{client_id}:t{task}"),
             None => format!("{client_id}:th{}", thread_number()),
