@@ -67,6 +67,7 @@ pub mod service;
 pub mod settings;
 pub mod store;
 pub mod sync_path;
+mod worker;
 
 pub use domain::order_id::OrderId;
 pub use error::{Error, Result};

@@ -1,8 +1,7 @@
-//! The locked purchase path (seeds 000 and 002): a per-user lock around a
-//! database transaction. The lock is a `hasp` lock in Redis, or (seed 004)
-//! a `hasp-sql` lock in the service's own database
-//! ([`SyncPath::with_table_locks`]), for a deployment with no Redis lock
-//! server.
+//! The locked purchase path: a per-user lock around a database
+//! transaction. The lock is a `hasp` lock in Redis, or a `hasp-sql` lock in
+//! the service's own database ([`UserLocks::Table`]), for a deployment with
+//! no Redis lock server.
 //!
 //! Slower than the [fast path](crate::store::FastPath) — every purchase is a
 //! lock round trip plus a transaction on the voucher's row — but it needs no
@@ -20,13 +19,55 @@ use crate::domain::purchase::{Purchase, Refusal};
 use crate::error::Result;
 use crate::store::OrderIdGenerator;
 
+/// Where a sync path keeps its per-user locks.
+#[derive(Debug, Clone)]
+pub enum UserLocks {
+    /// `hasp` locks in Redis.
+    Redis(hasp::Client),
+    /// `hasp-sql` locks in a database table (its table must exist:
+    /// `SqlClient::migrate`).
+    Table(hasp_sql::SqlClient),
+}
+
+/// A held per-user lock, of either store.
+enum UserGuard {
+    Redis(hasp::Guard),
+    Table(hasp_sql::SqlGuard),
+}
+
+impl UserLocks {
+    /// The lock `name`, if it can be had within `wait`.
+    async fn try_lock(&self, name: &str, wait: Duration) -> Result<Option<UserGuard>> {
+        Ok(match self {
+            UserLocks::Redis(client) => client
+                .lock(name)?
+                .try_lock_for(wait)
+                .await?
+                .map(UserGuard::Redis),
+            UserLocks::Table(client) => client
+                .lock(name)?
+                .try_lock_for(wait)
+                .await?
+                .map(UserGuard::Table),
+        })
+    }
+}
+
+impl UserGuard {
+    async fn unlock(self) -> Result<()> {
+        match self {
+            UserGuard::Redis(guard) => guard.unlock().await?,
+            UserGuard::Table(guard) => guard.unlock().await?,
+        }
+        Ok(())
+    }
+}
+
 /// Purchases through a per-user lock and one database transaction.
 #[derive(Debug)]
 pub struct SyncPath {
     db: Database,
-    locks: hasp::Client,
-    /// Locks in the database instead of Redis, if set.
-    table_locks: Option<hasp_sql::SqlClient>,
+    locks: UserLocks,
     ids: OrderIdGenerator,
     lock_wait: Duration,
     prefix: String,
@@ -35,16 +76,10 @@ pub struct SyncPath {
 impl SyncPath {
     /// A sync path; a user's concurrent attempts wait at most `lock_wait`
     /// for each other, then are refused [`Refusal::InProgress`].
-    pub fn new(
-        db: Database,
-        locks: hasp::Client,
-        ids: OrderIdGenerator,
-        lock_wait: Duration,
-    ) -> Self {
+    pub fn new(db: Database, locks: UserLocks, ids: OrderIdGenerator, lock_wait: Duration) -> Self {
         Self {
             db,
             locks,
-            table_locks: None,
             ids,
             lock_wait,
             prefix: "seckill".into(),
@@ -55,14 +90,6 @@ impl SyncPath {
     /// prefix; `seckill` by default): `<prefix>:user:<id>`.
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
-        self
-    }
-
-    /// This path with its per-user locks kept in a database table (through
-    /// `client`, whose table must exist: `SqlClient::migrate`) instead of
-    /// Redis.
-    pub fn with_table_locks(mut self, client: hasp_sql::SqlClient) -> Self {
-        self.table_locks = Some(client);
         self
     }
 
@@ -91,19 +118,7 @@ impl SyncPath {
         let name = format!("{}:user:{user_id}", self.prefix);
         // Release before reporting, whatever the outcome; a failed release
         // only delays the user's next attempt until the lease ends.
-        if let Some(table) = &self.table_locks {
-            let lock = table.lock(&name)?;
-            let Some(guard) = lock.try_lock_for(self.lock_wait).await? else {
-                return Ok(Purchase::Refused(Refusal::InProgress));
-            };
-            let outcome = self.purchase_locked(voucher_id, user_id).await;
-            if let Err(e) = guard.unlock().await {
-                tracing::warn!(error = %e, user_id, "releasing the user lock failed");
-            }
-            return outcome;
-        }
-        let lock = self.locks.lock(&name)?;
-        let Some(guard) = lock.try_lock_for(self.lock_wait).await? else {
+        let Some(guard) = self.locks.try_lock(&name, self.lock_wait).await? else {
             return Ok(Purchase::Refused(Refusal::InProgress));
         };
         let outcome = self.purchase_locked(voucher_id, user_id).await;

@@ -8,24 +8,28 @@ use seckill::db::Database;
 use seckill::domain::purchase::{Purchase, Refusal};
 use seckill::domain::voucher::{SaleTerms, Title};
 use seckill::store::OrderIdGenerator;
-use seckill::sync_path::SyncPath;
+use seckill::sync_path::{SyncPath, UserLocks};
 use testkit::{PostgresServer, RedisServer};
 
 async fn instance(redis: &RedisServer, db: &Database) -> SyncPath {
     let locks = hasp::Client::open(&redis.url()).await.unwrap();
+    instance_with(redis, db, UserLocks::Redis(locks)).await
+}
+
+async fn instance_with(redis: &RedisServer, db: &Database, locks: UserLocks) -> SyncPath {
     let conn = seckill::store::connect(&redis.url()).await.unwrap();
     let ids = OrderIdGenerator::new(conn, "seckill", 100).unwrap();
     SyncPath::new(db.clone(), locks, ids, Duration::from_secs(10))
 }
 
 /// An instance whose per-user locks are kept in the database at `url`
-/// (seed 004; `user_locks = "database"`).
+/// (`user_locks = "database"`).
 async fn instance_with_table_locks(redis: &RedisServer, db: &Database, url: &str) -> SyncPath {
     let table = hasp_sql::SqlClient::open(url, hasp_sql::SqlSettings::default())
         .await
         .unwrap();
     table.migrate().await.unwrap();
-    instance(redis, db).await.with_table_locks(table)
+    instance_with(redis, db, UserLocks::Table(table)).await
 }
 
 async fn two_instances_sell_exactly_the_stock(db: Database) {
@@ -185,7 +189,7 @@ async fn a_busy_user_is_refused_in_progress_not_an_error() {
     let conn = seckill::store::connect(&redis.url()).await.unwrap();
     let path = SyncPath::new(
         db.clone(),
-        locks.clone(),
+        UserLocks::Redis(locks.clone()),
         OrderIdGenerator::new(conn, "seckill", 100).unwrap(),
         Duration::from_millis(300),
     );
