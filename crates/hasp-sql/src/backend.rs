@@ -101,6 +101,48 @@ impl Backend {
     }
 }
 
+/// Runs `$query` (a function of `sqlx`: `query`, `query_scalar`,
+/// `query_as`) with the statement `$sql` on `$db`'s pool, its arguments
+/// bound by `$bind` (a function of the query, written once for every
+/// backend), then `$run` (`fetch_optional`, `fetch_all`, ...; `execute`
+/// answers the rows affected).
+macro_rules! on {
+    // An `execute`, whose result type is each backend's own: its count of
+    // rows affected.
+    ($db:expr, $query:ident, $sql:expr, |$q:ident| $bind:expr, execute) => {
+        match $db {
+            Backend::Postgres(pool) => {
+                let $q = sqlx::$query(AssertSqlSafe($sql));
+                $bind.execute(pool).await?.rows_affected()
+            }
+            Backend::MySql(pool) => {
+                let $q = sqlx::$query(AssertSqlSafe($sql));
+                $bind.execute(pool).await?.rows_affected()
+            }
+            Backend::Sqlite(pool) => {
+                let $q = sqlx::$query(AssertSqlSafe($sql));
+                $bind.execute(pool).await?.rows_affected()
+            }
+        }
+    };
+    ($db:expr, $query:ident, $sql:expr, |$q:ident| $bind:expr, $run:ident) => {
+        match $db {
+            Backend::Postgres(pool) => {
+                let $q = sqlx::$query(AssertSqlSafe($sql));
+                $bind.$run(pool).await?
+            }
+            Backend::MySql(pool) => {
+                let $q = sqlx::$query(AssertSqlSafe($sql));
+                $bind.$run(pool).await?
+            }
+            Backend::Sqlite(pool) => {
+                let $q = sqlx::$query(AssertSqlSafe($sql));
+                $bind.$run(pool).await?
+            }
+        }
+    };
+}
+
 impl Statements {
     pub(crate) fn new(table: &str) -> Self {
         Self {
@@ -113,54 +155,49 @@ impl Statements {
         format!("{}_released", self.table)
     }
 
+    /// `template` in `db`'s dialect: `{t}` the table, `{ms}` the database's
+    /// clock in milliseconds, `{us}` in microseconds, `{text}` a name or
+    /// owner column's type, `{int}` an integer column's type, `{engine}`
+    /// the table options; `?` placeholders numbered `$1, $2, …` for
+    /// PostgreSQL. Only `'static` templates and the table name (checked by
+    /// the settings) enter the SQL.
+    fn sql(&self, db: &Backend, template: &'static str) -> String {
+        let (ms, us, text, int, engine) = match db {
+            Backend::Postgres(_) => (PG_MS, PG_US, "TEXT COLLATE \"C\"", "BIGINT", ""),
+            Backend::MySql(_) => (MY_MS, MY_US, "VARBINARY(255)", "BIGINT", " ENGINE=InnoDB"),
+            Backend::Sqlite(_) => (LITE_MS, LITE_US, "TEXT", "INTEGER", ""),
+        };
+        let sql = template
+            .replace("{t}", &self.table)
+            .replace("{ms}", ms)
+            .replace("{us}", us)
+            .replace("{text}", text)
+            .replace("{int}", int)
+            .replace("{engine}", engine);
+        numbered(db, sql)
+    }
+
     /// Creates the table if it does not exist.
     pub(crate) async fn migrate(&self, db: &Backend) -> Result<()> {
-        let t = &self.table;
-        match db {
-            Backend::Postgres(pool) => {
-                let ddl = format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\
-                     name TEXT COLLATE \"C\" PRIMARY KEY, \
-                     owner TEXT, \
-                     holds BIGINT NOT NULL DEFAULT 0, \
-                     token BIGINT NOT NULL, \
-                     expires_at BIGINT NOT NULL DEFAULT 0, \
-                     acquired_at BIGINT NOT NULL DEFAULT 0)"
-                );
-                sqlx::query(AssertSqlSafe(ddl)).execute(pool).await?;
-            }
-            Backend::MySql(pool) => {
-                let ddl = format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\
-                     name VARBINARY(255) PRIMARY KEY, \
-                     owner VARBINARY(255) NULL, \
-                     holds BIGINT NOT NULL DEFAULT 0, \
-                     token BIGINT NOT NULL, \
-                     expires_at BIGINT NOT NULL DEFAULT 0, \
-                     acquired_at BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
-                );
-                sqlx::query(AssertSqlSafe(ddl)).execute(pool).await?;
-            }
-            Backend::Sqlite(pool) => {
-                let ddl = format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\
-                     name TEXT PRIMARY KEY, \
-                     owner TEXT, \
-                     holds INTEGER NOT NULL DEFAULT 0, \
-                     token INTEGER NOT NULL, \
-                     expires_at INTEGER NOT NULL DEFAULT 0, \
-                     acquired_at INTEGER NOT NULL DEFAULT 0)"
-                );
-                sqlx::query(AssertSqlSafe(ddl)).execute(pool).await?;
-            }
-        }
+        let ddl = self.sql(
+            db,
+            "CREATE TABLE IF NOT EXISTS {t} (\
+             name {text} PRIMARY KEY, \
+             owner {text} NULL, \
+             holds {int} NOT NULL DEFAULT 0, \
+             token {int} NOT NULL, \
+             expires_at {int} NOT NULL DEFAULT 0, \
+             acquired_at {int} NOT NULL DEFAULT 0){engine}",
+        );
+        on!(db, query, ddl, |q| q, execute);
         Ok(())
     }
 
     /// One attempt: inserts a free row, takes over a free or expired row,
     /// or re-enters `owner`'s live row (re-arming its lease) — one atomic
-    /// statement (MySQL: a conditional update whose matched-row count says
-    /// whether it took the row, then a read-back).
+    /// statement (MySQL, which has no `ON CONFLICT` nor `RETURNING`: a
+    /// conditional update whose matched-row count says whether it took the
+    /// row, then a read-back).
     pub(crate) async fn acquire(
         &self,
         db: &Backend,
@@ -168,31 +205,19 @@ impl Statements {
         owner: &str,
         lease_ms: i64,
     ) -> Result<Taken> {
-        let t = &self.table;
         let row = match db {
-            Backend::Postgres(pool) => {
-                let sql = upsert(t, "$1", "$2", "$3", PG_MS, &format!("GREATEST(1, {PG_US})"));
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(name)
-                    .bind(owner)
-                    .bind(lease_ms)
-                    .fetch_optional(pool)
-                    .await?
-                    .map(|r| r.try_get::<i64, _>(0))
-                    .transpose()?
+            Backend::MySql(pool) => self.acquire_mysql(db, pool, name, owner, lease_ms).await?,
+            _ => {
+                let sql = self.sql(db, UPSERT);
+                let token: Option<i64> = on!(
+                    db,
+                    query_scalar,
+                    sql,
+                    |q| q.bind(name).bind(owner).bind(lease_ms),
+                    fetch_optional
+                );
+                token
             }
-            Backend::Sqlite(pool) => {
-                let sql = upsert(t, "?1", "?2", "?3", LITE_MS, &format!("max(1, {LITE_US})"));
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(name)
-                    .bind(owner)
-                    .bind(lease_ms)
-                    .fetch_optional(pool)
-                    .await?
-                    .map(|r| r.try_get::<i64, _>(0))
-                    .transpose()?
-            }
-            Backend::MySql(pool) => self.acquire_mysql(pool, name, owner, lease_ms).await?,
         };
         match row {
             Some(token) => Ok(Taken::Yes { token }),
@@ -204,24 +229,30 @@ impl Statements {
 
     async fn acquire_mysql(
         &self,
+        db: &Backend,
         pool: &MySqlPool,
         name: &str,
         owner: &str,
         lease_ms: i64,
     ) -> Result<Option<i64>> {
-        let t = &self.table;
         // MySQL assigns left to right, each seeing the columns set before
         // it: holds, token and acquired_at read the old owner and expiry
         // before owner and expires_at change.
-        let live = format!("owner = ? AND expires_at > {MY_MS}");
-        let take = format!(
+        let take = self.sql(
+            db,
             "UPDATE {t} SET \
-             holds = IF({live}, holds + 1, 1), \
-             token = IF({live}, token, token + 1), \
-             acquired_at = IF({live}, acquired_at, {MY_MS}), \
+             holds = IF(owner = ? AND expires_at > {ms}, holds + 1, 1), \
+             token = IF(owner = ? AND expires_at > {ms}, token, token + 1), \
+             acquired_at = IF(owner = ? AND expires_at > {ms}, acquired_at, {ms}), \
              owner = ?, \
-             expires_at = {MY_MS} + ? \
-             WHERE name = ? AND (owner IS NULL OR expires_at <= {MY_MS} OR owner = ?)"
+             expires_at = {ms} + ? \
+             WHERE name = ? AND (owner IS NULL OR expires_at <= {ms} OR owner = ?)",
+        );
+        let read_back = self.sql(db, "SELECT token FROM {t} WHERE name = ? AND owner = ?");
+        let create = self.sql(
+            db,
+            "INSERT IGNORE INTO {t} (name, owner, holds, token, expires_at, acquired_at) \
+             VALUES (?, NULL, 0, GREATEST(0, {us} - 1), 0, 0)",
         );
         let mut conn = pool.acquire().await?;
         for first in [true, false] {
@@ -240,14 +271,12 @@ impl Statements {
                 .rows_affected()
                 == 1;
             if taken {
-                let token: i64 = sqlx::query(AssertSqlSafe(format!(
-                    "SELECT token FROM {t} WHERE name = ? AND owner = ?"
-                )))
-                .bind(name)
-                .bind(owner)
-                .fetch_one(&mut *conn)
-                .await?
-                .try_get(0)?;
+                let token: i64 = sqlx::query(AssertSqlSafe(read_back.clone()))
+                    .bind(name)
+                    .bind(owner)
+                    .fetch_one(&mut *conn)
+                    .await?
+                    .try_get(0)?;
                 return Ok(Some(token));
             }
             if !first {
@@ -255,14 +284,11 @@ impl Statements {
             }
             // No row matched: the name is new (create it free, then take
             // it) or held by another owner (the insert does nothing).
-            let created = sqlx::query(AssertSqlSafe(format!(
-                "INSERT IGNORE INTO {t} (name, owner, holds, token, expires_at, acquired_at) \
-                 VALUES (?, NULL, 0, GREATEST(0, {MY_US} - 1), 0, 0)"
-            )))
-            .bind(name)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
+            let created = sqlx::query(AssertSqlSafe(create.clone()))
+                .bind(name)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
             if created == 0 {
                 break;
             }
@@ -272,33 +298,8 @@ impl Statements {
 
     /// How long the current holder's lease has left (`None`: no row).
     async fn time_left(&self, db: &Backend, name: &str) -> Result<Option<Duration>> {
-        let t = &self.table;
-        let left: Option<i64> = match db {
-            Backend::Postgres(pool) => {
-                sqlx::query_scalar(AssertSqlSafe(format!(
-                    "SELECT expires_at - {PG_MS} FROM {t} WHERE name = $1"
-                )))
-                .bind(name)
-                .fetch_optional(pool)
-                .await?
-            }
-            Backend::MySql(pool) => {
-                sqlx::query_scalar(AssertSqlSafe(format!(
-                    "SELECT expires_at - {MY_MS} FROM {t} WHERE name = ?"
-                )))
-                .bind(name)
-                .fetch_optional(pool)
-                .await?
-            }
-            Backend::Sqlite(pool) => {
-                sqlx::query_scalar(AssertSqlSafe(format!(
-                    "SELECT expires_at - {LITE_MS} FROM {t} WHERE name = ?1"
-                )))
-                .bind(name)
-                .fetch_optional(pool)
-                .await?
-            }
-        };
+        let sql = self.sql(db, "SELECT expires_at - {ms} FROM {t} WHERE name = ?");
+        let left: Option<i64> = on!(db, query_scalar, sql, |q| q.bind(name), fetch_optional);
         Ok(left.map(|ms| Duration::from_millis(ms.max(1).unsigned_abs())))
     }
 
@@ -314,39 +315,18 @@ impl Statements {
         name: &str,
         owner: &str,
     ) -> Result<Option<Duration>> {
-        let t = &self.table;
-        let left: Option<i64> = match db {
-            Backend::Postgres(pool) => {
-                sqlx::query_scalar(AssertSqlSafe(format!(
-                    "SELECT expires_at - {PG_MS} FROM {t} WHERE name = $1 \
-                     AND owner IS NOT NULL AND owner <> $2 AND expires_at > {PG_MS}"
-                )))
-                .bind(name)
-                .bind(owner)
-                .fetch_optional(pool)
-                .await?
-            }
-            Backend::MySql(pool) => {
-                sqlx::query_scalar(AssertSqlSafe(format!(
-                    "SELECT expires_at - {MY_MS} FROM {t} WHERE name = ? \
-                     AND owner IS NOT NULL AND owner <> ? AND expires_at > {MY_MS}"
-                )))
-                .bind(name)
-                .bind(owner)
-                .fetch_optional(pool)
-                .await?
-            }
-            Backend::Sqlite(pool) => {
-                sqlx::query_scalar(AssertSqlSafe(format!(
-                    "SELECT expires_at - {LITE_MS} FROM {t} WHERE name = ?1 \
-                     AND owner IS NOT NULL AND owner <> ?2 AND expires_at > {LITE_MS}"
-                )))
-                .bind(name)
-                .bind(owner)
-                .fetch_optional(pool)
-                .await?
-            }
-        };
+        let sql = self.sql(
+            db,
+            "SELECT expires_at - {ms} FROM {t} WHERE name = ? \
+             AND owner IS NOT NULL AND owner <> ? AND expires_at > {ms}",
+        );
+        let left: Option<i64> = on!(
+            db,
+            query_scalar,
+            sql,
+            |q| q.bind(name).bind(owner),
+            fetch_optional
+        );
         Ok(left
             .filter(|&ms| ms > 0)
             .map(|ms| Duration::from_millis(ms.unsigned_abs())))
@@ -363,68 +343,67 @@ impl Statements {
         owner: &str,
         holds: i64,
     ) -> Result<Option<bool>> {
-        let t = &self.table;
-        let released = |left: Option<i64>| left.map(|left| left == 0);
-        match db {
-            Backend::Postgres(pool) => {
-                let sql = release(t, "$1", "$2", "$3", PG_MS);
-                let left: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql))
-                    .bind(name)
-                    .bind(owner)
-                    .bind(holds)
-                    .fetch_optional(pool)
-                    .await?;
-                if left == Some(0) {
-                    sqlx::query("SELECT pg_notify($1, $2)")
-                        .bind(self.channel())
-                        .bind(name)
-                        .execute(pool)
-                        .await?;
-                }
-                Ok(released(left))
-            }
-            Backend::Sqlite(pool) => {
-                let sql = release(t, "?1", "?2", "?3", LITE_MS);
-                let left: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql))
-                    .bind(name)
-                    .bind(owner)
-                    .bind(holds)
-                    .fetch_optional(pool)
-                    .await?;
-                Ok(released(left))
-            }
-            Backend::MySql(pool) => {
-                let last = "holds <= ?";
-                let sql = format!(
-                    "UPDATE {t} SET \
-                     owner = IF({last}, NULL, owner), \
-                     expires_at = IF({last}, 0, expires_at), \
-                     holds = IF({last}, 0, holds - ?) \
-                     WHERE name = ? AND owner = ? AND expires_at > {MY_MS}"
-                );
-                let mut conn = pool.acquire().await?;
-                let matched = sqlx::query(AssertSqlSafe(sql))
+        let Backend::MySql(pool) = db else {
+            let sql = self.sql(db, RELEASE);
+            let left: Option<i64> = on!(
+                db,
+                query_scalar,
+                sql,
+                |q| q
                     .bind(holds)
                     .bind(holds)
                     .bind(holds)
                     .bind(holds)
                     .bind(name)
-                    .bind(owner)
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected();
-                if matched == 0 {
-                    return Ok(None);
-                }
-                let freed: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-                    "SELECT holds FROM {t} WHERE name = ? AND owner IS NULL"
-                )))
-                .bind(name)
-                .fetch_optional(&mut *conn)
-                .await?;
-                Ok(Some(freed.is_some()))
+                    .bind(owner),
+                fetch_optional
+            );
+            if left == Some(0) {
+                self.notify(db, name).await?;
             }
+            return Ok(left.map(|left| left == 0));
+        };
+        let update = self.sql(
+            db,
+            "UPDATE {t} SET \
+             owner = IF(holds <= ?, NULL, owner), \
+             expires_at = IF(holds <= ?, 0, expires_at), \
+             holds = IF(holds <= ?, 0, holds - ?) \
+             WHERE name = ? AND owner = ? AND expires_at > {ms}",
+        );
+        let read_back = self.sql(db, "SELECT holds FROM {t} WHERE name = ? AND owner IS NULL");
+        let mut conn = pool.acquire().await?;
+        let matched = sqlx::query(AssertSqlSafe(update))
+            .bind(holds)
+            .bind(holds)
+            .bind(holds)
+            .bind(holds)
+            .bind(name)
+            .bind(owner)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        if matched == 0 {
+            return Ok(None);
         }
+        let freed: Option<i64> = sqlx::query_scalar(AssertSqlSafe(read_back))
+            .bind(name)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(Some(freed.is_some()))
+    }
+
+    /// PostgreSQL: tells the listeners that `name` was freed (the other
+    /// backends' waiters read the row when their back-off ends).
+    async fn notify(&self, db: &Backend, name: &str) -> Result<()> {
+        if let Backend::Postgres(pool) = db {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(self.channel())
+                .bind(name)
+                .execute(pool)
+                .await?;
+        }
+        Ok(())
     }
 
     /// `owner`'s live holds of `name` and what is left of their lease
@@ -435,39 +414,18 @@ impl Statements {
         name: &str,
         owner: &str,
     ) -> Result<Option<(i64, Duration)>> {
-        let t = &self.table;
-        let row: Option<(i64, i64)> = match db {
-            Backend::Postgres(pool) => {
-                sqlx::query_as(AssertSqlSafe(format!(
-                    "SELECT holds, expires_at - {PG_MS} FROM {t} \
-                 WHERE name = $1 AND owner = $2 AND expires_at > {PG_MS}"
-                )))
-                .bind(name)
-                .bind(owner)
-                .fetch_optional(pool)
-                .await?
-            }
-            Backend::MySql(pool) => {
-                sqlx::query_as(AssertSqlSafe(format!(
-                    "SELECT holds, expires_at - {MY_MS} FROM {t} \
-                 WHERE name = ? AND owner = ? AND expires_at > {MY_MS}"
-                )))
-                .bind(name)
-                .bind(owner)
-                .fetch_optional(pool)
-                .await?
-            }
-            Backend::Sqlite(pool) => {
-                sqlx::query_as(AssertSqlSafe(format!(
-                    "SELECT holds, expires_at - {LITE_MS} FROM {t} \
-                 WHERE name = ?1 AND owner = ?2 AND expires_at > {LITE_MS}"
-                )))
-                .bind(name)
-                .bind(owner)
-                .fetch_optional(pool)
-                .await?
-            }
-        };
+        let sql = self.sql(
+            db,
+            "SELECT holds, expires_at - {ms} FROM {t} \
+             WHERE name = ? AND owner = ? AND expires_at > {ms}",
+        );
+        let row: Option<(i64, i64)> = on!(
+            db,
+            query_as,
+            sql,
+            |q| q.bind(name).bind(owner),
+            fetch_optional
+        );
         Ok(row.map(|(holds, left)| (holds, Duration::from_millis(left.max(0).unsigned_abs()))))
     }
 
@@ -482,44 +440,16 @@ impl Statements {
     /// Frees `name` whoever holds it (the row and its token stay); true if
     /// it was held. Wakes the waiters (PostgreSQL: NOTIFY).
     pub(crate) async fn force_release(&self, db: &Backend, name: &str) -> Result<bool> {
-        let t = &self.table;
-        let freed = match db {
-            Backend::Postgres(pool) => {
-                let freed = sqlx::query(AssertSqlSafe(format!(
-                    "UPDATE {t} SET owner = NULL, holds = 0, expires_at = 0 \
-                     WHERE name = $1 AND owner IS NOT NULL AND expires_at > {PG_MS}"
-                )))
-                .bind(name)
-                .execute(pool)
-                .await?
-                .rows_affected();
-                if freed > 0 {
-                    sqlx::query("SELECT pg_notify($1, $2)")
-                        .bind(self.channel())
-                        .bind(name)
-                        .execute(pool)
-                        .await?;
-                }
-                freed
-            }
-            Backend::MySql(pool) => sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {t} SET owner = NULL, holds = 0, expires_at = 0 \
-                 WHERE name = ? AND owner IS NOT NULL AND expires_at > {MY_MS}"
-            )))
-            .bind(name)
-            .execute(pool)
-            .await?
-            .rows_affected(),
-            Backend::Sqlite(pool) => sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {t} SET owner = NULL, holds = 0, expires_at = 0 \
-                 WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {LITE_MS}"
-            )))
-            .bind(name)
-            .execute(pool)
-            .await?
-            .rows_affected(),
-        };
-        Ok(freed > 0)
+        let sql = self.sql(
+            db,
+            "UPDATE {t} SET owner = NULL, holds = 0, expires_at = 0 \
+             WHERE name = ? AND owner IS NOT NULL AND expires_at > {ms}",
+        );
+        let freed = on!(db, query, sql, |q| q.bind(name), execute) > 0;
+        if freed {
+            self.notify(db, name).await?;
+        }
+        Ok(freed)
     }
 
     /// Re-arms every live hold among `holds` to `lease_ms` from now, in one
@@ -547,126 +477,110 @@ impl Statements {
         lease_ms: i64,
     ) -> Result<Vec<HoldKey>> {
         let t = &self.table;
-        let triples = |first: usize, numbered: bool, dollar: bool| -> String {
-            (0..holds.len())
-                .map(|i| {
-                    let [a, b, c] = [0, 1, 2].map(|k| first + 3 * i + k);
-                    match (numbered, dollar) {
-                        (true, true) => format!("(${a}, ${b}, ${c})"),
-                        (true, false) => format!("(?{a}, ?{b}, ?{c})"),
-                        _ => "(?, ?, ?)".to_owned(),
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
+        let list = vec!["(?, ?, ?)"; holds.len()].join(", ");
+        let ms = match db {
+            Backend::Postgres(_) => PG_MS,
+            Backend::MySql(_) => MY_MS,
+            Backend::Sqlite(_) => LITE_MS,
         };
-        match db {
-            Backend::Postgres(pool) => {
-                let sql = format!(
-                    "UPDATE {t} SET expires_at = {PG_MS} + $1 \
-                     WHERE (name, owner, token) IN ({}) AND expires_at > {PG_MS} \
-                     RETURNING name, owner, token",
-                    triples(2, true, true)
-                );
-                let mut query = sqlx::query_as(AssertSqlSafe(sql)).bind(lease_ms);
-                for (name, owner, token) in holds {
-                    query = query.bind(name).bind(owner).bind(token);
-                }
-                Ok(query.fetch_all(pool).await?)
-            }
-            Backend::Sqlite(pool) => {
-                let sql = format!(
-                    "UPDATE {t} SET expires_at = {LITE_MS} + ?1 \
-                     WHERE (name, owner, token) IN ({}) AND expires_at > {LITE_MS} \
-                     RETURNING name, owner, token",
-                    triples(2, true, false)
-                );
-                let mut query = sqlx::query_as(AssertSqlSafe(sql)).bind(lease_ms);
-                for (name, owner, token) in holds {
-                    query = query.bind(name).bind(owner).bind(token);
-                }
-                Ok(query.fetch_all(pool).await?)
-            }
-            Backend::MySql(pool) => {
-                // No RETURNING: the update, then which of them are live and
-                // still ours, on the same connection.
-                let list = triples(0, false, false);
-                let mut conn = pool.acquire().await?;
-                let mut update = sqlx::query(AssertSqlSafe(format!(
-                    "UPDATE {t} SET expires_at = {MY_MS} + ? \
-                     WHERE (name, owner, token) IN ({list}) AND expires_at > {MY_MS}"
-                )))
-                .bind(lease_ms);
-                for (name, owner, token) in holds {
-                    update = update.bind(name).bind(owner).bind(token);
-                }
-                update.execute(&mut *conn).await?;
-                let mut live = sqlx::query_as(AssertSqlSafe(format!(
-                    "SELECT CAST(name AS CHAR), CAST(owner AS CHAR), token FROM {t} \
-                     WHERE (name, owner, token) IN ({list}) AND expires_at > {MY_MS}"
-                )));
-                for (name, owner, token) in holds {
-                    live = live.bind(name).bind(owner).bind(token);
-                }
-                Ok(live.fetch_all(&mut *conn).await?)
-            }
+        // Built here rather than from a template: its list of holds has a
+        // length of its own.
+        let update = numbered(
+            db,
+            format!(
+                "UPDATE {t} SET expires_at = {ms} + ? \
+             WHERE (name, owner, token) IN ({list}) AND expires_at > {ms}"
+            ),
+        );
+        let Backend::MySql(pool) = db else {
+            // RETURNING: the holds this statement renewed.
+            let sql = format!("{update} RETURNING name, owner, token");
+            let renewed: Vec<HoldKey> = on!(
+                db,
+                query_as,
+                sql,
+                |q| holds
+                    .iter()
+                    .fold(q.bind(lease_ms), |q, (name, owner, token)| q
+                        .bind(name)
+                        .bind(owner)
+                        .bind(token)),
+                fetch_all
+            );
+            return Ok(renewed);
+        };
+        // No RETURNING: the update, then which of them are live and still
+        // ours, on the same connection.
+        let mut conn = pool.acquire().await?;
+        let mut update = sqlx::query(AssertSqlSafe(update)).bind(lease_ms);
+        for (name, owner, token) in holds {
+            update = update.bind(name).bind(owner).bind(token);
         }
+        update.execute(&mut *conn).await?;
+        let mut live = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT CAST(name AS CHAR), CAST(owner AS CHAR), token FROM {t} \
+             WHERE (name, owner, token) IN ({list}) AND expires_at > {ms}"
+        )));
+        for (name, owner, token) in holds {
+            live = live.bind(name).bind(owner).bind(token);
+        }
+        Ok(live.fetch_all(&mut *conn).await?)
     }
 
     /// Whether any owner holds `name` now (by the database's clock).
     pub(crate) async fn is_locked(&self, db: &Backend, name: &str) -> Result<bool> {
-        let t = &self.table;
-        let n: i64 = match db {
-            Backend::Postgres(pool) => sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT count(*) FROM {t} WHERE name = $1 AND owner IS NOT NULL AND expires_at > {PG_MS}"
-            )))
-            .bind(name)
-            .fetch_one(pool)
-            .await?,
-            Backend::MySql(pool) => sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT count(*) FROM {t} WHERE name = ? AND owner IS NOT NULL AND expires_at > {MY_MS}"
-            )))
-            .bind(name)
-            .fetch_one(pool)
-            .await?,
-            Backend::Sqlite(pool) => sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT count(*) FROM {t} WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {LITE_MS}"
-            )))
-            .bind(name)
-            .fetch_one(pool)
-            .await?,
-        };
+        let sql = self.sql(
+            db,
+            "SELECT count(*) FROM {t} WHERE name = ? AND owner IS NOT NULL AND expires_at > {ms}",
+        );
+        let n: i64 = on!(db, query_scalar, sql, |q| q.bind(name), fetch_one);
         Ok(n > 0)
     }
 }
 
-/// PostgreSQL's and SQLite's acquire: one upsert whose `WHERE` lets it
-/// take only a free or expired row or this owner's own; `RETURNING` gives
-/// the token when it did (no row: held by another owner).
-fn upsert(t: &str, name: &str, owner: &str, lease: &str, ms: &str, first_token: &str) -> String {
-    let live = format!("{t}.owner = excluded.owner AND {t}.expires_at > {ms}");
-    format!(
-        "INSERT INTO {t} (name, owner, holds, token, expires_at, acquired_at) \
-         VALUES ({name}, {owner}, 1, {first_token}, {ms} + {lease}, {ms}) \
-         ON CONFLICT (name) DO UPDATE SET \
-         holds = CASE WHEN {live} THEN {t}.holds + 1 ELSE 1 END, \
-         token = CASE WHEN {live} THEN {t}.token ELSE {t}.token + 1 END, \
-         acquired_at = CASE WHEN {live} THEN {t}.acquired_at ELSE excluded.acquired_at END, \
-         owner = excluded.owner, \
-         expires_at = excluded.expires_at \
-         WHERE {t}.owner IS NULL OR {t}.expires_at <= {ms} OR {t}.owner = excluded.owner \
-         RETURNING token"
-    )
+/// `sql` with its `?` placeholders numbered `$1, $2, …` for PostgreSQL,
+/// as it is for the others.
+fn numbered(db: &Backend, sql: String) -> String {
+    if !db.is_postgres() {
+        return sql;
+    }
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push_str(&format!("${n}"));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
-/// PostgreSQL's and SQLite's release (every `SET` reads the old row).
-fn release(t: &str, name: &str, owner: &str, holds: &str, ms: &str) -> String {
-    format!(
-        "UPDATE {t} SET \
-         owner = CASE WHEN holds <= {holds} THEN NULL ELSE owner END, \
-         expires_at = CASE WHEN holds <= {holds} THEN 0 ELSE expires_at END, \
-         holds = CASE WHEN holds <= {holds} THEN 0 ELSE holds - {holds} END \
-         WHERE name = {name} AND owner = {owner} AND expires_at > {ms} \
-         RETURNING holds"
-    )
-}
+/// PostgreSQL's and SQLite's acquire: one upsert whose `WHERE` lets it
+/// take only a free or expired row or this owner's own; `RETURNING` gives
+/// the token when it did (no row: held by another owner). A first token is
+/// the clock in microseconds (at least 1): tokens of a name never go back,
+/// even when its row was deleted.
+const UPSERT: &str = "INSERT INTO {t} (name, owner, holds, token, expires_at, acquired_at) \
+     VALUES (?, ?, 1, CASE WHEN {us} > 1 THEN {us} ELSE 1 END, {ms} + ?, {ms}) \
+     ON CONFLICT (name) DO UPDATE SET \
+     holds = CASE WHEN {t}.owner = excluded.owner AND {t}.expires_at > {ms} \
+       THEN {t}.holds + 1 ELSE 1 END, \
+     token = CASE WHEN {t}.owner = excluded.owner AND {t}.expires_at > {ms} \
+       THEN {t}.token ELSE {t}.token + 1 END, \
+     acquired_at = CASE WHEN {t}.owner = excluded.owner AND {t}.expires_at > {ms} \
+       THEN {t}.acquired_at ELSE excluded.acquired_at END, \
+     owner = excluded.owner, \
+     expires_at = excluded.expires_at \
+     WHERE {t}.owner IS NULL OR {t}.expires_at <= {ms} OR {t}.owner = excluded.owner \
+     RETURNING token";
+
+/// PostgreSQL's and SQLite's release (every `SET` reads the old row); the
+/// holds to give back are bound four times.
+const RELEASE: &str = "UPDATE {t} SET \
+     owner = CASE WHEN holds <= ? THEN NULL ELSE owner END, \
+     expires_at = CASE WHEN holds <= ? THEN 0 ELSE expires_at END, \
+     holds = CASE WHEN holds <= ? THEN 0 ELSE holds - ? END \
+     WHERE name = ? AND owner = ? AND expires_at > {ms} \
+     RETURNING holds";

@@ -86,7 +86,7 @@ mod lock;
 mod settings;
 
 pub use client::{SqlClient, SqlStats};
-pub use error::{Error, Result};
+pub use error::{is_transient, Error, Result};
 pub use hasp_owner::{InvalidOwner, Owner};
 pub use lock::{SqlGuard, SqlLock};
 pub use settings::SqlSettings;

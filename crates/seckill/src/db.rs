@@ -71,32 +71,11 @@ pub struct Database {
 }
 
 /// Whether a database error means "the database cannot answer now; ask
-/// again": unreachable, its pool exhausted, or busy (SQLite's file locked
-/// by another process, PostgreSQL or MariaDB out of connections, a lock
-/// wait that timed out, a deadlock victim, a server starting up). Every
-/// route answers these the same way: 503 with `Retry-After`.
+/// again" (unreachable, its pool exhausted, busy or locked): the same
+/// classification as the table lock's. Every route answers these the same
+/// way: 503 with `Retry-After`.
 pub fn is_unavailable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
-        sqlx::Error::Database(d) => {
-            if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
-                // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their
-                // extended codes (the primary code is the low byte).
-                let code = d.code().and_then(|c| c.parse::<i64>().ok()).unwrap_or(0);
-                matches!(code & 0xff, 5 | 6)
-            } else if let Some(e) = d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-                // lock_not_available, deadlock_detected, too_many_connections,
-                // cannot_connect_now, admin_shutdown
-                matches!(e.code(), "55P03" | "40P01" | "53300" | "57P03" | "57P01")
-            } else if let Some(e) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                // lock wait timeout, deadlock, too many connections
-                matches!(e.number(), 1205 | 1213 | 1040)
-            } else {
-                false
-            }
-        }
-        _ => false,
-    }
+    hasp_sql::is_transient(e)
 }
 
 /// How long a query waits for a pooled connection (sqlx's default is 30 s).
