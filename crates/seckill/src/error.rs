@@ -58,6 +58,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// True when a dependency could not answer now (Redis or the database
+    /// unreachable, busy or locked): the service answers these 503 with
+    /// `Retry-After`. A database failure of this kind changed nothing; a
+    /// Redis one after a purchase was sent leaves its outcome unknown.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::Database(e) => crate::db::is_unavailable(e),
+            Error::TableLock(e) => e.is_retryable(),
+            Error::Lock(e) => e.is_retryable(),
+            Error::Redis(e) => hasp::Error::Redis(e.clone()).is_retryable(),
+            _ => false,
+        }
+    }
+
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         Error::Invalid {
             field,
