@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::config::Settings;
-use crate::core::learning::LearnedLease;
+use crate::core::lease::LearnedLease;
 use crate::core::Core;
 use crate::error::Result;
 use crate::fair_lock::FairLock;

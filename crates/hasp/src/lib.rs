@@ -165,7 +165,7 @@ pub mod __bench {
 
 pub use client::{Client, Stats};
 pub use config::{AdaptiveLease, ReplicaAck, Settings, MAX_LEASE};
-pub use core::learning::LearnedLease;
+pub use core::lease::LearnedLease;
 pub use error::{Error, Result};
 pub use fair_lock::FairLock;
 pub use guard::Guard;

@@ -7,7 +7,7 @@ use crate::config::validate_lease;
 use crate::config::MAX_COUNT;
 use crate::core::holds::{HoldState, Lease};
 use crate::core::keys::LockKeys;
-use crate::core::wire::permits::{PermitOp, Resize};
+use crate::core::wire::semaphore::{PermitOp, Resize};
 use crate::core::{deadline_after, Core};
 use crate::error::{Error, Result};
 use hasp_owner::Owner;

@@ -16,7 +16,7 @@ use std::time::Instant;
 use super::batcher::Queue;
 use super::keys::LockKeys;
 use super::waiters::{ran_out, remaining, unconfirmed_as_busy, Attempt};
-use super::wire::permits::Place;
+use super::wire::semaphore::Place;
 use super::wire::Op;
 use super::Core;
 use crate::config::lease_millis;

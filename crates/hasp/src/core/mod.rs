@@ -20,10 +20,16 @@
 //! | `holds` | the registry of held locks, re-entry counts, belief ends |
 //! | `watchdog` | lease renewal, and the check of every hold after a reconnect |
 //! | `line` | waiting in a line kept in Redis (fair lock, read-write lock, semaphore) |
-//! | `fair`, `rw`, `permits`, `latch` | each kind's operations on the floor |
+//! | `lock`, `fair_lock`, `rw_lock`, `semaphore`, `latch`, `lease` | each kind's operations on the floor (`lease`: what the adaptive locks of a class learned, `adaptive` its estimator) |
 //!
-//! Imports run one way: the kinds' modules (`fair`, `rw`, `permits`,
-//! `latch`) → `mod.rs`, `line` → `watchdog`, `waiters` → `batcher`,
+//! A kind has one name at every layer: its public handle
+//! (`crate::fair_lock`, …), its operations here, its wire format
+//! (`wire::fair_lock`, …) and its script (`scripts/fair_lock.lua`, …). The
+//! reentrant lock's wire format is still the top of `wire/mod.rs`, and
+//! `dispatch.lua` calls the functions of its `lock.lua` directly.
+//!
+//! Imports run one way: the kinds' modules (`lock`, `fair_lock`, `rw_lock`,
+//! `semaphore`, `latch`, `lease`) → `mod.rs`, `line` → `watchdog`, `waiters` → `batcher`,
 //! `reply`, `pubsub`, `holds`, `commands` → `endpoint`, `wire` → `keys`,
 //! `scripts`.
 //!
@@ -57,17 +63,18 @@ mod adaptive;
 mod batcher;
 mod commands;
 pub(crate) mod endpoint;
-mod fair;
+mod fair_lock;
 pub(crate) mod holds;
 pub(crate) mod keys;
 mod latch;
-pub(crate) mod learning;
+pub(crate) mod lease;
 mod line;
-mod permits;
+mod lock;
 mod pubsub;
 mod reply;
-mod rw;
+mod rw_lock;
 pub(crate) mod scripts;
+mod semaphore;
 mod waiters;
 mod watchdog;
 pub(crate) mod wire;
@@ -79,7 +86,7 @@ use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
 use keys::{Kind, LockKeys};
 use pubsub::{Listener, PubSub};
 use reply::{HoldReply, Undo};
-use waiters::{ran_out, unconfirmed_as_busy, Waiters, RECHECK};
+use waiters::Waiters;
 use watchdog::Watchdog;
 use wire::{Op, Reply};
 
@@ -297,79 +304,6 @@ impl Core {
         }
     }
 
-    /// Takes (or re-enters) the lock for `owner`. Without `wait`, one try;
-    /// with it, until acquired or `deadline`. `Ok(None)`: held by another
-    /// owner when the time ran out.
-    pub(crate) async fn acquire(
-        &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
-        lease: Lease,
-        deadline: Option<Instant>,
-        wait: bool,
-    ) -> Result<Option<Arc<HoldState>>> {
-        if let Some(hold) = self.reenter(keys, owner, lease).await? {
-            return Ok(Some(hold));
-        }
-        if keys.kind == Kind::FairLock {
-            return self.acquire_fair(keys, owner, lease, deadline, wait).await;
-        }
-        // Queue behind local waiters rather than barge past them.
-        let behind_local_waiters = wait && self.waiters.has_waiters(&keys.channel);
-        let mut ttl = None;
-        if !behind_local_waiters {
-            let first = self.attempt(keys, owner, lease, wait).await;
-            let mut unconfirmed = None;
-            let first = if wait {
-                unconfirmed_as_busy(first, deadline, &mut unconfirmed)
-            } else {
-                first
-            };
-            match first? {
-                Attempt::Done(hold) => return Ok(Some(hold)),
-                Attempt::Busy(t) => ttl = t,
-            }
-            if !wait || remaining(deadline).is_zero() {
-                return ran_out(unconfirmed);
-            }
-        }
-        let lease_ms = self.lease_ms(lease);
-        let waiter = self.waiters.join(keys, owner, lease_ms, &self.queue);
-        // Wait for the subscription (a release before it would be missed),
-        // but no longer than the lock's TTL: past it the next try is due.
-        let confirm = remaining(deadline)
-            .min(self.settings.response_timeout)
-            .min(ttl.unwrap_or(RECHECK));
-        waiter.ready(confirm).await;
-        let attempt = || self.attempt(keys, owner, lease, true);
-        let granted = |grant: waiters::Grant| {
-            let confirmed = (grant.sent_at, lease_ms);
-            Some(
-                self.holds
-                    .insert(keys, owner, grant.token, lease, confirmed),
-            )
-        };
-        waiter
-            .wait_for(deadline, ttl, behind_local_waiters, attempt, granted)
-            .await
-    }
-
-    /// One try, never queuing: re-enters a hold this client has for `owner`,
-    /// or asks Redis once. `flag_waiting` tells the holder's client that
-    /// someone waits (it then frees the lock instead of handing it on).
-    pub(crate) async fn try_once(
-        &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
-        lease: Lease,
-        flag_waiting: bool,
-    ) -> Result<Attempt<Arc<HoldState>>> {
-        if let Some(hold) = self.reenter(keys, owner, lease).await? {
-            return Ok(Attempt::Done(hold));
-        }
-        self.attempt(keys, owner, lease, flag_waiting).await
-    }
-
     /// Subscribes to the release messages of `keys`' lock without queuing
     /// for it.
     pub(crate) fn watch(&self, keys: &Arc<LockKeys>) -> Watch {
@@ -429,25 +363,6 @@ impl Core {
             }
         }
         Ok(self.holds.reenter(&state).then_some(state))
-    }
-
-    /// One acquire attempt (batched with whatever else is pending).
-    async fn attempt(
-        &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
-        lease: Lease,
-        flag_waiting: bool,
-    ) -> Result<Attempt<Arc<HoldState>>> {
-        let lease_ms = self.lease_ms(lease);
-        let op = Op::Acquire {
-            keys: keys.clone(),
-            owner: owner.clone(),
-            lease_ms,
-            flag_waiting,
-            nonce: self.queue.nonce(),
-        };
-        self.take_hold(keys, owner, lease, lease_ms, op).await
     }
 
     /// Sends `op`, an acquisition of a lock-like kind (lock, fair lock, a
@@ -543,15 +458,6 @@ impl Core {
             Kind::FairLock => (self.fair_release(keys, owner, holds), then),
             Kind::RwRead | Kind::RwWrite => (self.rw_release(keys, owner, holds), then),
             _ => self.waiters.release(&self.queue, keys, owner, holds, then),
-        }
-    }
-
-    /// Frees the lock whoever holds it and wakes every client's waiters.
-    pub(crate) async fn force_release(&self, keys: &Arc<LockKeys>) -> Result<bool> {
-        let op = Op::Force { keys: keys.clone() };
-        match self.queue.call(op).await.map_err(|_| closed())?? {
-            Reply::Forced(freed) => Ok(freed),
-            other => Err(unexpected(keys, other)),
         }
     }
 

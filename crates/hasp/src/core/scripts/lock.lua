@@ -104,7 +104,7 @@
 -- behind the clock's 100 ms floor (a replica that missed the last
 -- increments: at most once per 100 ms per name). lease: the counter's
 -- expiry in ms, that of the hold the token is for; nil for a caller that
--- sets the counter's expiry itself (rw.lua).
+-- sets the counter's expiry itself (rw_lock.lua).
 local function next_token(fence, lease)
   local now = clock_us()
   local token = call('incr', fence)

@@ -17,18 +17,18 @@ use super::holds::HoldState;
 use super::keys::{Kind, LockKeys};
 use super::scripts::{Library, BATCH};
 use crate::error::Error;
-use fair::FairOp;
+use fair_lock::FairOp;
 use hasp_owner::Owner;
 use latch::LatchOp;
 use lease::LeaseMerge;
-use permits::PermitOp;
-use rw::RwOp;
+use rw_lock::RwOp;
+use semaphore::PermitOp;
 
-pub(crate) mod fair;
+pub(crate) mod fair_lock;
 pub(crate) mod latch;
 pub(crate) mod lease;
-pub(crate) mod permits;
-pub(crate) mod rw;
+pub(crate) mod rw_lock;
+pub(crate) mod semaphore;
 
 /// Identifies one operation, so that the client can tell afterwards whether
 /// a call whose reply was lost applied it (see `lock.lua`, "nonce").
@@ -138,7 +138,7 @@ pub(crate) enum Reply {
     /// Semaphore acquire: the permits were taken.
     Granted,
     /// What a semaphore's query or capacity change answered (see
-    /// `permits.lua`).
+    /// `semaphore.lua`).
     Value(i64),
     /// A lease history after a merge (all 0: nothing known).
     Learned {

@@ -1,4 +1,4 @@
-//! A semaphore's operations in the batch call (`permits.lua`): encoded and
+//! A semaphore's operations in the batch call (`semaphore.lua`): encoded and
 //! decoded here, beside the lock's in the parent module.
 
 use std::sync::Arc;

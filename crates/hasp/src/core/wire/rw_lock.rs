@@ -1,11 +1,11 @@
-//! A read-write lock's operations in the batch call (`rw.lua`).
+//! A read-write lock's operations in the batch call (`rw_lock.lua`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Cmd;
 
-use super::permits::Place;
+use super::semaphore::Place;
 use super::{Nonce, Op, Reply};
 use crate::core::keys::{Kind, LockKeys};
 use hasp_owner::Owner;

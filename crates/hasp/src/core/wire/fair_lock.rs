@@ -1,11 +1,11 @@
-//! A fair lock's operations in the batch call (`fair.lua`).
+//! A fair lock's operations in the batch call (`fair_lock.lua`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Cmd;
 
-use super::permits::Place;
+use super::semaphore::Place;
 use super::{Nonce, Op, Reply};
 use crate::core::keys::LockKeys;
 use hasp_owner::Owner;

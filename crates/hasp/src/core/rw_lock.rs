@@ -1,7 +1,7 @@
 //! A read-write lock's operations on the floor: read and write holds are
 //! holds of two kinds on one set of keys (registry, watchdog, re-entry,
 //! guards, settlements as a lock's), and acquisitions wait in a line kept in
-//! Redis (`line`) that gives waiting writers preference (`rw.lua`).
+//! Redis (`line`) that gives waiting writers preference (`rw_lock.lua`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,8 +9,8 @@ use std::time::Instant;
 use super::holds::{Found, HoldState, Lease};
 use super::keys::{Kind, LockKeys};
 use super::waiters::Attempt;
-use super::wire::permits::Place;
-use super::wire::rw::RwOp;
+use super::wire::rw_lock::RwOp;
+use super::wire::semaphore::Place;
 use super::wire::Op;
 use super::Core;
 use crate::error::{Error, Result};
@@ -61,7 +61,7 @@ impl Core {
             };
         }
         let (id, mut place) = self.new_place(1);
-        // The member names the kind of waiter (see `rw.lua`).
+        // The member names the kind of waiter (see `rw_lock.lua`).
         let kind = match (keys.kind, prefer_readers) {
             (Kind::RwWrite, _) => 'W',
             (_, true) => 'P',

@@ -1,7 +1,7 @@
 //! A fair lock's operations on the floor: a lock's holds (registry,
 //! watchdog, re-entry, guards) with acquisitions that wait in a line kept in
 //! Redis (`line`) instead of racing, and releases that wake the head of the
-//! line only (`fair.lua`).
+//! line only (`fair_lock.lua`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,8 +9,8 @@ use std::time::Instant;
 use super::holds::{HoldState, Lease};
 use super::keys::LockKeys;
 use super::waiters::Attempt;
-use super::wire::fair::FairOp;
-use super::wire::permits::Place;
+use super::wire::fair_lock::FairOp;
+use super::wire::semaphore::Place;
 use super::wire::Op;
 use super::Core;
 use crate::error::Result;

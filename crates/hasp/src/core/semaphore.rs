@@ -2,7 +2,7 @@
 //! renewed and waited for with the machinery the lock uses (the batcher's
 //! calls and settlements, the holds registry and watchdog, the waiters'
 //! subscriptions), plus a queue in Redis so that waiters of every client
-//! are served in order of arrival (`permits.lua`).
+//! are served in order of arrival (`semaphore.lua`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,7 +11,7 @@ use super::holds::{Found, HoldState, Lease, ReleaseStep};
 use super::keys::LockKeys;
 use super::reply::{HoldReply, Undo};
 use super::waiters::Attempt;
-use super::wire::permits::{PermitOp, Place, Resize};
+use super::wire::semaphore::{PermitOp, Place, Resize};
 use super::wire::{Op, Reply};
 use super::{closed, Core};
 use crate::error::{Error, Result};
@@ -211,7 +211,7 @@ impl Core {
         Ok(held)
     }
 
-    /// A semaphore operation that answers a number (see `permits.lua`).
+    /// A semaphore operation that answers a number (see `semaphore.lua`).
     pub(crate) async fn permits_value(&self, op: PermitOp) -> Result<i64> {
         let keys = op.keys().clone();
         match self
