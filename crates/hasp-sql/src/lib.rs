@@ -1,4 +1,4 @@
-//! # hasp-sql — hasp's lock kept in a database table (seed 004)
+//! # hasp-sql — hasp's lock kept in a database table
 //!
 //! For a deployment with PostgreSQL, MySQL/MariaDB or SQLite and no Redis:
 //! the same shape as `hasp::Lock` (owner, lease or watchdog renewal,

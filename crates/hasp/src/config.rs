@@ -41,7 +41,7 @@ pub struct Settings {
 }
 
 /// How a lock in adaptive mode ([`Lock::with_adaptive_lease`](crate::Lock::with_adaptive_lease))
-/// learns its lease (seed 001, with TCP's retransmission-timer estimator,
+/// learns its lease (with TCP's retransmission-timer estimator,
 /// RFC 6298): each full release of a hold gives a sample `s`, the time it
 /// was held (ms, monotonic); the first sets `srtt = s`, `rttvar = s / 2`,
 /// each later one `rttvar = (1 − β)·rttvar + β·|srtt − s|`, then

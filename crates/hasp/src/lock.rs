@@ -142,7 +142,7 @@ impl Lock {
     }
 
     /// This handle with a lease learned from how long the holds of `class`
-    /// last (seed 001; see [`AdaptiveLease`](crate::AdaptiveLease) for the
+    /// last (see [`AdaptiveLease`](crate::AdaptiveLease) for the
     /// rule and its settings): short sections get short leases, so a lock
     /// whose holder died frees sooner, and a hold is renewed only when its
     /// remaining lease runs low, by the client's single scheduler, so a

@@ -1,4 +1,4 @@
-//! `seckill-tools lab`: seed 003's walk through the oversell bug, runnable.
+//! `seckill-tools lab`: the walk through the oversell bug, runnable.
 //!
 //! The same flash sale — same stock, same buyers, same concurrency, two
 //! simulated service instances with their own Redis connections — runs
@@ -113,7 +113,7 @@ impl Strategy {
             }
             Strategy::AtomicLua => "check and decrement in one script: nothing can interleave",
             Strategy::TableLock => {
-                "seed 004 done properly: one atomic upsert per try, owner-checked release, renewal"
+                "a database table lock done properly: one atomic upsert per try, owner-checked release, renewal"
             }
         }
     }

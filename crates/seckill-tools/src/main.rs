@@ -29,7 +29,7 @@ enum Command {
     /// killed, Redis and the database restarted, Redis paused); then
     /// nothing may be lost, duplicated or oversold.
     Chaos(chaos::ChaosArgs),
-    /// Seed 003's oversell walk: the same sale against seven strategies.
+    /// The oversell walk: the same sale against eight strategies, from the naive to the safe.
     Lab(lab::LabArgs),
 }
 

@@ -44,9 +44,9 @@ use crate::store::ReplicaAck;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
-    /// Redis fast path + durable pipeline (seed 002).
+    /// Redis fast path + durable pipeline.
     Async,
-    /// Per-user lock + database transaction (seeds 000/002).
+    /// Per-user lock + database transaction.
     Sync,
 }
 
@@ -57,7 +57,7 @@ pub enum UserLocks {
     /// `hasp` locks in Redis.
     Redis,
     /// `hasp-sql` locks in the service's database (table `hasp_locks`):
-    /// the sync path then needs no Redis lock server (seed 004).
+    /// the sync path then needs no Redis lock server.
     Database,
 }
 

@@ -1,4 +1,4 @@
-//! Learned leases (seed 001): per class of locks, an estimate of how long
+//! Learned leases: per class of locks, an estimate of how long
 //! holds last, kept in the client and merged at most once a second into a
 //! history shared in Redis (`lease.lua`).
 //!

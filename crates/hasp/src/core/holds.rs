@@ -3,7 +3,7 @@
 //! client, and every guard gives back its own).
 //!
 //! Re-entries are counted here, not in Redis: the client that holds a lock
-//! already knows it does (seed 001), so a re-entry in watchdog mode costs no
+//! already knows it does, so a re-entry in watchdog mode costs no
 //! round trip. Redis sees one hold per (lock, owner, client) — more only when
 //! two clients share an explicit owner — and the watchdog renews what is
 //! listed here.

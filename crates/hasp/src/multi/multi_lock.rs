@@ -26,7 +26,7 @@ const RECHECK: Duration = Duration::from_secs(1);
 /// One lock made of several: held when every part is held by its owner,
 /// never partly.
 ///
-/// The seeds' answer to replica lag (seeds 000 and 002): the same lock name
+/// Against replica lag: the same lock name
 /// on several independent Redis servers, each a [`Client`](crate::Client),
 /// all of which must agree. It also takes several different locks at once
 /// (an order touching two accounts).

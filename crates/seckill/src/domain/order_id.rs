@@ -11,7 +11,7 @@ pub const EPOCH_UNIX_SECS: u64 = 1_704_067_200;
 const SEQUENCE_BITS: u32 = 32;
 const MAX_SECONDS: u64 = (1 << 31) - 1;
 
-/// A globally unique order id (seed 002's layout):
+/// A globally unique order id:
 ///
 /// | bit 63 | bits 62–32 | bits 31–0 |
 /// |---|---|---|

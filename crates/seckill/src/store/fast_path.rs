@@ -1,4 +1,4 @@
-//! The atomic Redis purchase (seed 002's fast path).
+//! The atomic Redis purchase.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
