@@ -128,20 +128,25 @@ async fn ten_thousand_locks_cost_one_script_call_per_hundred_per_period() {
     .await;
     assert!(three_rounds, "renewal rounds are missing");
     let elapsed = acquired_at.elapsed();
-    // The lanes' last calls of the round may still be on the wire: compare
-    // once the server has caught up with the client's count.
-    let server_agrees = testkit::eventually(Duration::from_secs(2), || {
-        let (ctx, client) = (&ctx, &client);
+    let client_calls = client.stats().renew_calls;
+    // The lanes' last calls of a round may still be on the wire: compare
+    // once the server has caught up with the client's count, between two
+    // rounds (a loaded machine may take most of a period for a round).
+    let seen = std::sync::Mutex::new((0, 0));
+    let server_agrees = testkit::eventually(Duration::from_secs(30), || {
+        let (ctx, client, seen) = (&ctx, &client, &seen);
         async move {
             let expected = server_start + client.stats().renew_calls;
-            ctx.batch_calls().await == expected
+            let server = ctx.batch_calls().await;
+            *seen.lock().unwrap() = (server, expected);
+            server == expected
         }
     })
     .await;
-    let client_calls = client.stats().renew_calls;
+    let (server, counted) = *seen.lock().unwrap();
     assert!(
         server_agrees,
-        "the server saw script calls the client did not count"
+        "the server ran {server} script calls, the client counted {counted}"
     );
     // Read just after the 300th call, so within the third round.
     let extra = if on_cluster() { 0 } else { 3 * 3 };
