@@ -40,6 +40,21 @@ impl TestApp {
         (r.status(), r.json().await.unwrap_or(Value::Null))
     }
 
+    /// `POST /api/vouchers` with `body` sent as it is (JSON no serializer
+    /// would write), as the admin.
+    async fn create_voucher_raw(&self, body: String) -> (StatusCode, Value) {
+        let r = self
+            .http
+            .post(format!("{}/api/vouchers", self.base))
+            .bearer_auth(self.token(Principal::Admin))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json().await.unwrap_or(Value::Null))
+    }
+
     async fn buy(&self, voucher: i64, user: i64) -> (StatusCode, Value) {
         let r = self
             .http
@@ -786,17 +801,8 @@ async fn a_duplicated_key_names_its_field() {
         r#"{{"title":"x","stock":1,"stock":2,"begin_ms":{now},"end_ms":{}}}"#,
         now + 60_000
     );
-    let r = app
-        .http
-        .post(format!("{}/api/vouchers", app.base))
-        .bearer_auth(app.token(Principal::Admin))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-    let body: Value = r.json().await.unwrap();
+    let (status, body) = app.create_voucher_raw(body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(body["field"], "stock", "{body}");
 }
 
@@ -1028,17 +1034,8 @@ async fn a_lone_surrogate_in_a_title_names_the_title() {
         now_ms(),
         now_ms() + 60_000
     );
-    let r = app
-        .http
-        .post(format!("{}/api/vouchers", app.base))
-        .bearer_auth(app.token(Principal::Admin))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-    let err: Value = r.json().await.unwrap();
+    let (status, err) = app.create_voucher_raw(body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(err["field"], "title", "{err}");
     assert_eq!(err["code"], "invalid_request", "{err}");
 }
