@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::fair_lock::FairLock;
 use crate::latch::CountDownLatch;
 use crate::lock::Lock;
+use crate::plain_lock::PlainLock;
 use crate::rw_lock::RwLock;
 use crate::semaphore::Semaphore;
 
@@ -61,6 +62,14 @@ pub struct Stats {
     /// Script calls that carried lease renewals since the client started
     /// (renewals share the calls of the client's other lock operations).
     pub renew_calls: u64,
+    /// Operations applied by one native command instead of the batch
+    /// function (a plain lock's acquisition on any server; on a server with
+    /// conditional commands, Valkey 9, a last release and a plain lock's
+    /// renewal). See [`PlainLock`](crate::PlainLock).
+    pub native_ops: u64,
+    /// Native commands that found the lock otherwise and changed nothing:
+    /// their operation then went through the function.
+    pub native_fallbacks: u64,
     /// Holds currently registered by this client (all names and owners).
     pub held_locks: usize,
     /// Release channels this client is subscribed to right now.
@@ -172,6 +181,17 @@ impl Client {
         Lock::new(self.core.clone(), name)
     }
 
+    /// A handle on the plain lock called `name`: a lock without fencing
+    /// tokens (names as for [`lock`](Self::lock); a plain lock and a lock
+    /// of one name are distinct locks).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// empty or over-long name; no Redis call is made.
+    pub fn plain_lock(&self, name: &str) -> Result<PlainLock> {
+        Ok(PlainLock::new(Lock::new_plain(self.core.clone(), name)?))
+    }
+
     /// A handle on the fair lock called `name` (names as for
     /// [`lock`](Self::lock); a fair lock and a lock of one name are distinct
     /// locks).
@@ -247,6 +267,8 @@ impl Client {
         let counts = self.core.counts();
         Stats {
             renew_calls: counts.renew_calls,
+            native_ops: counts.native_ops,
+            native_fallbacks: counts.native_fallbacks,
             held_locks: counts.held_locks,
             subscribed_channels: counts.subscribed_channels,
         }

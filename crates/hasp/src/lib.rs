@@ -40,6 +40,9 @@
 //!   its class's holds last ([`AdaptiveLease`], [`Client::learned_lease`]).
 //! * [`Guard`] — a held lock: [`Guard::unlock`], [`Guard::fencing_token`],
 //!   [`Guard::lost`].
+//! * [`PlainLock`] — the same lock without fencing tokens, for resources
+//!   that do not check them: cheaper for Redis (a free lock is taken with
+//!   one `SET … NX PX`; on Valkey 9 released with one `DELIFEQ`).
 //! * The family, each a thin type over the same machinery: [`FairLock`]
 //!   (waiters of every client served in order of arrival), [`RwLock`]
 //!   (many readers or one writer, writers not starved, per-hold leases,
@@ -136,6 +139,7 @@ mod guard;
 mod latch;
 mod lock;
 mod multi;
+mod plain_lock;
 mod rw_lock;
 mod semaphore;
 
@@ -175,5 +179,6 @@ pub use lock::Lock;
 pub use multi::fence::{Fence, FenceVector};
 pub use multi::multi_lock::{MultiGuard, MultiLock};
 pub use multi::red_lock::{RedGuard, RedLock};
+pub use plain_lock::{PlainGuard, PlainLock};
 pub use rw_lock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Permit, Semaphore, MAX_PERMITS};

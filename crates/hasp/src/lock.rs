@@ -116,6 +116,12 @@ impl Lock {
         Ok(Self::with_keys(core, keys))
     }
 
+    /// The lock under a plain lock's keys (see [`PlainLock`](crate::PlainLock)).
+    pub(crate) fn new_plain(core: Arc<Core>, name: &str) -> Result<Self> {
+        let keys = core.plain_keys(name)?;
+        Ok(Self::with_keys(core, keys))
+    }
+
     fn with_keys(core: Arc<Core>, keys: Arc<LockKeys>) -> Self {
         Self {
             core,

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::keys::{Kind, LockKeys};
+use super::nonce::Nonce;
 use hasp_owner::Owner;
 
 /// The clock drift allowance of a lease (the Redlock spec's): 1% of it,
@@ -82,6 +83,11 @@ pub(crate) struct HoldState {
     pub(crate) owner: Owner,
     pub(crate) token: u64,
     pub(crate) lease: Lease,
+    /// The acquisition that made this hold, if it was one that writes the
+    /// lock's value whole (`1 <nonce> - <owner>`): while Redis still holds
+    /// exactly that value, a release or renewal can be one conditional
+    /// command (`wire::native`).
+    pub(crate) written: Option<Nonce>,
     /// Redis said the hold is gone (renewal or re-entry found another owner
     /// or no lock).
     gone: AtomicBool,
@@ -298,6 +304,7 @@ impl Holds {
         token: u64,
         lease: Lease,
         (sent_at, lease_ms): (Instant, u64),
+        written: Option<Nonce>,
     ) -> Arc<HoldState> {
         Arc::new(HoldState {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -305,6 +312,7 @@ impl Holds {
             owner: owner.clone(),
             token,
             lease,
+            written,
             gone: AtomicBool::new(false),
             lost_notify: Notify::new(),
             valid_until: Mutex::new(belief_end(sent_at, lease_ms)),
@@ -315,7 +323,8 @@ impl Holds {
     }
 
     /// Records a hold just acquired in Redis by a call sent at `sent_at`
-    /// with a lease of `lease_ms`.
+    /// with a lease of `lease_ms` (`written`: the acquisition, if it wrote
+    /// the lock's value whole).
     pub(crate) fn insert(
         &self,
         keys: &Arc<LockKeys>,
@@ -323,11 +332,17 @@ impl Holds {
         token: u64,
         lease: Lease,
         confirmed: (Instant, u64),
+        written: Option<Nonce>,
     ) -> Arc<HoldState> {
         // Two tasks sharing an owner raced past the local check: Redis
-        // counted a re-entry of the same hold (same token).
-        let same_hold = |state: &HoldState| state.token == token && !state.is_gone();
-        self.insert_or_join(keys, owner, token, lease, confirmed, 1, same_hold)
+        // counted a re-entry of the same hold (same token). A plain lock's
+        // holds have no token: a live hold of the owner is the one Redis
+        // counted again.
+        let same_hold = |state: &HoldState| match keys.kind {
+            Kind::PlainLock => !state.is_lost(),
+            _ => state.token == token && !state.is_gone(),
+        };
+        self.insert_or_join(keys, owner, token, lease, confirmed, 1, same_hold, written)
     }
 
     /// Records `permits` of a semaphore just taken in Redis for `owner` by a
@@ -343,7 +358,7 @@ impl Holds {
         confirmed: (Instant, u64),
     ) -> Arc<HoldState> {
         let live = |state: &HoldState| !state.is_lost();
-        self.insert_or_join(keys, owner, 0, lease, confirmed, permits, live)
+        self.insert_or_join(keys, owner, 0, lease, confirmed, permits, live, None)
     }
 
     /// Adds `units` held in Redis to the entry of (lock, owner) if `joins`
@@ -358,6 +373,7 @@ impl Holds {
         (sent_at, lease_ms): (Instant, u64),
         units: u32,
         joins: impl Fn(&HoldState) -> bool,
+        written: Option<Nonce>,
     ) -> Arc<HoldState> {
         let mut map = self.map(keys);
         let key = Self::key(keys, owner);
@@ -369,7 +385,7 @@ impl Holds {
                 return entry.state.clone();
             }
         }
-        let state = self.new_state(keys, owner, token, lease, (sent_at, lease_ms));
+        let state = self.new_state(keys, owner, token, lease, (sent_at, lease_ms), written);
         map.insert(
             key,
             Entry {

@@ -19,6 +19,9 @@
 //! | `P:{E}:sem:due`                | zset    | `<k>\|<waiter id>` → end of the waiter's place (server ms) |
 //! | `P:{E}:sem:released` (channel) | pub/sub | `>` and the ids of the waiters whose permits are free |
 //!
+//! A plain lock named `N` (no fencing token) has a lock's value under
+//! `P:{E}:plain` and its channel `P:{E}:plain:released`; no counter.
+//!
 //! A fair lock named `N` has a lock's value and fencing counter under
 //! `P:{E}:fair` and `P:{E}:fair:fence`, and a queue of waiters as a
 //! semaphore's (`P:{E}:fair:queue`, `P:{E}:fair:due`, members `1|<waiter id>`);
@@ -50,6 +53,8 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     Lock,
+    /// A lock without fencing tokens (its counter is never written).
+    PlainLock,
     FairLock,
     /// The read side of a read-write lock.
     RwRead,
@@ -93,6 +98,13 @@ impl LockKeys {
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
         let tag = encode_name(name);
         Self::with_base(Kind::Lock, format!("{prefix}:{{{tag}}}"), name, &tag, &[])
+    }
+
+    /// The keys of the plain lock called `name`.
+    pub(crate) fn plain(prefix: &str, name: &str) -> Self {
+        let tag = encode_name(name);
+        let base = format!("{prefix}:{{{tag}}}:plain");
+        Self::with_base(Kind::PlainLock, base, name, &tag, &[])
     }
 
     /// The keys of the fair lock called `name`.

@@ -1,6 +1,8 @@
 //! The reentrant lock's operations on the floor: taking it (one try, or
 //! waiting in this client's line for its release message), and forcing it
-//! free. What every lock-like kind shares (re-entry, the hold's reply,
+//! free. A plain lock is this lock without its fencing counter: the same
+//! operations, which its keys' kind sends under its own opcodes
+//! (`plain_lock.lua`) or as native commands (`wire::native`). What every lock-like kind shares (re-entry, the hold's reply,
 //! release, renewal) is the floor's own (`mod.rs`).
 
 use std::sync::Arc;
@@ -64,7 +66,7 @@ impl Core {
             let confirmed = (grant.sent_at, lease_ms);
             Some(
                 self.holds
-                    .insert(keys, owner, grant.token, lease, confirmed),
+                    .insert(keys, owner, grant.token, lease, confirmed, None),
             )
         };
         waiter
@@ -105,6 +107,12 @@ impl Core {
             nonce: self.queue.nonce(),
         };
         self.take_hold(keys, owner, lease, lease_ms, op).await
+    }
+
+    /// The keys of the plain lock called `name`, after checking the name.
+    pub(crate) fn plain_keys(&self, name: &str) -> Result<Arc<LockKeys>> {
+        let lock = self.keys(name)?; // the same checks as a lock's name
+        Ok(Arc::new(LockKeys::plain(&self.settings.prefix, &lock.name)))
     }
 
     /// Frees the lock whoever holds it and wakes every client's waiters.

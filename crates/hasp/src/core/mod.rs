@@ -70,6 +70,7 @@ mod latch;
 pub(crate) mod lease;
 mod line;
 mod lock;
+mod nonce;
 mod pubsub;
 mod reply;
 mod rw_lock;
@@ -84,6 +85,7 @@ use commands::Commands;
 use endpoint::Endpoint;
 use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
 use keys::{Kind, LockKeys};
+use nonce::Nonce;
 use pubsub::{Listener, PubSub};
 use reply::{HoldReply, Undo};
 use waiters::Waiters;
@@ -115,6 +117,8 @@ pub(crate) struct Core {
 /// A snapshot of a client's counters.
 pub(crate) struct Counts {
     pub(crate) renew_calls: u64,
+    pub(crate) native_ops: u64,
+    pub(crate) native_fallbacks: u64,
     pub(crate) held_locks: usize,
     pub(crate) subscribed_channels: usize,
 }
@@ -341,7 +345,7 @@ impl Core {
             Found::Stale { redis_holds } => {
                 // Its belief ran out, but Redis may still count it: release
                 // it before this owner asks again (the queue keeps the order).
-                self.release_in_background(keys, owner, redis_holds);
+                self.release_in_background(keys, owner, redis_holds, None);
                 return Ok(None);
             }
         };
@@ -377,6 +381,12 @@ impl Core {
         op: Op,
     ) -> Result<Attempt<Arc<HoldState>>> {
         let sent_at = Instant::now();
+        // An acquisition of a lock writes its value whole when it takes it
+        // free (the other kinds keep theirs in hashes).
+        let written = match &op {
+            Op::Acquire { nonce, .. } => Some(*nonce),
+            _ => None,
+        };
         let undo = Undo::of(&op, &self.queue);
         let reply = HoldReply::new(self.queue.call(op), undo, |reply| {
             matches!(reply, Ok(Reply::Acquired { .. }))
@@ -384,7 +394,9 @@ impl Core {
         match reply.await.ok_or_else(closed)?? {
             Reply::Acquired { token } => {
                 let confirmed = (sent_at, lease_ms);
-                let hold = self.holds.insert(keys, owner, token, lease, confirmed);
+                let hold = self
+                    .holds
+                    .insert(keys, owner, token, lease, confirmed, written);
                 Ok(Attempt::Done(hold))
             }
             Reply::Busy { ttl } => Ok(Attempt::Busy(ttl)),
@@ -404,7 +416,7 @@ impl Core {
             // Its belief ended: report it, and give back what Redis may
             // still count (owner-checked: nobody else's hold is touched).
             if !hold.is_gone() {
-                self.release_in_background(&hold.keys, &hold.owner, redis_holds);
+                self.release_in_background(&hold.keys, &hold.owner, redis_holds, hold.written);
             }
             return Err(not_held(hold));
         }
@@ -415,7 +427,7 @@ impl Core {
         let then = Box::new(move |reply| {
             let _ = tx.send(reply);
         });
-        let (op, done) = self.release_op(&hold.keys, &hold.owner, redis_holds, then);
+        let (op, done) = self.release_op(&hold.keys, &hold.owner, redis_holds, hold.written, then);
         self.queue.send(op, done);
         match rx.await.map_err(|_| closed())?? {
             Reply::Released | Reply::StillHeld => Ok(()),
@@ -428,19 +440,25 @@ impl Core {
     pub(crate) fn release_detached(&self, hold: &Arc<HoldState>) {
         if let ReleaseStep::Final { redis_holds } = self.holds.release(hold) {
             if !hold.is_gone() {
-                self.release_in_background(&hold.keys, &hold.owner, redis_holds);
+                self.release_in_background(&hold.keys, &hold.owner, redis_holds, hold.written);
             }
         }
     }
 
-    fn release_in_background(&self, keys: &Arc<LockKeys>, owner: &Owner, holds: u32) {
+    fn release_in_background(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        holds: u32,
+        written: Option<Nonce>,
+    ) {
         let name = keys.name.clone();
         let log = Box::new(move |reply: Result<Reply>| {
             if let Err(e) = reply {
                 tracing::warn!(error = %e, lock = %name, "background release failed");
             }
         });
-        let (op, done) = self.release_op(keys, owner, holds, log);
+        let (op, done) = self.release_op(keys, owner, holds, written, log);
         self.queue.send(op, done);
     }
 
@@ -452,12 +470,15 @@ impl Core {
         keys: &Arc<LockKeys>,
         owner: &Owner,
         holds: u32,
+        written: Option<Nonce>,
         then: batcher::Completion,
     ) -> (Op, batcher::Completion) {
         match keys.kind {
             Kind::FairLock => (self.fair_release(keys, owner, holds), then),
             Kind::RwRead | Kind::RwWrite => (self.rw_release(keys, owner, holds), then),
-            _ => self.waiters.release(&self.queue, keys, owner, holds, then),
+            _ => self
+                .waiters
+                .release(&self.queue, keys, owner, holds, written, then),
         }
     }
 
@@ -478,6 +499,14 @@ impl Core {
             renew_calls: self
                 .calls
                 .renew_calls
+                .load(std::sync::atomic::Ordering::Relaxed),
+            native_ops: self
+                .calls
+                .native_ops
+                .load(std::sync::atomic::Ordering::Relaxed),
+            native_fallbacks: self
+                .calls
+                .native_fallbacks
                 .load(std::sync::atomic::Ordering::Relaxed),
             held_locks: self.holds.len(),
             subscribed_channels: self.waiters.channel_count(),

@@ -35,6 +35,7 @@ impl Undo {
             owner: owner.clone(),
             holds: 1,
             nonce: queue.nonce(),
+            written: None,
         };
         Self::of_release(op, queue)
     }

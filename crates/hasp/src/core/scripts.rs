@@ -27,6 +27,7 @@ use crate::config::ReplicaAck;
 pub(crate) const BATCH_SOURCE: &str = concat!(
     include_str!("scripts/prelude.lua"),
     include_str!("scripts/lock.lua"),
+    include_str!("scripts/plain_lock.lua"),
     include_str!("scripts/line.lua"),
     include_str!("scripts/fair_lock.lua"),
     include_str!("scripts/rw_lock.lua"),
@@ -206,5 +207,27 @@ pub(crate) async fn run<T: FromRedisValue>(
             cmd.query_async(conn).await
         }
         result => result,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BATCH_SOURCE;
+
+    #[test]
+    fn no_two_kinds_register_one_opcode() {
+        // A later `ops.xx = ` would silently replace an earlier kind's
+        // operation (the library loads either way).
+        let mut seen = std::collections::HashSet::new();
+        for line in BATCH_SOURCE.lines() {
+            if let Some(rest) = line.strip_prefix("ops.") {
+                let code = rest.split(' ').next().unwrap_or_default();
+                assert!(
+                    seen.insert(code.to_owned()),
+                    "opcode {code} registered twice"
+                );
+            }
+        }
+        assert!(seen.len() > 10, "found the registrations: {seen:?}");
     }
 }

@@ -48,7 +48,7 @@ use super::batcher::{Completion, Queue};
 use super::keys::LockKeys;
 use super::pubsub::PubSub;
 use super::reply::{HoldReply, Undo};
-use super::wire::{Op, Reply};
+use super::wire::{Nonce, Op, Reply};
 use crate::error::Error;
 use hasp_owner::Owner;
 
@@ -311,6 +311,7 @@ impl Waiters {
         keys: &Arc<LockKeys>,
         owner: &Owner,
         holds: u32,
+        written: Option<Nonce>,
         then: Completion,
     ) -> (Op, Completion) {
         let nonce = batch.nonce();
@@ -334,6 +335,7 @@ impl Waiters {
                 owner: owner.clone(),
                 holds,
                 nonce,
+                written,
             },
         };
         let (batch, keys) = (batch.clone(), keys.clone());

@@ -13,5 +13,6 @@ mod adaptive;
 mod connect;
 mod fencing;
 mod input;
+mod plain_lock;
 mod waiting;
 mod watchdog;

@@ -32,6 +32,7 @@ use redis::{
 
 use super::slots::SlotMap;
 use crate::core::endpoint::Endpoint;
+use crate::core::wire::native::Native;
 
 type Driver = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -132,6 +133,15 @@ impl Link {
         }
     }
 
+    /// What the server of the live connection offers beyond Redis 7.0
+    /// (nothing for a cluster: its calls go out per node).
+    pub(super) fn native(&self) -> Native {
+        match self {
+            Link::Node(c) => c.native,
+            Link::Cluster { .. } => Native::default(),
+        }
+    }
+
     /// The cluster's slot map (`None` for one server).
     pub(super) fn slots(&self) -> Option<&SlotMap> {
         match self {
@@ -156,6 +166,8 @@ pub(super) struct Connection {
     connect_timeout: Duration,
     response_timeout: Duration,
     live: Option<(MultiplexedConnection, Driver)>,
+    /// What the live connection's server offers (asked at each connect).
+    native: Native,
     /// True from the moment a live connection breaks until one is made again.
     broken: bool,
 }
@@ -173,6 +185,7 @@ impl Connection {
             connect_timeout,
             response_timeout,
             live: None,
+            native: Native::default(),
             broken: false,
         }
     }
@@ -198,9 +211,17 @@ impl Connection {
             let client = self.endpoint.resolve().await?;
             connect(&client, self.response_timeout).await
         };
-        let (conn, driver) = tokio::time::timeout(self.connect_timeout, connect)
-            .await
-            .map_err(|_| RedisError::from((ErrorKind::Io, "connect timed out")))??;
+        let (conn, driver, native) = tokio::time::timeout(self.connect_timeout, async {
+            let (mut conn, mut driver) = connect.await?;
+            let native = probe(&mut conn, &mut driver).await?;
+            Ok::<_, RedisError>((conn, driver, native))
+        })
+        .await
+        .map_err(|_| RedisError::from((ErrorKind::Io, "connect timed out")))??;
+        if native != self.native {
+            tracing::debug!(?native, "the server's native commands");
+        }
+        self.native = native;
         self.live = Some((conn.clone(), driver));
         self.generation = generation;
         self.broken = false;
@@ -248,6 +269,32 @@ impl Connection {
 /// A write refused by a replica.
 pub(crate) fn is_read_only(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+}
+
+/// Asks the server what it offers (`Native::probe`), driving the new
+/// connection meanwhile (nobody else does yet). A server that refuses the
+/// question (an ACL without `COMMAND`) offers nothing as far as hasp uses.
+async fn probe(conn: &mut MultiplexedConnection, driver: &mut Driver) -> RedisResult<Native> {
+    let probe = Native::probe();
+    let mut query = std::pin::pin!(conn.req_packed_command(&probe));
+    let reply = std::future::poll_fn(|cx| {
+        if let Poll::Ready(reply) = query.as_mut().poll(cx) {
+            return Poll::Ready(reply);
+        }
+        if driver.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(RedisError::from((
+                ErrorKind::Io,
+                "the connection closed while connecting",
+            ))));
+        }
+        Poll::Pending
+    })
+    .await;
+    match reply {
+        Ok(value) => Ok(Native::from_probe(&value)),
+        Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => Err(e),
+        Err(_) => Ok(Native::default()),
+    }
 }
 
 async fn connect(

@@ -69,10 +69,12 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use redis::aio::ConnectionLike;
 use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::scripts::{self, Library, BATCH, BATCH_SHARDED};
+use super::wire::native::Native;
 use super::wire::{self, Nonces, Op, Reply};
 use crate::config::{ReplicaAck, Settings};
 use crate::error::{is_redirect, Error};
@@ -128,6 +130,9 @@ pub(crate) struct Request {
     retried: bool,
     /// Times sent again after a redirect.
     redirects: u8,
+    /// Its native command found the lock otherwise: it goes through the
+    /// function (`wire::native`).
+    scripted: bool,
 }
 
 impl Request {
@@ -152,6 +157,7 @@ impl Request {
             let done = self.done;
             let retry = Request {
                 redirects: 0,
+                scripted: self.scripted,
                 op: carrier,
                 // Nothing to redo: the release was applied, or the hold
                 // is gone; either way it is released.
@@ -173,6 +179,7 @@ impl Request {
             done: self.done,
             retried: true,
             redirects: 0,
+            scripted: self.scripted,
         };
         (settle, Some(retry))
     }
@@ -183,6 +190,11 @@ impl Request {
 pub(crate) struct CallStats {
     /// Script calls that carried lease renewals.
     pub(crate) renew_calls: AtomicU64,
+    /// Operations a native command applied (`wire::native`).
+    pub(crate) native_ops: AtomicU64,
+    /// Native commands that found the lock otherwise (the operation then
+    /// went through the function).
+    pub(crate) native_fallbacks: AtomicU64,
 }
 
 /// A cloneable handle on the queue of a client's lock operations.
@@ -306,6 +318,7 @@ impl Queue {
             done,
             retried: false,
             redirects: 0,
+            scripted: false,
         };
         // By name: every operation on a lock takes one lane, in order.
         let lane = &self.lanes[request.op.keys().shard % self.lanes.len()];
@@ -357,6 +370,7 @@ impl Queue {
             owner,
             holds: 1,
             nonce,
+            written: None,
         });
     }
 }
@@ -403,8 +417,59 @@ struct Task {
     stats: Arc<CallStats>,
 }
 
+/// What one call carries: settlements and requests for the function, and
+/// requests sent as native commands.
+struct Call {
+    settle: Vec<Op>,
+    batch: Vec<Request>,
+    native: Vec<(Request, redis::Cmd)>,
+}
+
+impl Call {
+    /// Everything through the function.
+    fn scripted(settle: Vec<Op>, batch: Vec<Request>) -> Self {
+        Self {
+            settle,
+            batch,
+            native: Vec::new(),
+        }
+    }
+
+    /// Each request whose operation has a native command on a server
+    /// offering `native` goes as that command, unless another operation of
+    /// the call touches the same lock (the function's operations and the
+    /// commands are not ordered among themselves) or its command already
+    /// found the lock otherwise.
+    fn split(settle: Vec<Op>, batch: Vec<Request>, native: Native) -> Self {
+        let commands: Vec<Option<redis::Cmd>> = batch
+            .iter()
+            .map(|r| (!r.scripted).then(|| r.op.native(native)).flatten())
+            .collect();
+        if commands.iter().all(Option::is_none) {
+            return Self::scripted(settle, batch);
+        }
+        let mut uses = std::collections::HashMap::<&str, u32>::new();
+        for op in settle.iter().chain(batch.iter().map(|r| &r.op)) {
+            *uses.entry(&*op.keys().lock).or_default() += 1;
+        }
+        let alone: Vec<bool> = batch
+            .iter()
+            .map(|r| uses[&*r.op.keys().lock] == 1)
+            .collect();
+        let mut call = Self::scripted(settle, Vec::with_capacity(batch.len()));
+        for ((request, command), alone) in batch.into_iter().zip(commands).zip(alone) {
+            match command.filter(|_| alone) {
+                Some(cmd) => call.native.push((request, cmd)),
+                None => call.batch.push(request),
+            }
+        }
+        call
+    }
+}
+
 /// The result of one call: the error that broke it, the settlements it
 /// leaves (if its reply was lost) and the requests to send again.
+#[derive(Default)]
 struct Sent {
     error: Option<RedisError>,
     unsettled: Vec<Op>,
@@ -476,10 +541,20 @@ impl Task {
             match self.connection.slots() {
                 Some(slots) => {
                     for (route, settle, batch) in by_node(slots, settle, batch) {
-                        in_flight.push(self.execute(conn.clone(), Some(route), settle, batch));
+                        let call = Call::scripted(settle, batch);
+                        in_flight.push(self.execute(conn.clone(), Some(route), call));
                     }
                 }
-                None => in_flight.push(self.execute(conn, None, settle, batch)),
+                None => {
+                    // Replica acknowledgement waits for the function's
+                    // writes only: with it on, everything goes through it.
+                    let native = match self.replica_ack {
+                        None => self.connection.native(),
+                        Some(_) => Native::default(),
+                    };
+                    let call = Call::split(settle, batch, native);
+                    in_flight.push(self.execute(conn, None, call));
+                }
             }
             // On the wire now: the call queues itself on the connection when
             // first polled, the driver writes.
@@ -505,17 +580,52 @@ impl Task {
         }
     }
 
-    /// Sends `settle` and then `batch` as one call and completes each
-    /// request of `batch`.
-    /// Sends `settle` and then `batch` as one call (to the cluster node
-    /// `route` names, if any) and completes each request of `batch`.
+    /// Sends `call`: its settlements and scripted requests as one call of
+    /// the function (to the cluster node `route` names, if any), then its
+    /// native commands, all at once; completes each request.
     fn execute(
+        &self,
+        conn: Conn,
+        route: Option<RoutingInfo>,
+        call: Call,
+    ) -> impl std::future::Future<Output = Sent> + Send + 'static {
+        let Call {
+            settle,
+            batch,
+            native,
+        } = call;
+        let scripted = self.call_script(conn.clone(), route, settle, batch);
+        let stats = self.stats.clone();
+        let nonces = self.nonces.clone();
+        let requeue = self.requeue.clone();
+        async move {
+            let natives = native.into_iter().map(|(request, cmd)| {
+                let mut conn = conn.clone();
+                async move {
+                    let reply = conn.req_packed_command(&cmd).await;
+                    (request, reply)
+                }
+            });
+            let (mut sent, natives) =
+                futures_util::future::join(scripted, futures_util::future::join_all(natives)).await;
+            for (request, reply) in natives {
+                sent.merge(native_answered(request, reply, &stats, &nonces, &requeue));
+            }
+            sent
+        }
+    }
+
+    /// Sends `settle` and then `batch` as one call of the function (to the
+    /// cluster node `route` names, if any) and completes each request of
+    /// `batch`.
+    fn call_script(
         &self,
         mut conn: Conn,
         route: Option<RoutingInfo>,
         settle: Vec<Op>,
         batch: Vec<Request>,
     ) -> impl std::future::Future<Output = Sent> + Send + 'static {
+        let empty = settle.is_empty() && batch.is_empty();
         let ops = || settle.iter().chain(batch.iter().map(|r| &r.op));
         let script = self.script;
         let cmd = match route {
@@ -529,6 +639,9 @@ impl Task {
         let nonces = self.nonces.clone();
         let requeue = self.requeue.clone();
         async move {
+            if empty {
+                return Sent::default();
+            }
             let count = settle.len() + batch.len();
             let reply = match (ack, route, &mut conn) {
                 (_, Some(route), Conn::Cluster(cluster)) => {
@@ -603,6 +716,57 @@ impl Task {
             self.settle_at = Some(Instant::now() + self.settle_backoff);
             self.settle_backoff = (self.settle_backoff * 2).min(SETTLE_LAST);
         }
+    }
+}
+
+impl Sent {
+    /// Adds what another part of the same call left.
+    fn merge(&mut self, other: Sent) {
+        if self.error.is_none() {
+            self.error = other.error;
+        }
+        self.unsettled.extend(other.unsettled);
+        self.retries.extend(other.retries);
+        self.stale |= other.stale;
+        self.misrouted |= other.misrouted;
+    }
+}
+
+/// Completes a request sent as a native command. A command that found the
+/// lock otherwise changed nothing: the request goes through the function,
+/// first in the next call (with the retries). A failure is the function's
+/// failure (the settlement is the same).
+fn native_answered(
+    mut request: Request,
+    reply: redis::RedisResult<Value>,
+    stats: &CallStats,
+    nonces: &Nonces,
+    requeue: &mpsc::WeakUnboundedSender<Request>,
+) -> Sent {
+    match reply {
+        Ok(value) => match request.op.decode_native(&value) {
+            Ok(Some(reply)) => {
+                stats.native_ops.fetch_add(1, Ordering::Relaxed);
+                (request.done)(Ok(reply));
+                Sent::default()
+            }
+            Ok(None) => {
+                stats.native_fallbacks.fetch_add(1, Ordering::Relaxed);
+                request.scripted = true;
+                Sent {
+                    retries: vec![request],
+                    ..Sent::default()
+                }
+            }
+            Err(e) => {
+                (request.done)(Err(e));
+                Sent::default()
+            }
+        },
+        Err(e) if is_redirect(&e) || connection::is_read_only(&e) => {
+            redirected(e, Vec::new(), vec![request], requeue.clone())
+        }
+        Err(e) => failed(&Error::Redis(e), Vec::new(), vec![request], nonces),
     }
 }
 

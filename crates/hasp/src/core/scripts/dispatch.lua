@@ -8,7 +8,7 @@ local function batch(keys, args)
     local op, lock = ARGV[arg], K[key]
     local ok, result
     if op == 'a' or op == 'w' then
-      ok, result = pcall(acquire, lock, ARGV[arg + 2], ARGV[arg + 1], op == 'w')
+      ok, result = pcall(acquire, lock, ARGV[arg + 2], ARGV[arg + 1], op == 'w', true)
       key, arg = key + 1, arg + 3
     elseif op == 'r' then
       ok, result = pcall(release, lock, ARGV[arg + 1], '1', ARGV[arg + 2])

@@ -164,15 +164,18 @@ local function free(lock, message, flag)
   end
 end
 
-local function acquire(lock, hold, lease, flag_waiting)
+-- Takes the lock for hold's owner, or flags the caller as waiting. A
+-- plain lock (`fenced` false, plain_lock.lua) has no counter: a hold
+-- answers 1 for its token.
+local function acquire(lock, hold, lease, flag_waiting, fenced)
   local held = call('set', lock, hold, 'NX', 'PX', lease, 'GET')
   if not held then
-    return next_token(lock .. ':fence', lease)
+    return fenced and next_token(lock .. ':fence', lease) or 1
   end
   local _, nonce, _, owner = parse_hold(lock, hold)
   local count, last, flag, holder = parse_hold(lock, held)
   if holder == owner then
-    local token = held_token(lock .. ':fence', lease)
+    local token = fenced and held_token(lock .. ':fence', lease) or 1
     call('set', lock, hold_value(tonumber(count) + 1, nonce, flag, owner), 'PX', lease)
     return token
   end
@@ -223,6 +226,7 @@ local function release(lock, owner, holds, nonce)
   return release_held(lock, owner, holds, nonce, read_hold(lock))
 end
 
+-- (fence: nil for a plain lock, whose heir's token is 1)
 local function hand_off(lock, fence, owner, holds, nonce, heir, lease)
   local result, flagged = give_back(lock, owner, holds, nonce)
   if result == -1 then
@@ -234,7 +238,7 @@ local function hand_off(lock, fence, owner, holds, nonce, heir, lease)
     free(lock, client, flagged)
     return -2
   end
-  local token = next_token(fence, lease)
+  local token = fence and next_token(fence, lease) or 1
   call('set', lock, hold_value('1', nonce, flagged, heir), 'PX', lease)
   return token
 end

@@ -8,7 +8,7 @@
 -- This is a function library (Redis 7.0): several files run as one when
 -- the library is loaded, which defines every helper once; each FCALL then
 -- runs only `batch` (dispatch.lua). The files are prelude.lua (this),
--- lock.lua, line.lua (a line of waiters, shared), fair_lock.lua, rw_lock.lua,
+-- lock.lua, plain_lock.lua, line.lua (a line of waiters, shared), fair_lock.lua, rw_lock.lua,
 -- semaphore.lua, latch.lua, lease.lua and dispatch.lua; each kind registers
 -- its operations in `ops` under their opcodes, with how many keys and
 -- arguments (the opcode included) each takes. The lock's opcodes are

@@ -7,7 +7,6 @@
 //! [`Reply`]. Every opcode, argument order and reply code of the script is
 //! written here and in the scripts' headers, nowhere else.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +14,7 @@ use redis::{Cmd, Value};
 
 use super::holds::HoldState;
 use super::keys::{Kind, LockKeys};
+pub(crate) use super::nonce::{Nonce, Nonces};
 use super::scripts::{Library, BATCH};
 use crate::error::Error;
 use fair_lock::FairOp;
@@ -27,28 +27,9 @@ use semaphore::PermitOp;
 pub(crate) mod fair_lock;
 pub(crate) mod latch;
 pub(crate) mod lease;
+pub(crate) mod native;
 pub(crate) mod rw_lock;
 pub(crate) mod semaphore;
-
-/// Identifies one operation, so that the client can tell afterwards whether
-/// a call whose reply was lost applied it (see `lock.lua`, "nonce").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Nonce(u64);
-
-/// Nonces unique across clients: a random start per client, then counted.
-#[derive(Debug)]
-pub(crate) struct Nonces(AtomicU64);
-
-impl Nonces {
-    pub(crate) fn new() -> Self {
-        let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
-        Self(AtomicU64::new(high ^ low))
-    }
-
-    pub(crate) fn next(&self) -> Nonce {
-        Nonce(self.0.fetch_add(1, Ordering::Relaxed))
-    }
-}
 
 /// One operation of a batch call.
 #[derive(Debug, Clone)]
@@ -63,12 +44,14 @@ pub(crate) enum Op {
         flag_waiting: bool,
         nonce: Nonce,
     },
-    /// Give back `holds` holds of `owner`.
+    /// Give back `holds` holds of `owner`. `written`: the acquisition that
+    /// wrote the hold's value, if known (then a last release can be native).
     Release {
         keys: Arc<LockKeys>,
         owner: Owner,
         holds: u32,
         nonce: Nonce,
+        written: Option<Nonce>,
     },
     /// Release, and if that frees the lock, take it for `heir` at once.
     HandOff {
@@ -82,12 +65,15 @@ pub(crate) enum Op {
     /// Re-arm the lease of `owner`'s hold (`None`: only check it is held),
     /// if it is still the hold of fencing token `token`: a renewal that
     /// reaches Redis after its hold was released and the owner took the
-    /// lock again is not applied to the new hold.
+    /// lock again is not applied to the new hold. (A plain lock has no
+    /// token: its renewal checks the owner, or natively the whole value
+    /// its acquisition `written`.)
     Extend {
         keys: Arc<LockKeys>,
         owner: Owner,
         token: u64,
         lease_ms: Option<u64>,
+        written: Option<Nonce>,
     },
     /// Undo the acquisition or hand-off `nonce` if it was applied.
     Undo {
@@ -172,14 +158,17 @@ impl Op {
                 owner,
                 lease_ms,
             }),
-            // A fair lock's key is a lock's: the same extend (a latch has
-            // no holds).
-            Kind::Lock | Kind::FairLock | Kind::Latch | Kind::LeaseHistory => Op::Extend {
-                keys,
-                owner,
-                token: hold.token,
-                lease_ms,
-            },
+            // A fair or plain lock's key is a lock's: the same extend (a
+            // latch has no holds).
+            Kind::Lock | Kind::PlainLock | Kind::FairLock | Kind::Latch | Kind::LeaseHistory => {
+                Op::Extend {
+                    keys,
+                    owner,
+                    token: hold.token,
+                    lease_ms,
+                    written: hold.written,
+                }
+            }
         }
     }
 
@@ -248,6 +237,7 @@ impl Op {
                 owner,
                 holds,
                 nonce,
+                ..
             } => vec![Op::Settle {
                 keys: keys.clone(),
                 owner: owner.clone(),
@@ -326,11 +316,17 @@ impl Op {
     /// the receiver gone (`nonce` for the release).
     pub(crate) fn give_back(&self, nonce: Nonce) -> Option<Op> {
         match self {
-            Op::Acquire { keys, owner, .. } => Some(Op::Release {
+            Op::Acquire {
+                keys,
+                owner,
+                nonce: written,
+                ..
+            } => Some(Op::Release {
                 keys: keys.clone(),
                 owner: owner.clone(),
                 holds: 1,
                 nonce,
+                written: Some(*written),
             }),
             Op::Fair(op) => op.give_back(nonce),
             Op::Rw(op) => op.give_back(nonce),
@@ -369,10 +365,16 @@ impl Op {
                 (1, args, lock + owner.id().len() + 32)
             }
             Op::Settle { owner, .. } => (1, 4, lock + owner.id().len() + 32),
-            Op::HandOff { owner, heir, .. } => {
-                (2, 6, 2 * lock + owner.id().len() + heir.id().len() + 60)
+            Op::HandOff {
+                keys, owner, heir, ..
+            } => {
+                let keys = if keys.kind == Kind::PlainLock { 1 } else { 2 };
+                (keys, 6, 2 * lock + owner.id().len() + heir.id().len() + 60)
             }
-            Op::Extend { owner, .. } => (1, 4, lock + owner.id().len() + 48),
+            Op::Extend { keys, owner, .. } => {
+                let args = if keys.kind == Kind::PlainLock { 3 } else { 4 };
+                (1, args, lock + owner.id().len() + 48)
+            }
             Op::Undo { owner, .. } => (1, 3, lock + owner.id().len() + 24),
             Op::Force { .. } => (1, 1, lock + 4),
             Op::Fair(op) => op.size(),
@@ -394,8 +396,9 @@ impl Op {
         }
         let keys = self.keys();
         cmd.arg(&*keys.lock);
-        // An acquisition's fence is found from the lock's key (lock.lua).
-        if matches!(self, Op::HandOff { .. }) {
+        // An acquisition's fence is found from the lock's key (lock.lua); a
+        // plain lock has none.
+        if matches!(self, Op::HandOff { .. }) && keys.kind != Kind::PlainLock {
             cmd.arg(&keys.fence);
         }
     }
@@ -409,7 +412,13 @@ impl Op {
                 nonce,
                 ..
             } => {
-                let op = if *flag_waiting { "w" } else { "a" };
+                let plain = self.keys().kind == Kind::PlainLock;
+                let op = match (plain, *flag_waiting) {
+                    (false, false) => "a",
+                    (false, true) => "w",
+                    (true, false) => "na",
+                    (true, true) => "nw",
+                };
                 cmd.arg(op).arg(*lease_ms).arg(free_hold(owner, *nonce));
             }
             Op::Release {
@@ -433,12 +442,25 @@ impl Op {
                 lease_ms,
                 ..
             } => {
-                cmd.arg("h")
+                let op = if self.keys().kind == Kind::PlainLock {
+                    "nh"
+                } else {
+                    "h"
+                };
+                cmd.arg(op)
                     .arg(owner.id())
                     .arg(*holds)
                     .arg(nonce)
                     .arg(heir.id())
                     .arg(*lease_ms);
+            }
+            Op::Extend {
+                keys,
+                owner,
+                lease_ms,
+                ..
+            } if keys.kind == Kind::PlainLock => {
+                cmd.arg("ne").arg(owner.id()).arg(lease_ms.unwrap_or(0));
             }
             Op::Extend {
                 owner,
@@ -552,41 +574,11 @@ impl Op {
         Ok(reply)
     }
 
-    fn unexpected(&self, value: &Value) -> Error {
+    pub(super) fn unexpected(&self, value: &Value) -> Error {
         Error::Protocol(format!(
             "lock {:?}: unexpected batch reply {value:?}",
             self.keys().name
         ))
-    }
-}
-
-impl Nonce {
-    /// The 16 hex digits Redis stores (as `Display` writes them).
-    fn hex(self) -> [u8; 16] {
-        let mut buf = [0u8; 16];
-        let digits = b"0123456789abcdef";
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = digits[((self.0 >> (60 - 4 * i)) & 0xf) as usize];
-        }
-        buf
-    }
-}
-
-impl std::fmt::Display for Nonce {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The digits Redis stores, from the one place that writes them.
-        self.hex()
-            .iter()
-            .try_for_each(|&b| std::fmt::Write::write_char(f, char::from(b)))
-    }
-}
-
-impl redis::ToRedisArgs for Nonce {
-    fn write_redis_args<W>(&self, out: &mut W)
-    where
-        W: ?Sized + redis::RedisWrite,
-    {
-        out.write_arg(&self.hex());
     }
 }
 
@@ -677,6 +669,7 @@ pub(crate) fn bench_args(
                     owner,
                     holds: 1,
                     nonce,
+                    written: None,
                 },
             })
         })
@@ -735,12 +728,14 @@ mod tests {
                 owner: owner.clone(),
                 holds: 1,
                 nonce: nonces.next(),
+                written: None,
             },
             Op::Extend {
                 keys: keys("c"),
                 owner,
                 token: 7,
                 lease_ms: None,
+                written: None,
             },
         ];
         let nonce = match &ops[0] {
@@ -767,6 +762,7 @@ mod tests {
             owner: Owner::from_id("o1").unwrap(),
             holds: 3,
             nonce: Nonces::new().next(),
+            written: None,
         };
         let args = args(&encode(&BATCH, "c:1", std::iter::once(&release)));
         assert_eq!(&args[2..5], ["1", "hasp:{a}", "c:1"]);

@@ -1,0 +1,203 @@
+//! Operations sent as one plain Redis command instead of through the batch
+//! function, where no branch is needed.
+//!
+//! A function call costs Redis its dispatch and the call's set-up whatever
+//! it carries (at one operation per call, most of the work of a lock/unlock
+//! pair; `benches/README.md`). Three operations need no branch when the
+//! lock is exactly as this client left it:
+//!
+//! | operation | native command | when |
+//! |---|---|---|
+//! | a plain lock's acquisition | `SET <lock> <hold> NX PX <lease>` | always (Redis 7.0) |
+//! | the last release of a hold | `DELIFEQ <lock> <hold>` | the server has `DELIFEQ` (Valkey 9.0) |
+//! | a plain lock's renewal | `SET <lock> <hold> IFEQ <hold> PX <lease>` | the server has `DELIFEQ` (so `SET … IFEQ`, Valkey 8.1) |
+//!
+//! `<hold>` is the value an acquisition of a free lock writes
+//! (`1 <nonce> - <owner>`, `lock.lua`): while Redis holds exactly that, the
+//! hold has one count, no waiter of another client flagged itself (so no
+//! release message is owed) and it is this acquisition's (the nonce is
+//! unique). When the command finds anything else it changes nothing and
+//! answers 0 or nil, and the operation goes through the function after all
+//! (the batcher sends it first in the lane's next call): the function then
+//! does what the command could not (publishes the release, counts the
+//! holds left, flags a waiter, answers how long the lock stays held).
+//!
+//! A lost reply is settled as the function's operation would be (an undo
+//! by nonce, a release redone by nonce: `Op::settlement`), since the value
+//! carries the same nonce. Redis 8.4's `DELEX … IFEQ` would serve as
+//! `DELIFEQ` does, but no Redis 8.4 server could be tested here: on Redis
+//! the function stays.
+
+use redis::{Cmd, Value};
+
+use super::{free_hold, Op, Reply};
+use crate::core::keys::Kind;
+use crate::error::Error;
+
+/// What a server offers beyond Redis 7.0, learned when a connection is made
+/// (again after each reconnect: a promoted replica may run another version).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Native {
+    /// `DELIFEQ` and `SET … IFEQ` (Valkey 9.0 and later).
+    pub(crate) conditional: bool,
+}
+
+impl Native {
+    /// The command that asks a server what it offers.
+    pub(crate) fn probe() -> Cmd {
+        let mut cmd = redis::cmd("COMMAND");
+        cmd.arg("INFO").arg("DELIFEQ");
+        cmd
+    }
+
+    /// What a server's answer to [`probe`](Self::probe) says it offers.
+    pub(crate) fn from_probe(reply: &Value) -> Self {
+        let known = match reply {
+            Value::Array(entries) => entries.first().is_some_and(|e| !matches!(e, Value::Nil)),
+            _ => false,
+        };
+        Self { conditional: known }
+    }
+}
+
+impl Op {
+    /// This operation as one native command on a server offering `native`,
+    /// or `None` if it needs the function.
+    pub(crate) fn native(&self, native: Native) -> Option<Cmd> {
+        match self {
+            Op::Acquire {
+                keys,
+                owner,
+                lease_ms,
+                nonce,
+                ..
+            } if keys.kind == Kind::PlainLock => {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(&*keys.lock)
+                    .arg(free_hold(owner, *nonce))
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(*lease_ms);
+                Some(cmd)
+            }
+            Op::Release {
+                keys,
+                owner,
+                holds: 1,
+                written: Some(written),
+                ..
+            } if native.conditional && matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
+                let mut cmd = redis::cmd("DELIFEQ");
+                cmd.arg(&*keys.lock).arg(free_hold(owner, *written));
+                Some(cmd)
+            }
+            Op::Extend {
+                keys,
+                owner,
+                lease_ms: Some(lease_ms),
+                written: Some(written),
+                ..
+            } if native.conditional && keys.kind == Kind::PlainLock => {
+                let hold = free_hold(owner, *written);
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(&*keys.lock)
+                    .arg(&hold)
+                    .arg("IFEQ")
+                    .arg(&hold)
+                    .arg("PX")
+                    .arg(*lease_ms);
+                Some(cmd)
+            }
+            _ => None,
+        }
+    }
+
+    /// The reply to this operation's native command: `Ok(None)` when the
+    /// command found the lock otherwise and changed nothing (the operation
+    /// then goes through the function).
+    pub(crate) fn decode_native(&self, value: &Value) -> Result<Option<Reply>, Error> {
+        let reply = match (self, value) {
+            (Op::Acquire { .. }, Value::Okay) => Some(Reply::Acquired { token: 1 }),
+            (Op::Release { .. }, Value::Int(1)) => Some(Reply::Released),
+            (Op::Extend { .. }, Value::Okay) => Some(Reply::Extended),
+            (Op::Acquire { .. } | Op::Extend { .. }, Value::Nil)
+            | (Op::Release { .. }, Value::Int(0)) => None,
+            (_, other) => return Err(self.unexpected(other)),
+        };
+        Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::core::keys::LockKeys;
+    use crate::core::nonce::Nonces;
+    use hasp_owner::Owner;
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<cursor>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_last_release_of_a_hold_this_client_wrote_is_one_delifeq_where_the_server_has_it() {
+        let nonces = Nonces::new();
+        let written = nonces.next();
+        let release = Op::Release {
+            keys: Arc::new(LockKeys::new("hasp", "a")),
+            owner: Owner::from_id("o1").unwrap(),
+            holds: 1,
+            nonce: nonces.next(),
+            written: Some(written),
+        };
+        assert!(release.native(Native::default()).is_none(), "Redis 7.0");
+        let cmd = release
+            .native(Native { conditional: true })
+            .expect("native on Valkey 9");
+        assert_eq!(
+            args(&cmd),
+            ["DELIFEQ", "hasp:{a}", &format!("1 {written} - o1")]
+        );
+        assert_eq!(
+            release.decode_native(&Value::Int(1)).unwrap(),
+            Some(Reply::Released)
+        );
+        assert_eq!(release.decode_native(&Value::Int(0)).unwrap(), None);
+    }
+
+    #[test]
+    fn a_plain_acquisition_is_one_set_nx_on_every_server_and_a_fenced_one_never() {
+        let nonce = Nonces::new().next();
+        let acquire = |keys: LockKeys| Op::Acquire {
+            keys: Arc::new(keys),
+            owner: Owner::from_id("o1").unwrap(),
+            lease_ms: 500,
+            flag_waiting: true,
+            nonce,
+        };
+        let plain = acquire(LockKeys::plain("hasp", "a"));
+        let cmd = plain.native(Native::default()).expect("native everywhere");
+        assert_eq!(
+            args(&cmd),
+            [
+                "SET",
+                "hasp:{a}:plain",
+                &format!("1 {nonce} - o1"),
+                "NX",
+                "PX",
+                "500"
+            ]
+        );
+        assert_eq!(plain.decode_native(&Value::Nil).unwrap(), None);
+        assert!(acquire(LockKeys::new("hasp", "a"))
+            .native(Native { conditional: true })
+            .is_none());
+    }
+}

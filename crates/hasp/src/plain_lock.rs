@@ -1,0 +1,254 @@
+//! A named reentrant lock without fencing tokens: the cheaper lock for
+//! resources that do not check tokens.
+
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::guard::Guard;
+use crate::lock::Lock;
+use hasp_owner::Owner;
+
+/// A handle on one named, reentrant distributed lock that issues no fencing
+/// token.
+///
+/// Made by [`Client::plain_lock`](crate::Client::plain_lock); cheap to
+/// clone. It behaves as a [`Lock`] in every way (owner, lease and watchdog,
+/// re-entry, waiting woken by pub/sub, hand-off to this client's next
+/// waiter, loss signal, cancel safety, settlement of lost replies) except
+/// that its holds have no fencing token, which makes it cheaper for Redis:
+/// acquiring a free plain lock is one `SET … NX PX` (no script) on every
+/// server; releasing it is one batched function call on Redis 7.0 and, on
+/// a server with conditional commands (Valkey 9: `DELIFEQ`, `SET … IFEQ`),
+/// one `DELIFEQ`, as is a renewal one `SET … IFEQ … PX`. Whenever the
+/// native command finds the lock not exactly as this client left it (a
+/// waiter of another client flagged itself, or a hold through another
+/// client re-entered it), the client falls back to the function, which
+/// does what the native command could not (publish the release, count the
+/// holds); the choice is invisible to callers ([`Stats`](crate::Stats)
+/// counts it).
+///
+/// # Which lock to choose
+/// A fencing token protects a resource that checks it: a store that
+/// refuses a write tagged with a token older than one it has seen turns a
+/// stale holder (paused past its lease, partitioned) into a refused write.
+/// Where the protected resource checks tokens, use [`Lock`]. Where it does
+/// not (most callers: the token is never passed on), the token protects
+/// nothing, and the plain lock gives the same exclusion for less Redis
+/// work.
+///
+/// A plain lock and a [`Lock`] of one name are distinct locks (keys
+/// `P:{E}:plain` and `P:{E}:plain:released`).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> hasp::Result<()> {
+/// # let server = testkit::RedisServer::start();
+/// # let client = hasp::Client::open(&server.url()).await?;
+/// let lock = client.plain_lock("cache:rebuild")?;
+/// if let Some(guard) = lock.try_lock().await? {
+///     assert!(lock.is_locked().await?);
+///     // ... rebuild the cache ...
+///     guard.unlock().await?;
+/// }
+/// assert!(!lock.is_locked().await?);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct PlainLock {
+    lock: Lock,
+}
+
+impl PlainLock {
+    pub(crate) fn new(lock: Lock) -> Self {
+        Self { lock }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.lock.name()
+    }
+
+    /// A fixed lease, never renewed (as [`Lock::with_lease`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a zero
+    /// lease or one above the client's `max_lease`.
+    pub fn with_lease(self, lease: Duration) -> Result<Self> {
+        Ok(Self::new(self.lock.with_lease(lease)?))
+    }
+
+    /// A lease learned from how long the holds of `class` last (as
+    /// [`Lock::with_adaptive_lease`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// invalid class name.
+    pub fn with_adaptive_lease(self, class: &str) -> Result<Self> {
+        Ok(Self::new(self.lock.with_adaptive_lease(class)?))
+    }
+
+    /// The watchdog's lease, renewed while held (the default).
+    pub fn with_watchdog(self) -> Self {
+        Self::new(self.lock.with_watchdog())
+    }
+
+    /// Acquire for `owner` instead of the current task.
+    pub fn with_owner(self, owner: Owner) -> Self {
+        Self::new(self.lock.with_owner(owner))
+    }
+
+    /// The owner acquisitions through this handle use right now.
+    pub fn owner(&self) -> Owner {
+        self.lock.owner()
+    }
+
+    /// Waits until the lock is acquired (as [`Lock::lock`]).
+    ///
+    /// # Errors
+    /// As [`Lock::lock`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a hold granted after the future was dropped is released.
+    pub async fn lock(&self) -> Result<PlainGuard> {
+        self.lock.lock().await.map(PlainGuard)
+    }
+
+    /// One try, never waiting (as [`Lock::try_lock`]).
+    ///
+    /// # Errors
+    /// As [`Lock::try_lock`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a hold granted after the future was dropped is released.
+    pub async fn try_lock(&self) -> Result<Option<PlainGuard>> {
+        Ok(self.lock.try_lock().await?.map(PlainGuard))
+    }
+
+    /// Waits at most `wait` (as [`Lock::try_lock_for`]).
+    ///
+    /// # Errors
+    /// As [`Lock::try_lock_for`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a hold granted after the future was dropped is released.
+    pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<PlainGuard>> {
+        Ok(self.lock.try_lock_for(wait).await?.map(PlainGuard))
+    }
+
+    /// Waits at most `wait`, then fails (as [`Lock::lock_within`]).
+    ///
+    /// # Errors
+    /// As [`Lock::lock_within`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a hold granted after the future was dropped is released.
+    pub async fn lock_within(&self, wait: Duration) -> Result<PlainGuard> {
+        self.lock.lock_within(wait).await.map(PlainGuard)
+    }
+
+    /// Frees the lock whoever holds it (as [`Lock::force_unlock`]).
+    ///
+    /// # Errors
+    /// [`Error::Redis`](crate::Error::Redis) if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: once sent, the operation completes.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        self.lock.force_unlock().await
+    }
+
+    /// Whether anyone holds the lock (as [`Lock::is_locked`]).
+    ///
+    /// # Errors
+    /// [`Error::Redis`](crate::Error::Redis) if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (a read).
+    pub async fn is_locked(&self) -> Result<bool> {
+        self.lock.is_locked().await
+    }
+
+    /// Whether this handle's owner holds the lock (as
+    /// [`Lock::is_held_by_me`]).
+    ///
+    /// # Errors
+    /// [`Error::Redis`](crate::Error::Redis) if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (a read).
+    pub async fn is_held_by_me(&self) -> Result<bool> {
+        self.lock.is_held_by_me().await
+    }
+
+    /// This client's holds of the lock for this handle's owner.
+    pub fn hold_count(&self) -> u32 {
+        self.lock.hold_count()
+    }
+
+    /// How long the lock stays held unless renewed (as
+    /// [`Lock::remaining_ttl`]).
+    ///
+    /// # Errors
+    /// [`Error::Redis`](crate::Error::Redis) if Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (a read).
+    pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
+        self.lock.remaining_ttl().await
+    }
+}
+
+/// A held [`PlainLock`]: a [`Guard`] without a fencing token.
+///
+/// `'static` and `Send`; each acquisition (re-entries included) returns its
+/// own guard, to be released with [`unlock`](Self::unlock) or dropped (then
+/// released in the background, as a [`Guard`]).
+#[must_use = "if unused the lock is released at once, in the background"]
+#[derive(Debug)]
+pub struct PlainGuard(Guard);
+
+impl PlainGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    /// The owner this guard holds the lock for.
+    pub fn owner(&self) -> &Owner {
+        self.0.owner()
+    }
+
+    /// True once the hold is known to be lost (as [`Guard::is_lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.0.is_lost()
+    }
+
+    /// Resolves when the hold is lost (as [`Guard::lost`]).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn lost(&self) {
+        self.0.lost().await
+    }
+
+    /// When this hold counts as lost unless a renewal is confirmed first
+    /// (as [`Guard::valid_until`]).
+    pub fn valid_until(&self) -> Instant {
+        self.0.valid_until()
+    }
+
+    /// Releases this hold (as [`Guard::unlock`]).
+    ///
+    /// # Errors
+    /// As [`Guard::unlock`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: once called, the release completes even if the future
+    /// is dropped.
+    pub async fn unlock(self) -> Result<()> {
+        self.0.unlock().await
+    }
+}

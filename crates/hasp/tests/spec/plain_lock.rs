@@ -1,0 +1,232 @@
+//! Spec §30–34: the plain lock, and operations sent as native commands.
+
+use std::time::Duration;
+
+use hasp::{Owner, Settings};
+
+use crate::helpers::*;
+
+/// Whether the server offers conditional commands (`DELIFEQ`: Valkey 9).
+async fn has_conditional_commands(raw: &mut Raw) -> bool {
+    let reply: redis::Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("DELIFEQ")
+        .query_async(raw)
+        .await
+        .unwrap();
+    matches!(reply, redis::Value::Array(entries) if entries.first().is_some_and(|e| *e != redis::Value::Nil))
+}
+
+fn plain_key(name: &str) -> String {
+    format!("{}:plain", lock_key(name))
+}
+
+#[tokio::test]
+async fn a_plain_lock_excludes_others_is_reentered_and_leaves_no_counter() {
+    let ctx = Ctx::new();
+    let client = ctx.client().await;
+    let other = ctx.client().await.plain_lock("plain").unwrap();
+    let lock = client.plain_lock("plain").unwrap();
+    let mut raw = ctx.raw().await;
+
+    let outer = lock.lock().await.unwrap();
+    let inner = tokio::time::timeout(Duration::from_secs(5), lock.lock())
+        .await
+        .expect("re-entry must not block")
+        .unwrap();
+    assert_eq!(lock.hold_count(), 2);
+    assert!(other.try_lock().await.unwrap().is_none());
+    // A lock of the same name is another lock.
+    let fenced = client.lock("plain").unwrap().try_lock().await.unwrap();
+    assert!(fenced.is_some(), "a lock of the same name is distinct");
+    fenced.unwrap().unlock().await.unwrap();
+
+    let value: Option<String> = query(&mut raw, &["GET", &plain_key("plain")]).await;
+    assert!(
+        value.is_some_and(|v| v.starts_with("1 ")),
+        "one hold in Redis"
+    );
+    inner.unlock().await.unwrap();
+    assert!(
+        other.try_lock().await.unwrap().is_none(),
+        "one hold remains"
+    );
+    outer.unlock().await.unwrap();
+
+    let theirs = other.try_lock().await.unwrap().expect("free after both");
+    theirs.unlock().await.unwrap();
+    let counter: i64 = query(
+        &mut raw,
+        &["EXISTS", &format!("{}:fence", plain_key("plain"))],
+    )
+    .await;
+    assert_eq!(counter, 0, "a plain lock writes no fencing counter");
+    let left: i64 = query(&mut raw, &["EXISTS", &plain_key("plain")]).await;
+    assert_eq!(left, 0, "released");
+}
+
+#[tokio::test]
+async fn a_free_plain_lock_is_taken_without_a_script_and_released_natively_where_the_server_can() {
+    let ctx = Ctx::new();
+    let client = ctx.client().await;
+    let lock = client.plain_lock("native").unwrap();
+    let mut raw = ctx.raw().await;
+    let conditional = !on_cluster() && has_conditional_commands(&mut raw).await;
+
+    // Warm up (the client's connections are made, the function loaded).
+    lock.lock().await.unwrap().unlock().await.unwrap();
+    let calls_before = ctx.batch_calls().await;
+    let stats_before = client.stats();
+    const PAIRS: u64 = 20;
+    for _ in 0..PAIRS {
+        let guard = lock.lock().await.unwrap();
+        guard.unlock().await.unwrap();
+    }
+    let calls = ctx.batch_calls().await - calls_before;
+    let stats = client.stats();
+    let native = stats.native_ops - stats_before.native_ops;
+    if on_cluster() {
+        // A cluster's calls go through the function per node.
+        assert_eq!(native, 0);
+        return;
+    }
+    if conditional {
+        assert_eq!(calls, 0, "a plain pair on Valkey 9 runs no script");
+        assert_eq!(native, 2 * PAIRS, "acquisitions and releases native");
+    } else {
+        assert_eq!(calls, PAIRS, "Redis 7.0: one function call per release");
+        assert_eq!(native, PAIRS, "acquisitions native");
+    }
+    assert_eq!(stats.native_fallbacks, stats_before.native_fallbacks);
+}
+
+#[tokio::test]
+async fn a_locks_last_release_is_one_delifeq_where_the_server_has_it() {
+    let ctx = Ctx::new();
+    let client = ctx.client().await;
+    let mut raw = ctx.raw().await;
+    if on_cluster() || !has_conditional_commands(&mut raw).await {
+        return; // §32 is about servers with conditional commands
+    }
+    let lock = client.lock("fenced").unwrap();
+    lock.lock().await.unwrap().unlock().await.unwrap();
+    let before = client.stats().native_ops;
+    let calls_before = ctx.batch_calls().await;
+    let guard = lock.lock().await.unwrap();
+    assert!(guard.fencing_token() >= 1);
+    guard.unlock().await.unwrap();
+    assert_eq!(client.stats().native_ops - before, 1, "the release");
+    assert_eq!(
+        ctx.batch_calls().await - calls_before,
+        1,
+        "only the acquisition (its token) needs the function"
+    );
+    assert!(!lock.is_locked().await.unwrap());
+}
+
+/// A held lock of either kind.
+enum Held {
+    Plain(hasp::PlainGuard),
+    Fenced(hasp::Guard),
+}
+
+impl Held {
+    async fn take(client: &hasp::Client, plain: bool, name: &str, owner: Owner) -> Self {
+        let wait = Duration::from_secs(20);
+        if plain {
+            let lock = client.plain_lock(name).unwrap().with_owner(owner);
+            Held::Plain(lock.lock_within(wait).await.unwrap())
+        } else {
+            let lock = client.lock(name).unwrap().with_owner(owner);
+            Held::Fenced(lock.lock_within(wait).await.unwrap())
+        }
+    }
+
+    async fn unlock(self) {
+        match self {
+            Held::Plain(guard) => guard.unlock().await.unwrap(),
+            Held::Fenced(guard) => guard.unlock().await.unwrap(),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_release_that_finds_a_waiter_flagged_falls_back_and_wakes_it() {
+    let ctx = Ctx::new();
+    let holder = ctx.client().await;
+    let waiter = ctx.client().await;
+    let mut raw = ctx.raw().await;
+    let conditional = !on_cluster() && has_conditional_commands(&mut raw).await;
+    for plain in [true, false] {
+        let name = format!("contended-{plain}");
+        // Once first, so that the next hold's release may go native.
+        Held::take(&holder, plain, &name, Owner::new())
+            .await
+            .unlock()
+            .await;
+        let held = Held::take(&holder, plain, &name, Owner::new()).await;
+        let waiting = {
+            let waiter = waiter.clone();
+            let name = name.clone();
+            tokio::spawn(async move { Held::take(&waiter, plain, &name, Owner::new()).await })
+        };
+        // The waiter has flagged itself once the lock's value names it.
+        let key = if plain {
+            plain_key(&name)
+        } else {
+            lock_key(&name)
+        };
+        let flagged = testkit::eventually(Duration::from_secs(20), || {
+            let mut raw = raw.clone();
+            let key = key.clone();
+            async move {
+                let value: Option<String> = query(&mut raw, &["GET", &key]).await;
+                value.is_some_and(|v| v.split(' ').nth(2) != Some("-"))
+            }
+        })
+        .await;
+        assert!(flagged, "the waiter flags itself on the lock");
+        let fallbacks = holder.stats().native_fallbacks;
+        // The lease is the watchdog's (30 s): only the release's message
+        // wakes the waiter within its 20 s wait.
+        held.unlock().await;
+        waiting.await.unwrap().unlock().await;
+        if conditional {
+            assert_eq!(
+                holder.stats().native_fallbacks - fallbacks,
+                1,
+                "plain {plain}: DELIFEQ found the flag, and the function released"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_watchdog_renews_a_plain_lock_natively_where_the_server_can() {
+    let ctx = Ctx::new();
+    let client = ctx
+        .client_with(
+            Settings::default()
+                .set_watchdog_timeout(Duration::from_millis(600))
+                .set_response_timeout(Duration::from_millis(500)),
+        )
+        .await;
+    let mut raw = ctx.raw().await;
+    let conditional = !on_cluster() && has_conditional_commands(&mut raw).await;
+    let lock = client.plain_lock("renewed").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let before = client.stats().native_ops;
+    // Three leases: the hold lives only if it was renewed.
+    tokio::time::sleep(Duration::from_millis(1_800)).await;
+    assert!(!guard.is_lost(), "renewed while held");
+    let ttl: i64 = query(&mut raw, &["PTTL", &plain_key("renewed")]).await;
+    assert!(ttl > 0, "still held in Redis");
+    if conditional {
+        assert!(
+            client.stats().native_ops - before >= 2,
+            "renewals went as SET … IFEQ"
+        );
+    }
+    guard.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
+}
