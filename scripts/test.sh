@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README: "Run the tests"; .ci/run calls it).
 # Installs missing dependencies, checks formatting and lints, then runs every
-# test in the workspace. Each test starts its own redis-server processes.
+# test in the workspace. Each test starts its own redis-server processes; the
+# lock suites run again on a Redis Cluster and on Valkey 9.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh
@@ -10,3 +11,15 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 # The single-lock and family suites again, on a private 3-master Redis Cluster (spec multi 21).
 HASP_SPEC_DEPLOYMENT=cluster cargo test -p hasp --test spec --test family --locked
+# The single-lock, fault and family suites again on Valkey 9.1, whose
+# conditional commands (DELIFEQ, SET IFEQ) hasp sends natively
+# (scripts/ensure-valkey.sh fetches the binary into .cache/).
+status=0
+valkey=$(scripts/ensure-valkey.sh) || status=$?
+if [ "$status" -eq 0 ]; then
+  REDIS_SERVER="$valkey" cargo test -p hasp --test spec --test faults --test family --locked
+elif [ "$status" -eq 2 ]; then
+  echo "test.sh: no Valkey binary for this machine; the Valkey pass is skipped" >&2
+else
+  exit "$status"
+fi

@@ -50,7 +50,7 @@ use testkit::{Direction, FaultProxy, Mode, RedisServer};
 const W1_CONCURRENCY: [usize; 4] = [1, 16, 64, 256];
 /// W1 levels over a delayed link (section `w1link`), and the delay.
 const W1_LINK_CONCURRENCY: [usize; 2] = [1, 16];
-const W1_LINK_DELAY: Duration = Duration::from_millis(1);
+const W1_LINK_DELAYS: [Duration; 2] = [Duration::from_micros(200), Duration::from_millis(1)];
 /// W2 task counts: a few waiters, the classic 32, and a crowd.
 const W2_TASKS: [usize; 3] = [8, 32, 128];
 const W2_HOLD: Duration = Duration::from_millis(1);
@@ -136,66 +136,88 @@ async fn run(args: Args) {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
+    let servers = servers();
     let mut hasp_c1 = 0.0;
     if args.runs("w1") {
         println!("\n## W1 uncontended: pairs/s (lock + unlock of a task's own name)\n");
-        println!("| C | hasp pairs/s | rslock pairs/s | hasp / rslock | Redis CPU µs/pair: hasp | rslock | client CPU µs/pair: hasp | rslock |");
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+        println!("hasp = `Lock` (fenced, reentrant, watchdog); plain = `PlainLock` (no token); rslock = `SET NX PX` + compare-and-delete script.\n");
+        println!("| server | C | hasp pairs/s | plain pairs/s | rslock pairs/s | hasp / rslock | plain / rslock | Redis CPU µs/pair: hasp | plain | rslock | client CPU µs/pair: hasp | plain | rslock |");
+        println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         let levels = if args.levels.is_empty() {
             W1_CONCURRENCY.to_vec()
         } else {
             args.levels.clone()
         };
-        // Per level: the hasp / rslock ratio of each round.
-        let mut ratios: Vec<(usize, Vec<f64>)> = levels.iter().map(|&c| (c, Vec::new())).collect();
-        for (round, i) in (0..args.repeat).flat_map(|r| (0..levels.len()).map(move |i| (r, i))) {
-            let c = levels[i];
-            // Which library runs first alternates between rounds, so that
-            // a machine slowing down or speeding up during a level favours
-            // neither.
-            let mut order = [Library::Hasp, Library::Rslock];
-            if round % 2 == 1 {
-                order.reverse();
+        // Per server and level: the (hasp, plain) / rslock ratios of each round.
+        let mut ratios: Vec<(&str, usize, Vec<Ratios>)> = Vec::new();
+        for server in &servers {
+            for &c in &levels {
+                ratios.push((server.name, c, Vec::new()));
             }
-            let mut measured = [(0.0, 0.0, 0.0); 2];
-            for library in order {
-                measured[library as usize] = w1_measured(c, args.duration, library).await;
+        }
+        for round in 0..args.repeat {
+            for (i, (server, c)) in servers
+                .iter()
+                .flat_map(|s| levels.iter().map(move |&c| (s, c)))
+                .enumerate()
+            {
+                // Which library runs first rotates between rounds, so that
+                // a machine slowing down or speeding up during a level
+                // favours none.
+                let mut order = [Library::Hasp, Library::Plain, Library::Rslock];
+                order.rotate_left(round % 3);
+                let mut measured = [(0.0, 0.0, 0.0); 3];
+                for library in order {
+                    measured[library as usize] =
+                        w1_measured(server, c, args.duration, library).await;
+                }
+                let [(h, h_cpu, h_me), (p, p_cpu, p_me), (r, r_cpu, r_me)] = measured;
+                if c == 1 && hasp_c1 == 0.0 {
+                    hasp_c1 = h;
+                }
+                ratios[i].2.push((h / r, p / r));
+                println!(
+                    "| {} | {c} | {h:.0} | {p:.0} | {r:.0} | {:.2} | {:.2} | {h_cpu:.1} | {p_cpu:.1} | {r_cpu:.1} | {h_me:.1} | {p_me:.1} | {r_me:.1} |",
+                    server.name,
+                    h / r,
+                    p / r
+                );
             }
-            let [(h, h_cpu, h_me), (r, r_cpu, r_me)] = measured;
-            if c == 1 {
-                hasp_c1 = h;
-            }
-            ratios[i].1.push(h / r);
-            println!(
-                "| {c} | {h:.0} | {r:.0} | {:.2} | {h_cpu:.1} | {r_cpu:.1} | {h_me:.1} | {r_me:.1} |",
-                h / r
-            );
         }
         if args.repeat > 1 {
-            println!("\nhasp / rslock over {} rounds:", args.repeat);
-            for (c, ratios) in &ratios {
-                let mut sorted = ratios.clone();
-                sorted.sort_by(f64::total_cmp);
-                let (min, max) = (sorted[0], sorted[sorted.len() - 1]);
-                let median = if sorted.len() % 2 == 1 {
-                    sorted[sorted.len() / 2]
-                } else {
-                    (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
-                };
-                println!("- C = {c}: {min:.2}–{max:.2}, median {median:.2}");
+            println!(
+                "\nratios to rslock over {} rounds (min–max, median):",
+                args.repeat
+            );
+            for (server, c, ratios) in &ratios {
+                let hasp: Vec<f64> = ratios.iter().map(|r| r.0).collect();
+                let plain: Vec<f64> = ratios.iter().map(|r| r.1).collect();
+                println!(
+                    "- {server}, C = {c}: hasp {}; plain {}",
+                    spread(&hasp),
+                    spread(&plain)
+                );
             }
         }
     }
     if args.runs("w1link") {
-        println!(
-            "\n## W1 over a slower link: every reply delayed {W1_LINK_DELAY:?} by a proxy (tokio's timer: ~2.4 ms)\n"
-        );
-        println!("| C | hasp pairs/s | rslock pairs/s | hasp / rslock |");
-        println!("|---|---:|---:|---:|");
-        for c in W1_LINK_CONCURRENCY {
-            let h = w1_over_link(c, args.duration, Library::Hasp).await;
-            let r = w1_over_link(c, args.duration, Library::Rslock).await;
-            println!("| {c} | {h:.0} | {r:.0} | {:.2} |", h / r);
+        println!("\n## W1 over a slower link: every reply delayed by a proxy\n");
+        println!("| server | delay | C | hasp pairs/s | plain pairs/s | rslock pairs/s | hasp / rslock | plain / rslock |");
+        println!("|---|---|---|---:|---:|---:|---:|---:|");
+        for server in &servers {
+            for delay in W1_LINK_DELAYS {
+                for c in W1_LINK_CONCURRENCY {
+                    let h = w1_over_link(server, delay, c, args.duration, Library::Hasp).await;
+                    let p = w1_over_link(server, delay, c, args.duration, Library::Plain).await;
+                    let r = w1_over_link(server, delay, c, args.duration, Library::Rslock).await;
+                    println!(
+                        "| {} | {delay:?} | {c} | {h:.0} | {p:.0} | {r:.0} | {:.2} | {:.2} |",
+                        server.name,
+                        h / r,
+                        p / r
+                    );
+                }
+            }
         }
     }
     if args.runs("rb") {
@@ -212,6 +234,29 @@ async fn run(args: Args) {
         );
     }
     if args.runs("ri") {
+        println!("\n## Redis instructions per lock/unlock pair, as each client sends them (callgrind, {RI_CLIENT_PAIRS} pairs)\n");
+        println!("| server | C | hasp | plain | rslock | hasp / rslock | plain / rslock |");
+        println!("|---|---|---:|---:|---:|---:|---:|");
+        for server in &servers {
+            for c in RI_CLIENT_CONCURRENCY {
+                let measured: Option<Vec<f64>> = [Library::Hasp, Library::Plain, Library::Rslock]
+                    .into_iter()
+                    .map(|library| client_instructions(server, library, c))
+                    .collect();
+                match measured.as_deref() {
+                    Some(&[h, p, r]) => println!(
+                        "| {} | {c} | {h:.0} | {p:.0} | {r:.0} | {:.2} | {:.2} |",
+                        server.name,
+                        h / r,
+                        p / r
+                    ),
+                    _ => println!(
+                        "| {} | {c} | skipped (needs valgrind) | | | | |",
+                        server.name
+                    ),
+                }
+            }
+        }
         for per_call in RI_PER_CALL {
             match redis_instructions(per_call) {
                 Some(RedisInstructions {
@@ -230,7 +275,9 @@ async fn run(args: Args) {
     }
     if hasp_c1 == 0.0 {
         let server = RedisServer::start_tcp();
-        hasp_c1 = w1_hasp(&server.url(), 1, Duration::from_secs(2)).await;
+        hasp_c1 = Library::Hasp
+            .w1(&server.url(), 1, Duration::from_secs(2))
+            .await;
     }
     if args.runs("w2") {
         println!("\n## W2 contended: 8, 32 and 128 tasks, one name, {W2_HOLD:?} hold\n");
@@ -441,7 +488,7 @@ async fn several_servers(duration: Duration) {
         drop(client);
         drop(cluster);
         let server = RedisServer::start_tcp();
-        let on_server = w1_hasp(&server.url(), c, duration).await;
+        let on_server = Library::Hasp.w1(&server.url(), c, duration).await;
         println!(
             "| hasp | {c} | {on_cluster:.0} | {on_server:.0} | {:.2} |",
             on_cluster / on_server
@@ -535,27 +582,124 @@ where
     total as f64 / started.elapsed().as_secs_f64()
 }
 
-/// The two libraries W1 compares (the discriminant indexes their results).
-#[derive(Clone, Copy)]
+/// hasp's and the plain lock's pairs/s over rslock's, in one round.
+type Ratios = (f64, f64);
+
+/// The libraries W1 compares (the discriminant indexes their results).
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Library {
+    /// hasp's `Lock`.
     Hasp = 0,
-    Rslock = 1,
+    /// hasp's `PlainLock`.
+    Plain = 1,
+    Rslock = 2,
 }
 
 impl Library {
     /// W1 pairs/s of this library against the server at `url`.
     async fn w1(self, url: &str, c: usize, duration: Duration) -> f64 {
+        self.pairs(url, c, Until::Time(Instant::now() + duration))
+            .await
+    }
+
+    /// Lock/unlock pairs by `concurrency` tasks, each on its own name, until
+    /// `until`: pairs/s.
+    async fn pairs(self, url: &str, concurrency: usize, until: Until) -> f64 {
         match self {
-            Library::Hasp => w1_hasp(url, c, duration).await,
-            Library::Rslock => w1_rslock(url, c, duration).await,
+            Library::Hasp | Library::Plain => {
+                w1_hasp(url, concurrency, until, self == Library::Plain).await
+            }
+            Library::Rslock => w1_rslock(url, concurrency, until).await,
         }
     }
 }
 
+/// When a W1 task stops.
+#[derive(Clone, Copy)]
+enum Until {
+    Time(Instant),
+    /// After this many pairs per task.
+    Pairs(u64),
+}
+
+impl Until {
+    fn done(self, pairs: u64) -> bool {
+        match self {
+            Until::Time(at) => Instant::now() >= at,
+            Until::Pairs(n) => pairs >= n,
+        }
+    }
+}
+
+/// A server binary the benchmark runs against.
+struct Server {
+    name: &'static str,
+    binary: Option<std::path::PathBuf>,
+}
+
+impl Server {
+    fn start(&self) -> RedisServer {
+        RedisServer::start_with(testkit::ServerOptions {
+            transport: testkit::Transport::Tcp,
+            binary: self.binary.clone(),
+            ..testkit::ServerOptions::default()
+        })
+    }
+
+    fn binary(&self) -> std::path::PathBuf {
+        self.binary
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from("redis-server"))
+    }
+}
+
+/// Redis 7.0 (Debian's `redis-server`), and Valkey 9.1 when
+/// `scripts/ensure-valkey.sh` has fetched it (or `HASP_VALKEY_SERVER`
+/// names a binary).
+fn servers() -> Vec<Server> {
+    let mut servers = vec![Server {
+        name: "Redis 7.0",
+        binary: None,
+    }];
+    let valkey = std::env::var_os("HASP_VALKEY_SERVER")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../.cache/valkey-9.1.2/valkey-server")
+        });
+    if valkey.exists() {
+        servers.push(Server {
+            name: "Valkey 9.1",
+            binary: Some(valkey),
+        });
+    } else {
+        println!("(Valkey 9.1 not found: run scripts/ensure-valkey.sh; Redis 7.0 only)");
+    }
+    servers
+}
+
+/// `min–max, median` of `values`.
+fn spread(values: &[f64]) -> String {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let (min, max) = (sorted[0], sorted[sorted.len() - 1]);
+    let median = if sorted.len() % 2 == 1 {
+        sorted[sorted.len() / 2]
+    } else {
+        (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
+    };
+    format!("{min:.2}–{max:.2}, median {median:.2}")
+}
+
 /// One W1 measurement on a fresh server: pairs/s, then Redis's and this
 /// process's CPU µs per pair.
-async fn w1_measured(c: usize, duration: Duration, library: Library) -> (f64, f64, f64) {
-    let server = RedisServer::start_tcp();
+async fn w1_measured(
+    server: &Server,
+    c: usize,
+    duration: Duration,
+    library: Library,
+) -> (f64, f64, f64) {
+    let server = server.start();
     let (cpu, me) = (server_cpu(&server), process_cpu("self"));
     let pairs = library.w1(&server.url(), c, duration).await;
     let total = pairs * duration.as_secs_f64();
@@ -564,28 +708,41 @@ async fn w1_measured(c: usize, duration: Duration, library: Library) -> (f64, f6
     (pairs, server_us, client_us)
 }
 
-/// W1 through a [`FaultProxy`] that delays every reply by
-/// [`W1_LINK_DELAY`]: what loopback hides, a network round trip that
-/// dwarfs both libraries' CPU per call.
-async fn w1_over_link(c: usize, duration: Duration, library: Library) -> f64 {
-    let server = RedisServer::start_tcp();
+/// W1 through a [`FaultProxy`] that delays every reply by `delay`: what
+/// loopback hides, a network round trip that dwarfs every library's CPU
+/// per call.
+async fn w1_over_link(
+    server: &Server,
+    delay: Duration,
+    c: usize,
+    duration: Duration,
+    library: Library,
+) -> f64 {
+    let server = server.start();
     let proxy = FaultProxy::start(&server);
-    proxy.set(Direction::ToClient, Mode::Delay(W1_LINK_DELAY));
+    proxy.set(Direction::ToClient, Mode::Delay(delay));
     library.w1(&proxy.url(), c, duration).await
 }
 
-async fn w1_hasp(url: &str, concurrency: usize, duration: Duration) -> f64 {
+async fn w1_hasp(url: &str, concurrency: usize, until: Until, plain: bool) -> f64 {
     let client = Client::open(url).await.unwrap();
-    let deadline = Instant::now() + duration;
     let started = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
         .map(|i| {
-            let lock = client.lock(&format!("w1-{i}")).unwrap();
+            let name = format!("w1-{i}");
+            let (lock, plain) = if plain {
+                (None, Some(client.plain_lock(&name).unwrap()))
+            } else {
+                (Some(client.lock(&name).unwrap()), None)
+            };
             tokio::spawn(async move {
                 let mut n = 0u64;
-                while Instant::now() < deadline {
-                    let guard = lock.lock().await.unwrap();
-                    guard.unlock().await.unwrap();
+                while !until.done(n) {
+                    match (&lock, &plain) {
+                        (Some(lock), _) => lock.lock().await.unwrap().unlock().await.unwrap(),
+                        (_, Some(plain)) => plain.lock().await.unwrap().unlock().await.unwrap(),
+                        _ => unreachable!(),
+                    }
                     n += 1;
                 }
                 n
@@ -599,9 +756,8 @@ async fn w1_hasp(url: &str, concurrency: usize, duration: Duration) -> f64 {
     total as f64 / started.elapsed().as_secs_f64()
 }
 
-async fn w1_rslock(url: &str, concurrency: usize, duration: Duration) -> f64 {
+async fn w1_rslock(url: &str, concurrency: usize, until: Until) -> f64 {
     let manager = LockManager::new(vec![url.to_owned()]);
-    let deadline = Instant::now() + duration;
     let started = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
         .map(|i| {
@@ -609,7 +765,7 @@ async fn w1_rslock(url: &str, concurrency: usize, duration: Duration) -> f64 {
             let name = format!("w1-{i}");
             tokio::spawn(async move {
                 let mut n = 0u64;
-                while Instant::now() < deadline {
+                while !until.done(n) {
                     let lock = manager
                         .lock(name.as_bytes(), Duration::from_secs(30))
                         .await
@@ -650,6 +806,34 @@ const RI_TOTAL: usize = 50_000;
 /// Pairs per call in the `ri` measurements: as a busy client sends them,
 /// and as an idle one does.
 const RI_PER_CALL: [usize; 2] = [25, 1];
+
+/// Pairs per client-driven `ri` measurement, and the client tasks.
+const RI_CLIENT_PAIRS: u64 = 20_000;
+const RI_CLIENT_CONCURRENCY: [usize; 2] = [1, 16];
+
+/// Instructions `server` runs per lock/unlock pair as `library`'s own client
+/// sends them (`c` tasks, each on its own name; hasp batches what its
+/// tasks have pending, rslock sends each command on its own), counted by
+/// callgrind, less what an idle server of the same binary runs. Includes
+/// what each client does once (connecting, loading hasp's library,
+/// asking what the server offers), spread over the pairs. `None` without
+/// valgrind.
+fn client_instructions(server: &Server, library: Library, c: usize) -> Option<f64> {
+    std::process::Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .ok()?;
+    let idle = callgrind_server(server, |_, _| 0)?.0 as f64;
+    let per_task = RI_CLIENT_PAIRS / c as u64;
+    let runtime = tokio::runtime::Handle::current();
+    let (total, pairs) = callgrind_server(server, |url, _| {
+        tokio::task::block_in_place(|| {
+            runtime.block_on(library.pairs(url, c, Until::Pairs(per_task)));
+        });
+        (per_task * c as u64) as usize
+    })?;
+    Some((total as f64 - idle) / pairs as f64)
+}
 
 /// Instructions redis-server runs per lock/unlock pair, counted by callgrind
 /// (a count, not a time: the same on a busy or an idle machine), with
@@ -780,6 +964,22 @@ struct RedisInstructions {
 /// Runs `workload` against a fresh redis-server under callgrind and returns
 /// the instructions the server ran in all, with the workload's pair count.
 fn callgrind_redis(workload: impl FnOnce(&mut redis::Connection) -> usize) -> Option<(u64, usize)> {
+    callgrind_server(
+        &Server {
+            name: "Redis 7.0",
+            binary: None,
+        },
+        |_, conn| workload(conn),
+    )
+}
+
+/// Runs `workload` (given the server's URL and a connection to it) against
+/// a fresh `server` under callgrind and returns the instructions the server
+/// ran in all, with the workload's pair count.
+fn callgrind_server(
+    server: &Server,
+    workload: impl FnOnce(&str, &mut redis::Connection) -> usize,
+) -> Option<(u64, usize)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .ok()?
@@ -789,19 +989,15 @@ fn callgrind_redis(workload: impl FnOnce(&mut redis::Connection) -> usize) -> Op
     let mut server = std::process::Command::new("valgrind")
         .arg("--tool=callgrind")
         .arg(format!("--callgrind-out-file={}", out.display()))
-        .args([
-            "redis-server",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ])
+        .arg(server.binary())
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .args(["--save", "", "--appendonly", "no"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .ok()?;
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let url = format!("redis://127.0.0.1:{port}/");
+    let client = redis::Client::open(url.as_str()).ok()?;
     let started = Instant::now();
     let mut conn = loop {
         match client.get_connection() {
@@ -815,7 +1011,7 @@ fn callgrind_redis(workload: impl FnOnce(&mut redis::Connection) -> usize) -> Op
             }
         }
     };
-    let pairs = workload(&mut conn);
+    let pairs = workload(&url, &mut conn);
     // The server exits on SHUTDOWN without answering.
     let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").arg("NOSAVE").query(&mut conn);
     server.wait().ok()?;

@@ -99,19 +99,24 @@ impl RedisCluster {
     pub fn master_of(&self, slot: u16) -> &RedisServer {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let port = self
-                .nodes_view()
-                .into_iter()
+            let view = self.nodes_view();
+            // A port that is not one of this cluster's nodes is a view in
+            // flux (a node still being met): ask again.
+            let node = view
+                .iter()
                 .find(|(_, master, slots)| {
                     *master && slots.iter().any(|(a, b)| (*a..=*b).contains(&slot))
                 })
-                .map(|(port, _, _)| port);
-            match port {
-                Some(port) => return self.node(port),
+                .and_then(|(port, _, _)| self.nodes.iter().find(|n| n.port() == Some(*port)));
+            match node {
+                Some(node) => return node,
                 None if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                None => panic!("no node is master of slot {slot}"),
+                None => panic!(
+                    "no node of this cluster ({:?}) is master of slot {slot}: {view:?}",
+                    self.nodes.iter().map(RedisServer::port).collect::<Vec<_>>()
+                ),
             }
         }
     }

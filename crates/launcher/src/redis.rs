@@ -29,6 +29,9 @@ pub struct ServerOptions {
     pub extra_args: Vec<String>,
     /// TCP port of a primary on 127.0.0.1 to replicate (`--replicaof`).
     pub replica_of: Option<u16>,
+    /// The server binary (`None`: `$REDIS_SERVER`, else `redis-server`);
+    /// `valkey-server` takes the same arguments.
+    pub binary: Option<PathBuf>,
 }
 
 impl ServerOptions {
@@ -53,6 +56,7 @@ impl Default for ServerOptions {
             password: None,
             extra_args: Vec::new(),
             replica_of: None,
+            binary: None,
         }
     }
 }
@@ -170,7 +174,11 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> Result<(), LaunchError> {
-        let binary = redis_server_binary();
+        let binary = self
+            .options
+            .binary
+            .clone()
+            .unwrap_or_else(redis_server_binary);
         let mut cmd = Command::new(&binary);
         cmd.arg("--save")
             .arg("")

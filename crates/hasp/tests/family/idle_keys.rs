@@ -83,8 +83,8 @@ async fn short_lease_client(ctx: &Ctx) -> hasp::Client {
 }
 
 /// Locks (watchdog and leased, released and left to expire, re-entered,
-/// handed off to a waiter), fair locks and adaptive locks: nothing is left
-/// of any name.
+/// handed off to a waiter), plain locks, fair locks and adaptive locks:
+/// nothing is left of any name.
 #[tokio::test]
 async fn idle_locks_leave_no_key() {
     let ctx = Ctx::new();
@@ -114,6 +114,12 @@ async fn idle_locks_leave_no_key() {
                 std::mem::forget(leased.lock().await.unwrap());
             }
         }
+        let plain = client.plain_lock(&format!("idle-plain:{i}")).unwrap();
+        match i % 3 {
+            0 => plain.lock().await.unwrap().unlock().await.unwrap(),
+            1 => drop(plain.lock().await.unwrap()), // released in the background
+            _ => std::mem::forget(plain.with_lease(LEASE).unwrap().lock().await.unwrap()),
+        }
         let fair = client.fair_lock(&format!("idle-fair:{i}")).unwrap();
         fair.lock().await.unwrap().unlock().await.unwrap();
         let adaptive = client
@@ -123,7 +129,7 @@ async fn idle_locks_leave_no_key() {
             .unwrap();
         adaptive.lock().await.unwrap().unlock().await.unwrap();
     }
-    assert_left(&ctx, &[], "locks, fair locks, adaptive locks").await;
+    assert_left(&ctx, &[], "locks, plain locks, fair locks, adaptive locks").await;
 }
 
 /// Read-write locks (reads, writes, a downgrade): nothing is left.

@@ -21,6 +21,7 @@ mod fencing;
 mod harness;
 mod mix;
 mod outcomes;
+mod plain;
 
 use std::future::Future;
 use std::time::Duration;

@@ -743,7 +743,8 @@ fn native_answered(
     nonces: &Nonces,
     requeue: &mpsc::WeakUnboundedSender<Request>,
 ) -> Sent {
-    match reply {
+    // A server's error may come as a value (`-LOADING` while it loads).
+    match reply.and_then(Value::extract_error) {
         Ok(value) => match request.op.decode_native(&value) {
             Ok(Some(reply)) => {
                 stats.native_ops.fetch_add(1, Ordering::Relaxed);
