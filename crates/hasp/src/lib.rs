@@ -120,7 +120,8 @@
 //! 7.0 or later), loaded by the client when a server does not have it.
 //!
 //! The family's objects of name `N` live beside the lock, under the same
-//! hash tag: a [`FairLock`] under `P:{E}:fair…`, an [`RwLock`] under
+//! hash tag: a [`PlainLock`] under `P:{E}:plain` (a lock's value, no
+//! counter), a [`FairLock`] under `P:{E}:fair…`, an [`RwLock`] under
 //! `P:{E}:rw…`, a [`Semaphore`] under `P:{E}:sem…`, a [`CountDownLatch`]
 //! under `P:{E}:latch…` (a hash of counts or holds, zsets of leases and of
 //! a line of waiters where it has them, and a release channel; the README's

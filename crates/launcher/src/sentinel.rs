@@ -147,9 +147,21 @@ impl SentinelGroup {
     /// port.
     pub fn failover(&self) -> u16 {
         let old = self.master_port();
-        let reply = self.sentinels[0].cli(&["SENTINEL", "FAILOVER", SERVICE]);
-        assert!(reply.contains("OK"), "SENTINEL FAILOVER: {reply}");
         let deadline = Instant::now() + Duration::from_secs(20);
+        // A sentinel learns of the replicas from the master's INFO, every
+        // few seconds: until it has seen one with its link up it answers
+        // NOGOODSLAVE, and a busy machine stretches that.
+        loop {
+            let reply = self.sentinels[0].cli(&["SENTINEL", "FAILOVER", SERVICE]);
+            if reply.contains("OK") {
+                break;
+            }
+            assert!(
+                reply.contains("NOGOODSLAVE") && Instant::now() < deadline,
+                "SENTINEL FAILOVER: {reply}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
         loop {
             let now = self.master_port();
             if now != old {

@@ -90,24 +90,39 @@ async fn a_free_plain_lock_is_taken_without_a_script_and_released_natively_where
         assert_eq!(native, 0);
         return;
     }
-    if conditional {
-        assert_eq!(calls, 0, "a plain pair on Valkey 9 runs no script");
-        assert_eq!(native, 2 * PAIRS, "acquisitions and releases native");
-    } else {
-        assert_eq!(calls, PAIRS, "Redis 7.0: one function call per release");
-        assert_eq!(native, PAIRS, "acquisitions native");
-    }
+    assert_eq!(calls, 0, "a plain pair never calls the batch function");
+    assert_eq!(native, 2 * PAIRS, "acquisitions and releases native");
     assert_eq!(stats.native_fallbacks, stats_before.native_fallbacks);
+    let scripts = command_calls(&ctx, "evalsha").await;
+    if conditional {
+        assert_eq!(scripts, 0, "Valkey 9: DELIFEQ, no script at all");
+    } else {
+        assert_eq!(
+            scripts,
+            PAIRS + 1,
+            "Redis 7.0: one compare-and-delete per release"
+        );
+    }
+}
+
+/// Calls of `command` the server has run so far.
+async fn command_calls(ctx: &Ctx, command: &str) -> u64 {
+    let mut raw = ctx.raw().await;
+    let info: String = query(&mut raw, &["INFO", "commandstats"]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::test]
-async fn a_locks_last_release_is_one_delifeq_where_the_server_has_it() {
+async fn a_locks_last_release_is_one_native_command() {
     let ctx = Ctx::new();
-    let client = ctx.client().await;
-    let mut raw = ctx.raw().await;
-    if on_cluster() || !has_conditional_commands(&mut raw).await {
-        return; // §32 is about servers with conditional commands
+    if on_cluster() {
+        return; // a cluster's calls go through the function
     }
+    let client = ctx.client().await;
     let lock = client.lock("fenced").unwrap();
     lock.lock().await.unwrap().unlock().await.unwrap();
     let before = client.stats().native_ops;
@@ -155,8 +170,7 @@ async fn a_release_that_finds_a_waiter_flagged_falls_back_and_wakes_it() {
     let ctx = Ctx::new();
     let holder = ctx.client().await;
     let waiter = ctx.client().await;
-    let mut raw = ctx.raw().await;
-    let conditional = !on_cluster() && has_conditional_commands(&mut raw).await;
+    let raw = ctx.raw().await;
     for plain in [true, false] {
         let name = format!("contended-{plain}");
         // Once first, so that the next hold's release may go native.
@@ -191,11 +205,11 @@ async fn a_release_that_finds_a_waiter_flagged_falls_back_and_wakes_it() {
         // wakes the waiter within its 20 s wait.
         held.unlock().await;
         waiting.await.unwrap().unlock().await;
-        if conditional {
+        if !on_cluster() {
             assert_eq!(
                 holder.stats().native_fallbacks - fallbacks,
                 1,
-                "plain {plain}: DELIFEQ found the flag, and the function released"
+                "plain {plain}: the native release found the flag, and the function released"
             );
         }
     }
@@ -229,4 +243,26 @@ async fn the_watchdog_renews_a_plain_lock_natively_where_the_server_can() {
     }
     guard.unlock().await.unwrap();
     assert!(!lock.is_locked().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_release_finding_its_script_gone_falls_back_to_the_function() {
+    let ctx = Ctx::new();
+    let client = ctx.client().await;
+    let lock = client.plain_lock("flushed").unwrap();
+    lock.lock().await.unwrap().unlock().await.unwrap();
+    let mut raw = ctx.raw().await;
+    let conditional = !on_cluster() && has_conditional_commands(&mut raw).await;
+    let _: String = query(&mut raw, &["SCRIPT", "FLUSH"]).await;
+    let fallbacks = client.stats().native_fallbacks;
+    let guard = lock.lock().await.unwrap();
+    guard.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap(), "released all the same");
+    if !on_cluster() && !conditional {
+        assert_eq!(
+            client.stats().native_fallbacks - fallbacks,
+            1,
+            "NOSCRIPT, then the function"
+        );
+    }
 }

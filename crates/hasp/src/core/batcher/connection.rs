@@ -275,8 +275,30 @@ pub(crate) fn is_read_only(error: &RedisError) -> bool {
 /// connection meanwhile (nobody else does yet). A server that refuses the
 /// question (an ACL without `COMMAND`) offers nothing as far as hasp uses.
 async fn probe(conn: &mut MultiplexedConnection, driver: &mut Driver) -> RedisResult<Native> {
-    let probe = Native::probe();
-    let mut query = std::pin::pin!(conn.req_packed_command(&probe));
+    let mut native = match driven(conn.req_packed_command(&Native::probe()), driver).await {
+        Ok(value) => Native::from_probe(&value),
+        Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => return Err(e),
+        Err(_) => Native::default(),
+    };
+    if !native.conditional {
+        native.script = match driven(conn.req_packed_command(&Native::load_script()), driver).await
+        {
+            Ok(value) => value.extract_error().is_ok(),
+            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => {
+                return Err(e)
+            }
+            Err(_) => false,
+        };
+    }
+    Ok(native)
+}
+
+/// Awaits `query` on a connection nobody drives yet, driving it meanwhile.
+async fn driven(
+    query: impl Future<Output = RedisResult<Value>>,
+    driver: &mut Driver,
+) -> RedisResult<Value> {
+    let mut query = std::pin::pin!(query);
     let reply = std::future::poll_fn(|cx| {
         if let Poll::Ready(reply) = query.as_mut().poll(cx) {
             return Poll::Ready(reply);
@@ -290,11 +312,7 @@ async fn probe(conn: &mut MultiplexedConnection, driver: &mut Driver) -> RedisRe
         Poll::Pending
     })
     .await;
-    match reply {
-        Ok(value) => Ok(Native::from_probe(&value)),
-        Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => Err(e),
-        Err(_) => Ok(Native::default()),
-    }
+    reply.and_then(Value::extract_error)
 }
 
 async fn connect(

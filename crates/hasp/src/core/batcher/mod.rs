@@ -767,6 +767,15 @@ fn native_answered(
         Err(e) if is_redirect(&e) || connection::is_read_only(&e) => {
             redirected(e, Vec::new(), vec![request], requeue.clone())
         }
+        // The server lost the script (`SCRIPT FLUSH`): nothing was applied.
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            stats.native_fallbacks.fetch_add(1, Ordering::Relaxed);
+            request.scripted = true;
+            Sent {
+                retries: vec![request],
+                ..Sent::default()
+            }
+        }
         Err(e) => failed(&Error::Redis(e), Vec::new(), vec![request], nonces),
     }
 }

@@ -10,6 +10,7 @@
 //! |---|---|---|
 //! | a plain lock's acquisition | `SET <lock> <hold> NX PX <lease>` | always (Redis 7.0) |
 //! | the last release of a hold | `DELIFEQ <lock> <hold>` | the server has `DELIFEQ` (Valkey 9.0) |
+//! | the last release of a hold | `EVALSHA <delete_if_equal.lua> 1 <lock> <hold>` | otherwise (Redis 7.0), the script loaded when the connection was made |
 //! | a plain lock's renewal | `SET <lock> <hold> IFEQ <hold> PX <lease>` | the server has `DELIFEQ` (so `SET … IFEQ`, Valkey 8.1) |
 //!
 //! `<hold>` is the value an acquisition of a free lock writes
@@ -28,11 +29,18 @@
 //! `DELIFEQ` does, but no Redis 8.4 server could be tested here: on Redis
 //! the function stays.
 
+use std::sync::LazyLock;
+
 use redis::{Cmd, Value};
 
 use super::{free_hold, Op, Reply};
 use crate::core::keys::Kind;
 use crate::error::Error;
+
+/// `DELIFEQ` as a script, for servers without it.
+const DELETE_IF_EQUAL_SOURCE: &str = include_str!("../scripts/delete_if_equal.lua");
+pub(crate) static DELETE_IF_EQUAL: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(DELETE_IF_EQUAL_SOURCE));
 
 /// What a server offers beyond Redis 7.0, learned when a connection is made
 /// (again after each reconnect: a promoted replica may run another version).
@@ -40,6 +48,9 @@ use crate::error::Error;
 pub(crate) struct Native {
     /// `DELIFEQ` and `SET … IFEQ` (Valkey 9.0 and later).
     pub(crate) conditional: bool,
+    /// Without them, [`DELETE_IF_EQUAL`] is loaded (`SCRIPT LOAD`), so a
+    /// last release is one `EVALSHA` of it.
+    pub(crate) script: bool,
 }
 
 impl Native {
@@ -50,13 +61,23 @@ impl Native {
         cmd
     }
 
+    /// The command that loads [`DELETE_IF_EQUAL`].
+    pub(crate) fn load_script() -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(DELETE_IF_EQUAL_SOURCE);
+        cmd
+    }
+
     /// What a server's answer to [`probe`](Self::probe) says it offers.
     pub(crate) fn from_probe(reply: &Value) -> Self {
         let known = match reply {
             Value::Array(entries) => entries.first().is_some_and(|e| !matches!(e, Value::Nil)),
             _ => false,
         };
-        Self { conditional: known }
+        Self {
+            conditional: known,
+            script: false,
+        }
     }
 }
 
@@ -86,10 +107,22 @@ impl Op {
                 holds: 1,
                 written: Some(written),
                 ..
-            } if native.conditional && matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
-                let mut cmd = redis::cmd("DELIFEQ");
-                cmd.arg(&*keys.lock).arg(free_hold(owner, *written));
-                Some(cmd)
+            } if matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
+                let hold = free_hold(owner, *written);
+                if native.conditional {
+                    let mut cmd = redis::cmd("DELIFEQ");
+                    cmd.arg(&*keys.lock).arg(hold);
+                    Some(cmd)
+                } else if native.script {
+                    let mut cmd = redis::cmd("EVALSHA");
+                    cmd.arg(DELETE_IF_EQUAL.get_hash())
+                        .arg(1)
+                        .arg(&*keys.lock)
+                        .arg(hold);
+                    Some(cmd)
+                } else {
+                    None
+                }
             }
             Op::Extend {
                 keys,
@@ -157,10 +190,24 @@ mod tests {
             nonce: nonces.next(),
             written: Some(written),
         };
-        assert!(release.native(Native::default()).is_none(), "Redis 7.0");
-        let cmd = release
-            .native(Native { conditional: true })
-            .expect("native on Valkey 9");
+        assert!(
+            release.native(Native::default()).is_none(),
+            "no script loaded"
+        );
+        let script = Native {
+            conditional: false,
+            script: true,
+        };
+        let cmd = release.native(script).expect("a script on Redis 7.0");
+        assert_eq!(
+            args(&cmd)[..3],
+            ["EVALSHA", DELETE_IF_EQUAL.get_hash(), "1"]
+        );
+        let valkey = Native {
+            conditional: true,
+            script: false,
+        };
+        let cmd = release.native(valkey).expect("native on Valkey 9");
         assert_eq!(
             args(&cmd),
             ["DELIFEQ", "hasp:{a}", &format!("1 {written} - o1")]
@@ -196,8 +243,10 @@ mod tests {
             ]
         );
         assert_eq!(plain.decode_native(&Value::Nil).unwrap(), None);
-        assert!(acquire(LockKeys::new("hasp", "a"))
-            .native(Native { conditional: true })
-            .is_none());
+        let valkey = Native {
+            conditional: true,
+            script: true,
+        };
+        assert!(acquire(LockKeys::new("hasp", "a")).native(valkey).is_none());
     }
 }
