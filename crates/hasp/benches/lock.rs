@@ -202,6 +202,7 @@ async fn run(args: Args) {
     }
     if args.runs("w1link") {
         println!("\n## W1 over a slower link: every reply delayed by a proxy\n");
+        println!("(the delay asked; the proxy sleeps on tokio's timer, which wakes on whole milliseconds: 0.2 ms lands near 1 ms and 1 ms near 2 ms)\n");
         println!("| server | delay | C | hasp pairs/s | plain pairs/s | rslock pairs/s | hasp / rslock | plain / rslock |");
         println!("|---|---|---|---:|---:|---:|---:|---:|");
         for server in &servers {

@@ -598,17 +598,40 @@ impl Task {
         let stats = self.stats.clone();
         let nonces = self.nonces.clone();
         let requeue = self.requeue.clone();
+        // The native commands go as one pipeline: one request to the
+        // connection and one write, as the function's call is.
+        let mut pipe = redis::pipe();
+        let requests: Vec<Request> = native
+            .into_iter()
+            .map(|(request, cmd)| {
+                pipe.add_command(cmd);
+                request
+            })
+            .collect();
         async move {
-            let natives = native.into_iter().map(|(request, cmd)| {
-                let mut conn = conn.clone();
-                async move {
-                    let reply = conn.req_packed_command(&cmd).await;
-                    (request, reply)
+            let count = requests.len();
+            let natives = async move {
+                let mut conn = conn;
+                match count {
+                    0 => Ok(Vec::new()),
+                    _ => conn.req_packed_commands(&pipe, 0, count).await,
                 }
-            });
-            let (mut sent, natives) =
-                futures_util::future::join(scripted, futures_util::future::join_all(natives)).await;
-            for (request, reply) in natives {
+            };
+            let (mut sent, replies) = futures_util::future::join(scripted, natives).await;
+            // Each command's server error is a value of its own slot.
+            let replies: Vec<redis::RedisResult<Value>> = match replies {
+                Ok(values) if values.len() == count => values.into_iter().map(Ok).collect(),
+                Ok(values) => {
+                    let wrong = RedisError::from((
+                        redis::ErrorKind::Client,
+                        "pipeline reply of the wrong length",
+                        format!("{} replies for {count} commands", values.len()),
+                    ));
+                    vec![Err(wrong); count]
+                }
+                Err(e) => vec![Err(e); count],
+            };
+            for (request, reply) in requests.into_iter().zip(replies) {
                 sent.merge(native_answered(request, reply, &stats, &nonces, &requeue));
             }
             sent
