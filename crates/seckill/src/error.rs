@@ -64,7 +64,8 @@ impl Error {
     /// Redis one after a purchase was sent leaves its outcome unknown.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            Error::Database(e) => crate::db::is_unavailable(e),
+            // The table lock's classification, as `db::is_unavailable`'s.
+            Error::Database(e) => hasp_sql::is_transient(e),
             Error::TableLock(e) => e.is_retryable(),
             Error::Lock(e) => e.is_retryable(),
             Error::Redis(e) => hasp::Error::Redis(e.clone()).is_retryable(),
