@@ -45,7 +45,7 @@ const FLAGS: &str = "'allow-oom'";
 
 /// The batch function for one server (or a Sentinel service's master).
 pub(crate) static BATCH: LazyLock<Library> =
-    LazyLock::new(|| Library::new(BATCH_SOURCE.to_owned(), FLAGS));
+    LazyLock::new(|| Library::new(BATCH_SOURCE, "publish", FLAGS));
 
 /// The batch function for a Redis Cluster: release messages go out with
 /// `SPUBLISH`, to the shard that owns the lock's slot, where its waiters
@@ -54,7 +54,8 @@ pub(crate) static BATCH: LazyLock<Library> =
 /// (`allow-cross-slot-keys`), each operation's keys in one slot.
 pub(crate) static BATCH_SHARDED: LazyLock<Library> = LazyLock::new(|| {
     Library::new(
-        BATCH_SOURCE.replace("call('publish'", "call('spublish'"),
+        BATCH_SOURCE,
+        "spublish",
         &format!("{FLAGS}, 'allow-cross-slot-keys'"),
     )
 });
@@ -69,7 +70,11 @@ pub(crate) struct Library {
 }
 
 impl Library {
-    fn new(body: String, flags: &str) -> Self {
+    /// The library of `body` whose release messages go out with the
+    /// command `publish` (`prelude.lua`'s `released`), its function flagged
+    /// `flags`.
+    fn new(body: &str, publish: &str, flags: &str) -> Self {
+        let body = format!("local PUBLISH = '{publish}'\n{body}");
         let flags_line = format!("-- flags: {flags}\n");
         let hash = Script::new(&(flags_line + &body)).get_hash().to_owned();
         let id = &hash[..16];

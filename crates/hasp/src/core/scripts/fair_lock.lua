@@ -27,7 +27,7 @@
 local function wake_head(lock, queue)
   local head = call('zrange', queue, 0, 0)[1]
   if head then
-    call('publish', lock .. ':released', '>' .. waiter_of(head))
+    released(lock, '>' .. waiter_of(head))
   end
 end
 

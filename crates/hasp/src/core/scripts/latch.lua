@@ -35,7 +35,7 @@ local function arm(latch, ids, n, expiry)
   else
     call('persist', latch)
   end
-  call('publish', latch .. ':released', 'set')
+  released(latch, 'set')
   return 1
 end
 
@@ -60,7 +60,7 @@ local function count_down(latch, ids, id, done_ttl)
   if count == 0 then
     call('del', ids)
     call('pexpire', latch, done_ttl)
-    call('publish', latch .. ':released', '0')
+    released(latch, '0')
   end
   return count
 end
@@ -70,7 +70,7 @@ local function delete(latch, ids)
   if call('del', latch) == 0 then
     return 0
   end
-  call('publish', latch .. ':released', 'deleted')
+  released(latch, 'deleted')
   return 1
 end
 

@@ -160,7 +160,7 @@ end
 local function free(lock, message, flag)
   call('del', lock)
   if flag ~= '-' then
-    call('publish', lock .. ':released', message)
+    released(lock, message)
   end
 end
 

@@ -52,6 +52,14 @@ end
 -- index, opcode's argument index) }
 local ops = {}
 
+-- Tells the waiters of the object whose key is `base`, on its channel
+-- `<base>:released`. PUBLISH is set by the line the client puts before
+-- this file (scripts.rs): 'publish' for one server, 'spublish' for a Redis
+-- Cluster, whose waiters listen on the shard that owns the slot.
+local function released(base, message)
+  call(PUBLISH, base .. ':released', message)
+end
+
 local function clock_us()
   if not now_us then
     local now = call('time')

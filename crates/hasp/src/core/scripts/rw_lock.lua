@@ -96,7 +96,7 @@ local function rw_wake(rw, queue)
     end
   end
   if #ids > 0 then
-    call('publish', rw .. ':released', '>' .. table.concat(ids, ','))
+    released(rw, '>' .. table.concat(ids, ','))
   end
 end
 

@@ -136,7 +136,7 @@ local function wake(sem, grants, queue)
     ids[#ids + 1] = waiter_of(m)
   end
   if #ids > 0 then
-    call('publish', sem .. ':released', '>' .. table.concat(ids, ','))
+    released(sem, '>' .. table.concat(ids, ','))
   end
 end
 
