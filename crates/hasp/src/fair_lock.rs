@@ -5,7 +5,6 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::lock::Lock;
-use hasp_owner::Owner;
 
 /// A handle on one named fair lock: a [`Lock`] whose waiters, across all
 /// clients, acquire in the order they started waiting.
@@ -62,34 +61,7 @@ impl FairLock {
         Self { lock }
     }
 
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.lock.name()
-    }
-
-    /// This handle with a fixed lease (see [`Lock::with_lease`]).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `lease`
-    /// is zero or above the client's `max_lease`.
-    pub fn with_lease(self, lease: Duration) -> Result<Self> {
-        Ok(Self::new(self.lock.with_lease(lease)?))
-    }
-
-    /// This handle in watchdog mode (the default).
-    pub fn with_watchdog(self) -> Self {
-        Self::new(self.lock.with_watchdog())
-    }
-
-    /// This handle acting for `owner` instead of the current task.
-    pub fn with_owner(self, owner: Owner) -> Self {
-        Self::new(self.lock.with_owner(owner))
-    }
-
-    /// The owner this handle acts for, resolved now.
-    pub fn owner(&self) -> Owner {
-        self.lock.owner()
-    }
+    crate::lock::over_lock!();
 
     /// Acquires the lock, waiting in line as long as it takes.
     ///
@@ -137,46 +109,5 @@ impl FairLock {
     /// Cancel safe.
     pub async fn lock_within(&self, wait: Duration) -> Result<Guard> {
         self.lock.lock_within(wait).await
-    }
-
-    /// Frees the lock whoever holds it (see [`Lock::force_unlock`]).
-    ///
-    /// # Errors
-    /// As [`Lock::force_unlock`].
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the change is sent when the future is first polled and
-    /// made even if the future is dropped afterwards; only its answer is
-    /// lost.
-    pub async fn force_unlock(&self) -> Result<bool> {
-        self.lock.force_unlock().await
-    }
-
-    /// Whether any owner holds the lock now.
-    ///
-    /// # Errors
-    /// As [`Lock::is_locked`].
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn is_locked(&self) -> Result<bool> {
-        self.lock.is_locked().await
-    }
-
-    /// Whether this handle's owner holds the lock, as Redis sees it now.
-    ///
-    /// # Errors
-    /// As [`Lock::is_held_by_me`].
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn is_held_by_me(&self) -> Result<bool> {
-        self.lock.is_held_by_me().await
-    }
-
-    /// How many times this handle's owner holds the lock through this
-    /// client (answered locally).
-    pub fn hold_count(&self) -> u32 {
-        self.lock.hold_count()
     }
 }

@@ -7,6 +7,56 @@ use crate::core::Core;
 use crate::error::Result;
 use hasp_owner::Owner;
 
+/// The methods of a guard that is a [`Guard`] (its field `.0`) by another
+/// name, written once.
+macro_rules! over_guard {
+    () => {
+        /// The lock's name.
+        pub fn name(&self) -> &str {
+            self.0.name()
+        }
+
+        /// The owner this hold is for.
+        pub fn owner(&self) -> &hasp_owner::Owner {
+            self.0.owner()
+        }
+
+        /// True once the hold is known to be lost (see
+        /// [`Guard::is_lost`](crate::Guard::is_lost)).
+        pub fn is_lost(&self) -> bool {
+            self.0.is_lost()
+        }
+
+        /// Resolves when the hold is lost (see
+        /// [`Guard::lost`](crate::Guard::lost)).
+        ///
+        /// # Cancel safety
+        /// Cancel safe.
+        pub async fn lost(&self) {
+            self.0.lost().await
+        }
+
+        /// When this hold counts as lost unless a renewal is confirmed
+        /// first (see [`Guard::valid_until`](crate::Guard::valid_until)).
+        pub fn valid_until(&self) -> std::time::Instant {
+            self.0.valid_until()
+        }
+
+        /// Releases this hold (see [`Guard::unlock`](crate::Guard::unlock)).
+        ///
+        /// # Errors
+        /// As [`Guard::unlock`](crate::Guard::unlock).
+        ///
+        /// # Cancel safety
+        /// Cancel safe: once called, the release completes even if the
+        /// future is dropped; only its result is lost.
+        pub async fn unlock(self) -> crate::Result<()> {
+            self.0.unlock().await
+        }
+    };
+}
+pub(crate) use over_guard;
+
 /// A held lock, returned by [`Lock::lock`](crate::Lock::lock) and friends.
 ///
 /// The guard is `'static` and `Send`: it can be moved into another task and

@@ -12,6 +12,87 @@ use crate::error::{Error, Result};
 use crate::guard::Guard;
 use hasp_owner::Owner;
 
+/// The methods of a handle that is a [`Lock`] under keys of its own kind
+/// (a field `lock: Lock` and `fn new(lock: Lock) -> Self`), written once:
+/// naming, configuring, forcing and querying work as the lock's do.
+macro_rules! over_lock {
+    () => {
+        /// The lock's name.
+        pub fn name(&self) -> &str {
+            self.lock.name()
+        }
+
+        /// This handle with a fixed lease, never renewed (see
+        /// [`Lock::with_lease`](crate::Lock::with_lease)).
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if
+        /// `lease` is zero or above the client's `max_lease`.
+        pub fn with_lease(self, lease: std::time::Duration) -> crate::Result<Self> {
+            Ok(Self::new(self.lock.with_lease(lease)?))
+        }
+
+        /// This handle in watchdog mode (the default): leases renewed while
+        /// held.
+        pub fn with_watchdog(self) -> Self {
+            Self::new(self.lock.with_watchdog())
+        }
+
+        /// This handle acting for `owner` instead of the current task.
+        pub fn with_owner(self, owner: hasp_owner::Owner) -> Self {
+            Self::new(self.lock.with_owner(owner))
+        }
+
+        /// The owner this handle acts for, resolved now.
+        pub fn owner(&self) -> hasp_owner::Owner {
+            self.lock.owner()
+        }
+
+        /// Frees the lock whoever holds it (see
+        /// [`Lock::force_unlock`](crate::Lock::force_unlock)).
+        ///
+        /// # Errors
+        /// As [`Lock::force_unlock`](crate::Lock::force_unlock).
+        ///
+        /// # Cancel safety
+        /// Cancel safe: the change is sent when the future is first polled
+        /// and made even if the future is dropped afterwards; only its
+        /// answer is lost.
+        pub async fn force_unlock(&self) -> crate::Result<bool> {
+            self.lock.force_unlock().await
+        }
+
+        /// Whether any owner holds the lock now.
+        ///
+        /// # Errors
+        /// As [`Lock::is_locked`](crate::Lock::is_locked).
+        ///
+        /// # Cancel safety
+        /// Cancel safe: it only reads.
+        pub async fn is_locked(&self) -> crate::Result<bool> {
+            self.lock.is_locked().await
+        }
+
+        /// Whether this handle's owner holds the lock, as Redis sees it now.
+        ///
+        /// # Errors
+        /// As [`Lock::is_held_by_me`](crate::Lock::is_held_by_me).
+        ///
+        /// # Cancel safety
+        /// Cancel safe: it only reads.
+        pub async fn is_held_by_me(&self) -> crate::Result<bool> {
+            self.lock.is_held_by_me().await
+        }
+
+        /// How many times this handle's owner holds the lock through this
+        /// client (answered locally).
+        pub fn hold_count(&self) -> u32 {
+            self.lock.hold_count()
+        }
+    };
+}
+pub(crate) use over_lock;
+
 /// A handle on one named, reentrant distributed lock.
 ///
 /// Made by [`Client::lock`](crate::Client::lock); cheap to clone. The handle itself holds

@@ -1,12 +1,11 @@
 //! A named reentrant lock without fencing tokens: the cheaper lock for
 //! resources that do not check tokens.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::lock::Lock;
-use hasp_owner::Owner;
 
 /// A handle on one named, reentrant distributed lock that issues no fencing
 /// token.
@@ -66,19 +65,7 @@ impl PlainLock {
         Self { lock }
     }
 
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.lock.name()
-    }
-
-    /// A fixed lease, never renewed (as [`Lock::with_lease`]).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a zero
-    /// lease or one above the client's `max_lease`.
-    pub fn with_lease(self, lease: Duration) -> Result<Self> {
-        Ok(Self::new(self.lock.with_lease(lease)?))
-    }
+    crate::lock::over_lock!();
 
     /// A lease learned from how long the holds of `class` last (as
     /// [`Lock::with_adaptive_lease`]).
@@ -88,21 +75,6 @@ impl PlainLock {
     /// invalid class name.
     pub fn with_adaptive_lease(self, class: &str) -> Result<Self> {
         Ok(Self::new(self.lock.with_adaptive_lease(class)?))
-    }
-
-    /// The watchdog's lease, renewed while held (the default).
-    pub fn with_watchdog(self) -> Self {
-        Self::new(self.lock.with_watchdog())
-    }
-
-    /// Acquire for `owner` instead of the current task.
-    pub fn with_owner(self, owner: Owner) -> Self {
-        Self::new(self.lock.with_owner(owner))
-    }
-
-    /// The owner acquisitions through this handle use right now.
-    pub fn owner(&self) -> Owner {
-        self.lock.owner()
     }
 
     /// Waits until the lock is acquired (as [`Lock::lock`]).
@@ -149,45 +121,6 @@ impl PlainLock {
         self.lock.lock_within(wait).await.map(PlainGuard)
     }
 
-    /// Frees the lock whoever holds it (as [`Lock::force_unlock`]).
-    ///
-    /// # Errors
-    /// [`Error::Redis`](crate::Error::Redis) if Redis cannot be reached.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: once sent, the operation completes.
-    pub async fn force_unlock(&self) -> Result<bool> {
-        self.lock.force_unlock().await
-    }
-
-    /// Whether anyone holds the lock (as [`Lock::is_locked`]).
-    ///
-    /// # Errors
-    /// [`Error::Redis`](crate::Error::Redis) if Redis cannot be reached.
-    ///
-    /// # Cancel safety
-    /// Cancel safe (a read).
-    pub async fn is_locked(&self) -> Result<bool> {
-        self.lock.is_locked().await
-    }
-
-    /// Whether this handle's owner holds the lock (as
-    /// [`Lock::is_held_by_me`]).
-    ///
-    /// # Errors
-    /// [`Error::Redis`](crate::Error::Redis) if Redis cannot be reached.
-    ///
-    /// # Cancel safety
-    /// Cancel safe (a read).
-    pub async fn is_held_by_me(&self) -> Result<bool> {
-        self.lock.is_held_by_me().await
-    }
-
-    /// This client's holds of the lock for this handle's owner.
-    pub fn hold_count(&self) -> u32 {
-        self.lock.hold_count()
-    }
-
     /// How long the lock stays held unless renewed (as
     /// [`Lock::remaining_ttl`]).
     ///
@@ -211,44 +144,5 @@ impl PlainLock {
 pub struct PlainGuard(Guard);
 
 impl PlainGuard {
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.0.name()
-    }
-
-    /// The owner this guard holds the lock for.
-    pub fn owner(&self) -> &Owner {
-        self.0.owner()
-    }
-
-    /// True once the hold is known to be lost (as [`Guard::is_lost`]).
-    pub fn is_lost(&self) -> bool {
-        self.0.is_lost()
-    }
-
-    /// Resolves when the hold is lost (as [`Guard::lost`]).
-    ///
-    /// # Cancel safety
-    /// Cancel safe.
-    pub async fn lost(&self) {
-        self.0.lost().await
-    }
-
-    /// When this hold counts as lost unless a renewal is confirmed first
-    /// (as [`Guard::valid_until`]).
-    pub fn valid_until(&self) -> Instant {
-        self.0.valid_until()
-    }
-
-    /// Releases this hold (as [`Guard::unlock`]).
-    ///
-    /// # Errors
-    /// As [`Guard::unlock`].
-    ///
-    /// # Cancel safety
-    /// Cancel safe: once called, the release completes even if the future
-    /// is dropped.
-    pub async fn unlock(self) -> Result<()> {
-        self.0.unlock().await
-    }
+    crate::guard::over_guard!();
 }

@@ -280,50 +280,13 @@ fn unbounded(guard: Option<Guard>) -> Result<Guard> {
 pub struct ReadGuard(Guard);
 
 impl ReadGuard {
+    crate::guard::over_guard!();
+
     /// The token of the last write before this read was taken (0 if none
     /// is remembered: the lock was never written, or it sat idle after the
     /// last write's lease ended).
     pub fn fencing_token(&self) -> u64 {
         self.0.fencing_token()
-    }
-
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.0.name()
-    }
-
-    /// The owner this hold is for.
-    pub fn owner(&self) -> &Owner {
-        self.0.owner()
-    }
-
-    /// See [`Guard::is_lost`].
-    pub fn is_lost(&self) -> bool {
-        self.0.is_lost()
-    }
-
-    /// See [`Guard::lost`].
-    ///
-    /// # Cancel safety
-    /// Cancel safe.
-    pub async fn lost(&self) {
-        self.0.lost().await
-    }
-
-    /// See [`Guard::valid_until`].
-    pub fn valid_until(&self) -> Instant {
-        self.0.valid_until()
-    }
-
-    /// Releases this read hold.
-    ///
-    /// # Errors
-    /// As [`Guard::unlock`].
-    ///
-    /// # Cancel safety
-    /// Cancel safe.
-    pub async fn unlock(self) -> Result<()> {
-        self.0.unlock().await
     }
 }
 
@@ -335,49 +298,11 @@ impl ReadGuard {
 pub struct WriteGuard(Guard);
 
 impl WriteGuard {
+    crate::guard::over_guard!();
+
     /// This write's fencing token: greater than every token issued before
     /// for this lock; a re-entry shares it.
     pub fn fencing_token(&self) -> u64 {
         self.0.fencing_token()
-    }
-
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.0.name()
-    }
-
-    /// The owner this hold is for.
-    pub fn owner(&self) -> &Owner {
-        self.0.owner()
-    }
-
-    /// See [`Guard::is_lost`].
-    pub fn is_lost(&self) -> bool {
-        self.0.is_lost()
-    }
-
-    /// See [`Guard::lost`].
-    ///
-    /// # Cancel safety
-    /// Cancel safe.
-    pub async fn lost(&self) {
-        self.0.lost().await
-    }
-
-    /// See [`Guard::valid_until`].
-    pub fn valid_until(&self) -> Instant {
-        self.0.valid_until()
-    }
-
-    /// Releases this write hold. Holding a read taken while writing, the
-    /// owner keeps it: a downgrade.
-    ///
-    /// # Errors
-    /// As [`Guard::unlock`].
-    ///
-    /// # Cancel safety
-    /// Cancel safe.
-    pub async fn unlock(self) -> Result<()> {
-        self.0.unlock().await
     }
 }

@@ -702,7 +702,8 @@ mod tests {
         Arc::new(LockKeys::new("hasp", name))
     }
 
-    fn args(cmd: &Cmd) -> Vec<String> {
+    /// The arguments of `cmd` as text (the native commands' tests too).
+    pub(crate) fn args(cmd: &Cmd) -> Vec<String> {
         cmd.args_iter()
             .map(|a| match a {
                 redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),

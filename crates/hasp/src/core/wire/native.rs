@@ -165,19 +165,11 @@ impl Op {
 mod tests {
     use std::sync::Arc;
 
+    use super::super::tests::args;
     use super::*;
     use crate::core::keys::LockKeys;
     use crate::core::nonce::Nonces;
     use hasp_owner::Owner;
-
-    fn args(cmd: &Cmd) -> Vec<String> {
-        cmd.args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                _ => "<cursor>".to_owned(),
-            })
-            .collect()
-    }
 
     #[test]
     fn a_last_release_of_a_hold_this_client_wrote_is_one_delifeq_where_the_server_has_it() {
