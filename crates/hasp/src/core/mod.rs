@@ -9,18 +9,19 @@
 //! | module | concept |
 //! |---|---|
 //! | `keys` | the key layout of one object (lock, fair lock, read-write lock, semaphore, latch), and its cluster slot |
-//! | `wire` | the batch script's operations and replies, one submodule per kind: the one encoder and decoder |
+//! | `nonce` | operation ids: what settles a lost reply, and what a hold's value in Redis carries |
+//! | `wire` | the batch script's operations and replies, one submodule per kind: the one encoder and decoder; `wire::native`, the operations that go as one native command (`SET NX PX`, `DELIFEQ`, `SET IFEQ`) where the server has it and no branch is needed |
 //! | `scripts` | the batch function (a function library: one `.lua` file per kind, and its cluster form), loaded once, re-loaded when a server lost it |
 //! | `endpoint` | where the server is: an address, or a Sentinel service's current master |
 //! | `commands` | the connection for read-only queries |
-//! | `batcher` | group commit of every change, settling calls whose replies were lost |
+//! | `batcher` | group commit of every change (one function call and one pipeline of native commands per call), settling calls whose replies were lost; each connection learns what its server offers |
 //! | `reply` | replies that carry a hold, received cancel-safely |
 //! | `waiters` | this client's tasks waiting per lock: FIFO, hand-off, wake-ups, grace |
 //! | `pubsub` | the pub/sub connection: subscriptions, messages, reconnects |
 //! | `holds` | the registry of held locks, re-entry counts, belief ends |
 //! | `watchdog` | lease renewal, and the check of every hold after a reconnect |
 //! | `line` | waiting in a line kept in Redis (fair lock, read-write lock, semaphore) |
-//! | `lock`, `fair_lock`, `rw_lock`, `semaphore`, `latch`, `lease` | each kind's operations on the floor (`lease`: what the adaptive locks of a class learned, `adaptive` its estimator) |
+//! | `lock`, `fair_lock`, `rw_lock`, `semaphore`, `latch`, `lease` | each kind's operations on the floor (`lock` serves the plain lock too: the same operations without the fencing counter; `lease`: what the adaptive locks of a class learned, `adaptive` its estimator) |
 //!
 //! A kind has one name at every layer: its public handle
 //! (`crate::fair_lock`, …), its operations here, its wire format
