@@ -65,7 +65,7 @@ pub struct Stats {
     /// Operations applied by one native command instead of the batch
     /// function (a plain lock's acquisition on any server; on a server with
     /// conditional commands, Valkey 9, a last release and a plain lock's
-    /// renewal). See [`PlainLock`](crate::PlainLock).
+    /// renewal). See [`PlainLock`].
     pub native_ops: u64,
     /// Native commands that found the lock otherwise and changed nothing:
     /// their operation then went through the function.

@@ -296,7 +296,7 @@ impl Settings {
     ///
     /// An acquisition that fewer replicas confirm within `timeout` is
     /// released again and fails with
-    /// [`Error::NotReplicated`](crate::Error::NotReplicated); a renewal that
+    /// [`Error::NotReplicated`]; a renewal that
     /// fewer confirm does not move the hold's belief end, so a holder whose
     /// renewals stop replicating learns of the loss when its last confirmed
     /// lease ends. Releases never wait.
