@@ -648,13 +648,14 @@ impl Task {
         settle: Vec<Op>,
         batch: Vec<Request>,
     ) -> impl std::future::Future<Output = Sent> + Send + 'static {
-        let empty = settle.is_empty() && batch.is_empty();
         let ops = || settle.iter().chain(batch.iter().map(|r| &r.op));
         let script = self.script;
-        let cmd = match route {
+        // Nothing for the function (a call of native commands only): no
+        // call is built.
+        let cmd = (!settle.is_empty() || !batch.is_empty()).then(|| match route {
             Some(_) => wire::encode_spread(script, &self.client_id, ops()),
             None => wire::encode(script, &self.client_id, ops()),
-        };
+        });
         if ops().any(Op::is_extend) {
             self.stats.renew_calls.fetch_add(1, Ordering::Relaxed);
         }
@@ -662,9 +663,9 @@ impl Task {
         let nonces = self.nonces.clone();
         let requeue = self.requeue.clone();
         async move {
-            if empty {
+            let Some(cmd) = cmd else {
                 return Sent::default();
-            }
+            };
             let count = settle.len() + batch.len();
             let reply = match (ack, route, &mut conn) {
                 (_, Some(route), Conn::Cluster(cluster)) => {
