@@ -181,12 +181,18 @@ async fn a_holder_that_outlasts_its_learned_lease_keeps_the_lock() {
 #[tokio::test]
 async fn short_holds_in_adaptive_mode_cost_no_renewals() {
     let ctx = Ctx::new();
+    // Leases of a second or more: a hold of at most 45 ms outlasts none of
+    // them even when a busy machine delays its replies by hundreds of
+    // milliseconds; the watchdog renews every 400 ms, well within the
+    // second or more that 40 holds per task take.
     let settings = || {
         Settings::default()
-            .set_watchdog_timeout(Duration::from_millis(600))
+            .set_watchdog_timeout(Duration::from_millis(1_200))
             .set_adaptive_lease(
                 AdaptiveLease::default()
-                    .set_min(Duration::from_millis(300))
+                    .set_initial(Duration::from_secs(1))
+                    .set_min(Duration::from_secs(1))
+                    .set_max(Duration::from_secs(2))
                     .set_renew_floor(Duration::from_millis(100)),
             )
     };
@@ -202,7 +208,7 @@ async fn short_holds_in_adaptive_mode_cost_no_renewals() {
                     lock
                 };
                 tokio::spawn(async move {
-                    for i in 0..20u64 {
+                    for i in 0..40u64 {
                         let guard = lock.lock().await.unwrap();
                         tokio::time::sleep(Duration::from_millis(5 + (t + i) % 40)).await;
                         guard.unlock().await.unwrap();
