@@ -124,6 +124,13 @@ impl Ctx {
     /// Calls of the batch function (`FCALL`) the servers have run so far, every node
     /// together.
     pub async fn batch_calls(&self) -> u64 {
+        self.command_calls("fcall").await
+    }
+
+    /// Calls of `command` (lower case) the servers have run so far, every
+    /// node together.
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
         let mut calls = 0;
         for url in self.urls() {
             let mut conn = redis::Client::open(url)
@@ -138,7 +145,7 @@ impl Ctx {
                 .unwrap();
             calls += info
                 .lines()
-                .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
                 .and_then(|rest| rest.split(',').next())
                 .and_then(|n| n.parse::<u64>().ok())
                 .unwrap_or(0);

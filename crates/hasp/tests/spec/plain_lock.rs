@@ -93,7 +93,7 @@ async fn a_free_plain_lock_is_taken_without_a_script_and_released_natively_where
     assert_eq!(calls, 0, "a plain pair never calls the batch function");
     assert_eq!(native, 2 * PAIRS, "acquisitions and releases native");
     assert_eq!(stats.native_fallbacks, stats_before.native_fallbacks);
-    let scripts = command_calls(&ctx, "evalsha").await;
+    let scripts = ctx.command_calls("evalsha").await;
     if conditional {
         assert_eq!(scripts, 0, "Valkey 9: DELIFEQ, no script at all");
     } else {
@@ -103,17 +103,6 @@ async fn a_free_plain_lock_is_taken_without_a_script_and_released_natively_where
             "Redis 7.0: one compare-and-delete per release"
         );
     }
-}
-
-/// Calls of `command` the server has run so far.
-async fn command_calls(ctx: &Ctx, command: &str) -> u64 {
-    let mut raw = ctx.raw().await;
-    let info: String = query(&mut raw, &["INFO", "commandstats"]).await;
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test]
