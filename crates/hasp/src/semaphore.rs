@@ -7,7 +7,7 @@ use crate::config::validate_lease;
 use crate::config::MAX_COUNT;
 use crate::core::holds::{HoldState, Lease};
 use crate::core::keys::LockKeys;
-use crate::core::wire::semaphore::{PermitOp, Resize};
+use crate::core::wire::semaphore::Resize;
 use crate::core::{deadline_after, Core};
 use crate::error::{Error, Result};
 use hasp_owner::Owner;
@@ -251,10 +251,7 @@ impl Semaphore {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn available(&self) -> Result<i64> {
-        let op = PermitOp::Available {
-            keys: self.keys.clone(),
-        };
-        self.core.permits_value(op).await
+        self.core.available_permits(&self.keys).await
     }
 
     /// Takes `permits`, waiting as long as it takes (in order of arrival
@@ -391,11 +388,7 @@ impl Semaphore {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn lease_left(&self) -> Result<Option<Duration>> {
-        let op = PermitOp::LeaseLeft {
-            keys: self.keys.clone(),
-            owner: self.owner(),
-        };
-        let ms = self.core.permits_value(op).await?;
+        let ms = self.core.lease_left(&self.keys, &self.owner()).await?;
         Ok(u64::try_from(ms).ok().map(Duration::from_millis))
     }
 }

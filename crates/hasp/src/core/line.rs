@@ -1,5 +1,6 @@
 //! Waiting in a line kept in Redis (`line.lua`): the kinds that serve
-//! waiters of every client in order of arrival (fair lock, semaphore) queue
+//! waiters of every client in order of arrival (fair lock, read-write lock,
+//! semaphore) queue
 //! each waiting task there under an id of its own, and are woken by name.
 //!
 //! A task's first try already takes its place; from then on whatever ends
@@ -14,24 +15,71 @@ use std::time::Duration;
 use std::time::Instant;
 
 use super::batcher::Queue;
+use super::holds::{HoldState, Lease};
 use super::keys::LockKeys;
 use super::waiters::{ran_out, remaining, unconfirmed_as_busy, Attempt};
-use super::wire::semaphore::Place;
+use super::wire::hold::{Acquire, Acquisition, Place, Step};
 use super::wire::Op;
 use super::Core;
 use crate::config::lease_millis;
 use crate::error::Result;
+use hasp_owner::Owner;
 
 impl Core {
-    /// A new place in a line for a waiter that wants `wanted` (1 for a
-    /// lock): its id and its member.
-    pub(crate) fn new_place(&self, wanted: u32) -> (Arc<str>, Place) {
+    /// A new place in a line for a waiter: its id and its member,
+    /// `<tag>|<id>` (the tag is what the kind's script reads of the waiter:
+    /// a semaphore's the permits it wants).
+    pub(crate) fn new_place(&self, tag: impl std::fmt::Display) -> (Arc<str>, Place) {
         let id: Arc<str> = format!("{}/{}", self.id, self.queue.nonce()).into();
         let place = Place {
-            member: format!("{wanted}|{id}").into(),
+            member: format!("{tag}|{id}").into(),
             ttl_ms: lease_millis(self.settings.waiter_ttl).unwrap_or(u64::MAX),
         };
         (id, place)
+    }
+
+    /// Takes one hold of a queued lock (`how`: its kind's acquisition) for
+    /// `owner`: without `wait`, one try that never queues; with it, a place
+    /// in the line under `tag` until taken or `deadline` passes
+    /// (`Ok(None)`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn acquire_in_line<A: Acquisition>(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Owner,
+        lease: Lease,
+        deadline: Option<Instant>,
+        wait: bool,
+        how: A,
+        tag: char,
+    ) -> Result<Option<Arc<HoldState>>> {
+        let attempt = |place: Option<Place>| {
+            let lease_ms = self.lease_ms(lease);
+            let acquire = Acquire {
+                owner: owner.clone(),
+                count: 1,
+                lease_ms,
+                nonce: self.queue.nonce(),
+                place,
+            };
+            let op = Op::hold(keys, Step::Acquire(acquire, how.clone()));
+            self.take_hold(keys, owner, lease, lease_ms, op)
+        };
+        if !wait {
+            return match attempt(None).await? {
+                Attempt::Done(hold) => Ok(Some(hold)),
+                Attempt::Busy(_) => Ok(None),
+            };
+        }
+        let (id, place) = self.new_place(tag);
+        let leave = Op::hold::<A>(
+            keys,
+            Step::Leave {
+                member: place.member.clone(),
+            },
+        );
+        let again = || attempt(Some(place.clone()));
+        self.wait_in_line(keys, id, leave, deadline, again).await
     }
 
     /// Waits in the line of `keys`' object as waiter `id`: runs `attempt`

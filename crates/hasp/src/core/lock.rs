@@ -11,6 +11,7 @@ use std::time::Instant;
 use super::holds::{HoldState, Lease};
 use super::keys::{Kind, LockKeys};
 use super::waiters::{self, ran_out, remaining, unconfirmed_as_busy, Attempt, RECHECK};
+use super::wire::lock::LockOp;
 use super::wire::{Op, Reply};
 use super::{closed, unexpected, Core};
 use crate::error::Result;
@@ -99,13 +100,13 @@ impl Core {
         flag_waiting: bool,
     ) -> Result<Attempt<Arc<HoldState>>> {
         let lease_ms = self.lease_ms(lease);
-        let op = Op::Acquire {
+        let op = Op::Lock(LockOp::Acquire {
             keys: keys.clone(),
             owner: owner.clone(),
             lease_ms,
             flag_waiting,
             nonce: self.queue.nonce(),
-        };
+        });
         self.take_hold(keys, owner, lease, lease_ms, op).await
     }
 
@@ -117,7 +118,7 @@ impl Core {
 
     /// Frees the lock whoever holds it and wakes every client's waiters.
     pub(crate) async fn force_release(&self, keys: &Arc<LockKeys>) -> Result<bool> {
-        let op = Op::Force { keys: keys.clone() };
+        let op = Op::Lock(LockOp::Force { keys: keys.clone() });
         match self.queue.call(op).await.map_err(|_| closed())?? {
             Reply::Forced(freed) => Ok(freed),
             other => Err(unexpected(keys, other)),

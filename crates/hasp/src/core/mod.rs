@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `keys` | the key layout of one object (lock, fair lock, read-write lock, semaphore, latch), and its cluster slot |
 //! | `nonce` | operation ids: what settles a lost reply, and what a hold's value in Redis carries |
-//! | `wire` | the batch script's operations and replies, one submodule per kind: the one encoder and decoder; `wire::native`, the operations that go as one native command (`SET NX PX`, `DELIFEQ`, `SET IFEQ`) where the server has it and no branch is needed |
+//! | `wire` | the batch script's operations and replies, one submodule per kind, and `wire::hold`, the hold lifecycle the queued kinds share (release, renewal, undo, settlement, leaving the line); `wire::native`, the operations that go as one native command (`SET NX PX`, `DELIFEQ`, `SET IFEQ`) where the server has it and no branch is needed |
 //! | `scripts` | the batch function (a function library: one `.lua` file per kind, and its cluster form), loaded once, re-loaded when a server lost it |
 //! | `endpoint` | where the server is: an address, or a Sentinel service's current master |
 //! | `commands` | the connection for read-only queries |
@@ -25,9 +25,10 @@
 //!
 //! A kind has one name at every layer: its public handle
 //! (`crate::fair_lock`, …), its operations here, its wire format
-//! (`wire::fair_lock`, …) and its script (`scripts/fair_lock.lua`, …). The
-//! reentrant lock's wire format is still the top of `wire/mod.rs`, and
-//! `dispatch.lua` calls the functions of its `lock.lua` directly.
+//! (`wire::fair_lock`, …) and its script (`scripts/fair_lock.lua`, …), whose
+//! opcodes `dispatch.lua` finds in one table. The plain lock shares the
+//! reentrant lock's floor and wire modules (`lock`), with a script of its
+//! own.
 //!
 //! Imports run one way: the kinds' modules (`lock`, `fair_lock`, `rw_lock`,
 //! `semaphore`, `latch`, `lease`) → `mod.rs`, `line` → `watchdog`, `waiters` → `batcher`,
@@ -46,8 +47,10 @@
 //! batch script (a `.lua` file), and a module here that runs its attempts
 //! through the batcher: a lock-like kind registers its holds (so that the
 //! watchdog renews them, `Op::extend` picks its renewal, reconnects check
-//! them, and `release_op` its release), and a kind whose waiters of every
-//! client must be served in order waits in `line`. The kinds made of
+//! them, and `Op::release` its release); a kind whose waiters of every
+//! client must be served in order waits in `line`, and then its wire module
+//! is an `Acquisition` (`wire::hold`): its opcodes and its acquisition, the
+//! rest of its holds' lifecycle shared. The kinds made of
 //! several locks (`multi`) use [`Core::try_once`], [`Core::watch`] and
 //! [`Core::extend`].
 
@@ -91,6 +94,7 @@ use pubsub::{Listener, PubSub};
 use reply::{HoldReply, Undo};
 use waiters::Waiters;
 use watchdog::Watchdog;
+use wire::lock::LockOp;
 use wire::{Op, Reply};
 
 pub(crate) use waiters::{deadline_after, remaining, Attempt, Watch};
@@ -385,7 +389,7 @@ impl Core {
         // An acquisition of a lock writes its value whole when it takes it
         // free (the other kinds keep theirs in hashes).
         let written = match &op {
-            Op::Acquire { nonce, .. } => Some(*nonce),
+            Op::Lock(LockOp::Acquire { nonce, .. }) => Some(*nonce),
             _ => None,
         };
         let undo = Undo::of(&op, &self.queue);
@@ -475,8 +479,9 @@ impl Core {
         then: batcher::Completion,
     ) -> (Op, batcher::Completion) {
         match keys.kind {
-            Kind::FairLock => (self.fair_release(keys, owner, holds), then),
-            Kind::RwRead | Kind::RwWrite => (self.rw_release(keys, owner, holds), then),
+            Kind::FairLock | Kind::RwRead | Kind::RwWrite => {
+                (Op::release(keys, owner, holds, self.queue.nonce()), then)
+            }
             _ => self
                 .waiters
                 .release(&self.queue, keys, owner, holds, written, then),

@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 
 use super::batcher::Queue;
 use super::keys::LockKeys;
+use super::wire::lock::LockOp;
 use super::wire::Op;
 use hasp_owner::Owner;
 
@@ -30,13 +31,13 @@ pub(crate) struct Undo {
 impl Undo {
     /// The release of one hold of `owner` on a lock.
     pub(crate) fn lock(keys: &Arc<LockKeys>, owner: &Owner, queue: &Queue) -> Self {
-        let op = Op::Release {
+        let op = Op::Lock(LockOp::Release {
             keys: keys.clone(),
             owner: owner.clone(),
             holds: 1,
             nonce: queue.nonce(),
             written: None,
-        };
+        });
         Self::of_release(op, queue)
     }
 

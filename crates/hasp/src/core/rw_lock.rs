@@ -8,10 +8,7 @@ use std::time::Instant;
 
 use super::holds::{Found, HoldState, Lease};
 use super::keys::{Kind, LockKeys};
-use super::waiters::Attempt;
-use super::wire::rw_lock::RwOp;
-use super::wire::semaphore::Place;
-use super::wire::Op;
+use super::wire::rw_lock::RwAcquire;
 use super::Core;
 use crate::error::{Error, Result};
 use hasp_owner::Owner;
@@ -52,58 +49,14 @@ impl Core {
                 });
             }
         }
-        let attempt =
-            |place: Option<Place>| self.rw_attempt(keys, owner, lease, place, prefer_readers);
-        if !wait {
-            return match attempt(None).await? {
-                Attempt::Done(hold) => Ok(Some(hold)),
-                Attempt::Busy(_) => Ok(None),
-            };
-        }
-        let (id, mut place) = self.new_place(1);
         // The member names the kind of waiter (see `rw_lock.lua`).
-        let kind = match (keys.kind, prefer_readers) {
+        let tag = match (keys.kind, prefer_readers) {
             (Kind::RwWrite, _) => 'W',
             (_, true) => 'P',
             _ => 'R',
         };
-        place.member = format!("{kind}|{id}").into();
-        let leave = Op::Rw(RwOp::Leave {
-            keys: keys.clone(),
-            member: place.member.clone(),
-        });
-        let again = || attempt(Some(place.clone()));
-        self.wait_in_line(keys, id, leave, deadline, again).await
-    }
-
-    async fn rw_attempt(
-        &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
-        lease: Lease,
-        place: Option<Place>,
-        prefer_readers: bool,
-    ) -> Result<Attempt<Arc<HoldState>>> {
-        let lease_ms = self.lease_ms(lease);
-        let op = Op::Rw(RwOp::Acquire {
-            keys: keys.clone(),
-            owner: owner.clone(),
-            lease_ms,
-            nonce: self.queue.nonce(),
-            place,
-            prefer_readers,
-        });
-        self.take_hold(keys, owner, lease, lease_ms, op).await
-    }
-
-    /// The release of `holds` holds of `owner` on one side of a read-write
-    /// lock.
-    pub(super) fn rw_release(&self, keys: &Arc<LockKeys>, owner: &Owner, holds: u32) -> Op {
-        Op::Rw(RwOp::Release {
-            keys: keys.clone(),
-            owner: owner.clone(),
-            holds,
-            nonce: self.queue.nonce(),
-        })
+        let how = RwAcquire { prefer_readers };
+        self.acquire_in_line(keys, owner, lease, deadline, wait, how, tag)
+            .await
     }
 }

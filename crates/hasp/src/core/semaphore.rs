@@ -11,7 +11,8 @@ use super::holds::{Found, HoldState, Lease, ReleaseStep};
 use super::keys::LockKeys;
 use super::reply::{HoldReply, Undo};
 use super::waiters::Attempt;
-use super::wire::semaphore::{PermitOp, Place, Resize};
+use super::wire::hold::{Acquire, Place, Step};
+use super::wire::semaphore::{PermitAcquire, PoolOp, Resize};
 use super::wire::{Op, Reply};
 use super::{closed, Core};
 use crate::error::{Error, Result};
@@ -52,10 +53,12 @@ impl Core {
             };
         }
         let (id, place) = self.new_place(permits);
-        let leave = Op::Permits(PermitOp::Leave {
-            keys: keys.clone(),
-            member: place.member.clone(),
-        });
+        let leave = Op::hold::<PermitAcquire>(
+            keys,
+            Step::Leave {
+                member: place.member.clone(),
+            },
+        );
         let attempt = || self.take_permits(keys, owner, permits, lease, Some(place.clone()));
         self.wait_in_line(keys, id, leave, deadline, attempt).await
     }
@@ -71,14 +74,14 @@ impl Core {
     ) -> Result<Attempt<Arc<HoldState>>> {
         let sent_at = Instant::now();
         let lease_ms = self.lease_ms(lease);
-        let op = Op::Permits(PermitOp::Acquire {
-            keys: keys.clone(),
+        let acquire = Acquire {
             owner: owner.clone(),
-            permits,
+            count: permits,
             lease_ms,
             nonce: self.queue.nonce(),
             place,
-        });
+        };
+        let op = Op::hold(keys, Step::Acquire(acquire, PermitAcquire));
         let undo = Undo::of(&op, &self.queue);
         let reply = HoldReply::new(self.queue.call(op), undo, |reply| {
             matches!(reply, Ok(Reply::Granted))
@@ -117,12 +120,7 @@ impl Core {
         owner: &Owner,
         permits: u32,
     ) -> Result<()> {
-        let op = Op::Permits(PermitOp::Release {
-            keys: keys.clone(),
-            owner: owner.clone(),
-            permits,
-            nonce: self.queue.nonce(),
-        });
+        let op = Op::release(keys, owner, permits, self.queue.nonce());
         match self.queue.call(op).await.map_err(|_| closed())?? {
             Reply::Released | Reply::StillHeld => Ok(()),
             Reply::NotHeld => Err(not_held(keys)),
@@ -147,12 +145,8 @@ impl Core {
     }
 
     fn release_permits_in_background(&self, keys: &Arc<LockKeys>, owner: &Owner, permits: u32) {
-        self.queue.detach(Op::Permits(PermitOp::Release {
-            keys: keys.clone(),
-            owner: owner.clone(),
-            permits,
-            nonce: self.queue.nonce(),
-        }));
+        self.queue
+            .detach(Op::release(keys, owner, permits, self.queue.nonce()));
     }
 
     /// Takes every permit free now for `owner` (`Ok(None)`: none).
@@ -164,7 +158,7 @@ impl Core {
     ) -> Result<Option<(Arc<HoldState>, u32)>> {
         let sent_at = Instant::now();
         let lease_ms = self.lease_ms(lease);
-        let op = Op::Permits(PermitOp::Drain {
+        let op = Op::Pool(PoolOp::Drain {
             keys: keys.clone(),
             owner: owner.clone(),
             lease_ms,
@@ -192,11 +186,14 @@ impl Core {
         lease_ms: u64,
     ) -> Result<bool> {
         let sent_at = Instant::now();
-        let op = Op::Permits(PermitOp::Extend {
-            keys: keys.clone(),
-            owner: owner.clone(),
-            lease_ms: Some(lease_ms),
-        });
+        let op = Op::hold::<PermitAcquire>(
+            keys,
+            Step::Extend {
+                owner: owner.clone(),
+                lease_ms: Some(lease_ms),
+                token: 0,
+            },
+        );
         let held = matches!(
             self.queue.call(op).await.map_err(|_| closed())??,
             Reply::Extended
@@ -211,12 +208,28 @@ impl Core {
         Ok(held)
     }
 
-    /// A semaphore operation that answers a number (see `semaphore.lua`).
-    pub(crate) async fn permits_value(&self, op: PermitOp) -> Result<i64> {
+    /// The capacity minus the permits held.
+    pub(crate) async fn available_permits(&self, keys: &Arc<LockKeys>) -> Result<i64> {
+        let op = PoolOp::Available { keys: keys.clone() };
+        self.pool_value(op).await
+    }
+
+    /// Milliseconds left on `owner`'s lease (negative: it holds none).
+    pub(crate) async fn lease_left(&self, keys: &Arc<LockKeys>, owner: &Owner) -> Result<i64> {
+        let op = PoolOp::LeaseLeft {
+            keys: keys.clone(),
+            owner: owner.clone(),
+        };
+        self.pool_value(op).await
+    }
+
+    /// An operation on a semaphore's pool, which answers a number (see
+    /// `semaphore.lua`).
+    async fn pool_value(&self, op: PoolOp) -> Result<i64> {
         let keys = op.keys().clone();
         match self
             .queue
-            .call(Op::Permits(op))
+            .call(Op::Pool(op))
             .await
             .map_err(|_| closed())??
         {
@@ -227,11 +240,11 @@ impl Core {
 
     /// Changes the capacity: `Ok(false)` if a `Try` found one set.
     pub(crate) async fn resize(&self, keys: &Arc<LockKeys>, resize: Resize) -> Result<bool> {
-        let op = PermitOp::Resize {
+        let op = PoolOp::Resize {
             keys: keys.clone(),
             resize,
         };
-        match self.permits_value(op).await? {
+        match self.pool_value(op).await? {
             1 => Ok(true),
             0 => Ok(false),
             _ => Err(Error::invalid(

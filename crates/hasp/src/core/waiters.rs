@@ -48,6 +48,7 @@ use super::batcher::{Completion, Queue};
 use super::keys::LockKeys;
 use super::pubsub::PubSub;
 use super::reply::{HoldReply, Undo};
+use super::wire::lock::LockOp;
 use super::wire::{Nonce, Op, Reply};
 use crate::error::Error;
 use hasp_owner::Owner;
@@ -322,21 +323,21 @@ impl Waiters {
             .filter(|_| self.hand_off)
             .and_then(|q| q.take_offer());
         let op = match &heir {
-            Some(heir) => Op::HandOff {
+            Some(heir) => Op::Lock(LockOp::HandOff {
                 keys: keys.clone(),
                 owner: owner.clone(),
                 holds,
                 nonce,
                 heir: heir.owner.clone(),
                 lease_ms: heir.lease_ms,
-            },
-            None => Op::Release {
+            }),
+            None => Op::Lock(LockOp::Release {
                 keys: keys.clone(),
                 owner: owner.clone(),
                 holds,
                 nonce,
                 written,
-            },
+            }),
         };
         let (batch, keys) = (batch.clone(), keys.clone());
         let done: Completion = Box::new(move |reply| {

@@ -74,6 +74,7 @@ use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::scripts::{self, Library, BATCH, BATCH_SHARDED};
+use super::wire::lock::LockOp;
 use super::wire::native::Native;
 use super::wire::{self, Nonces, Op, Reply};
 use crate::config::{ReplicaAck, Settings};
@@ -365,13 +366,13 @@ impl Queue {
     /// use: its recipient went away).
     pub(crate) fn release_one(&self, keys: Arc<super::keys::LockKeys>, owner: Owner) {
         let nonce = self.nonce();
-        self.detach(Op::Release {
+        self.detach(Op::Lock(LockOp::Release {
             keys,
             owner,
             holds: 1,
             nonce,
             written: None,
-        });
+        }));
     }
 }
 

@@ -7,7 +7,8 @@
 --                                 (waiter '': a try, which never queues);
 --                                 else queue as waiter, or refresh its place
 --   fr  lock, fence, queue, due   fr, owner, holds, nonce    release holds
---   fu  lock, fence, queue, due   fu, owner, nonce           undo (as 'u')
+--   fe  lock, fence, queue, due   fe, owner, lease, token    renew (as 'e')
+--   fu  lock, fence, queue, due   fu, owner, holds, nonce    undo (as 'u')
 --   fs  lock, fence, queue, due   fs, owner, holds, nonce    settle (as 's')
 --   fq  lock, fence, queue, due   fq, <1|waiter>             leave the line
 --
@@ -21,6 +22,7 @@
 --           place of the waiter at the head ends, whichever is sooner); 0
 --           not acquired, no hint
 --   fr, fs  -1 not held by owner, 0 freed, n holds left
+--   fe      as e
 --   fu      as fr
 --   fq      1 left the line, 0 was not in it
 
@@ -97,10 +99,13 @@ end }
 ops.fr = { 4, 4, function(k, a)
   return fair_release(K[k], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
 end }
-ops.fu = { 4, 3, function(k, a)
+ops.fe = { 4, 4, function(k, a)
+  return extend(K[k], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end }
+ops.fu = { 4, 4, function(k, a)
   local count, last, _, holder = read_hold(K[k])
-  if count and holder == ARGV[a + 1] and last == ARGV[a + 2] then
-    return fair_release(K[k], K[k + 2], K[k + 3], ARGV[a + 1], '1', ARGV[a + 2])
+  if count and holder == ARGV[a + 1] and last == ARGV[a + 3] then
+    return fair_release(K[k], K[k + 2], K[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
   end
   return -1
 end }

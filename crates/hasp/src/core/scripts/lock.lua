@@ -278,3 +278,31 @@ local function force(lock)
   free(lock, '*', '*')
   return 1
 end
+
+ops.a = { 1, 3, function(k, a)
+  return acquire(K[k], ARGV[a + 2], ARGV[a + 1], false, true)
+end }
+ops.w = { 1, 3, function(k, a)
+  return acquire(K[k], ARGV[a + 2], ARGV[a + 1], true, true)
+end }
+ops.r = { 1, 3, function(k, a)
+  return release(K[k], ARGV[a + 1], '1', ARGV[a + 2])
+end }
+ops.R = { 1, 4, function(k, a)
+  return release(K[k], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end }
+ops.h = { 2, 6, function(k, a)
+  return hand_off(K[k], K[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
+end }
+ops.e = { 1, 4, function(k, a)
+  return extend(K[k], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end }
+ops.u = { 1, 3, function(k, a)
+  return undo(K[k], ARGV[a + 1], ARGV[a + 2])
+end }
+ops.s = { 1, 4, function(k, a)
+  return settle(K[k], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end }
+ops.f = { 1, 1, function(k)
+  return force(K[k])
+end }

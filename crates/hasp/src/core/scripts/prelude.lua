@@ -11,8 +11,7 @@
 -- lock.lua, plain_lock.lua, line.lua (a line of waiters, shared), fair_lock.lua, rw_lock.lua,
 -- semaphore.lua, latch.lua, lease.lua and dispatch.lua; each kind registers
 -- its operations in `ops` under their opcodes, with how many keys and
--- arguments (the opcode included) each takes. The lock's opcodes are
--- dispatched directly. The client adds the `redis.register_function` line
+-- arguments (the opcode included) each takes. The client adds the `redis.register_function` line
 -- (scripts.rs).
 --
 -- Per call, ARGV[1] is the client's id: the payload of the release

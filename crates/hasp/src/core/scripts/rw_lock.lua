@@ -13,7 +13,8 @@
 --                                         release holds of side
 --   ye  rw, fence, leases, queue, due     ye, side, owner, lease
 --                                         extend ('0': only check)
---   yu  rw, fence, leases, queue, due     yu, side, owner, nonce     undo
+--   yu  rw, fence, leases, queue, due     yu, side, owner, holds, nonce
+--                                         undo
 --   ys  rw, fence, leases, queue, due     ys, side, owner, holds, nonce
 --                                         settle
 --   yq  rw, fence, leases, queue, due     yq, member                 leave line
@@ -243,13 +244,13 @@ end }
 ops.ye = { 5, 4, function(k, a)
   return rw_extend(K[k], K[k + 1], K[k + 2], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
 end }
-ops.yu = { 5, 4, function(k, a)
+ops.yu = { 5, 5, function(k, a)
   local field = ARGV[a + 1] .. ':' .. ARGV[a + 2]
-  if call('hget', K[k], ':n:' .. field) ~= ARGV[a + 3] then
+  if call('hget', K[k], ':n:' .. field) ~= ARGV[a + 4] then
     return -1
   end
-  return rw_release(K[k], K[k + 2], K[k + 3], K[k + 4], ARGV[a + 1], ARGV[a + 2], '1',
-    ARGV[a + 3])
+  return rw_release(K[k], K[k + 2], K[k + 3], K[k + 4], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    ARGV[a + 4])
 end }
 ops.ys = { 5, 5, function(k, a)
   local field = ARGV[a + 1] .. ':' .. ARGV[a + 2]

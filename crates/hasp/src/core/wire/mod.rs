@@ -1,11 +1,13 @@
 //! The batch call's wire format: the one place that knows how the batch
 //! script lays out its operations and what it answers.
 //!
-//! An [`Op`] is one operation on one object (a lock's here, a semaphore's in
-//! `permits`); [`encode`] turns a batch of them into one `FCALL`, and
-//! [`Op::decode`] reads that operation's slot of the reply as a typed
-//! [`Reply`]. Every opcode, argument order and reply code of the script is
-//! written here and in the scripts' headers, nowhere else.
+//! An [`Op`] is one operation on one object, written by its kind's module
+//! (`lock`, `fair_lock`, `rw_lock`, `semaphore`, `latch`, `lease`; the
+//! queued kinds' shared lifecycle in `hold`); [`encode`] turns a batch of
+//! them into one `FCALL`, and [`Op::decode`] reads that operation's slot of
+//! the reply as a typed [`Reply`]. Every opcode, argument order and reply
+//! code of the script is written in these modules and in the scripts'
+//! headers, nowhere else.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,16 +19,20 @@ use super::keys::{Kind, LockKeys};
 pub(crate) use super::nonce::{Nonce, Nonces};
 use super::scripts::{Library, BATCH};
 use crate::error::Error;
-use fair_lock::FairOp;
+use fair_lock::{FairAcquire, FairOp};
 use hasp_owner::Owner;
+use hold::{Acquisition, Step};
 use latch::LatchOp;
 use lease::LeaseMerge;
-use rw_lock::RwOp;
-use semaphore::PermitOp;
+use lock::LockOp;
+use rw_lock::{RwAcquire, RwOp};
+use semaphore::{PermitAcquire, PermitOp, PoolOp};
 
 pub(crate) mod fair_lock;
+pub(crate) mod hold;
 pub(crate) mod latch;
 pub(crate) mod lease;
+pub(crate) mod lock;
 pub(crate) mod native;
 pub(crate) mod rw_lock;
 pub(crate) mod semaphore;
@@ -34,68 +40,16 @@ pub(crate) mod semaphore;
 /// One operation of a batch call.
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
-    /// Take the lock for `owner`, or learn how long it stays held. With
-    /// `flag_waiting`, a lock held by another owner is flagged as waited on
-    /// by this client (whose task then listens for the release).
-    Acquire {
-        keys: Arc<LockKeys>,
-        owner: Owner,
-        lease_ms: u64,
-        flag_waiting: bool,
-        nonce: Nonce,
-    },
-    /// Give back `holds` holds of `owner`. `written`: the acquisition that
-    /// wrote the hold's value, if known (then a last release can be native).
-    Release {
-        keys: Arc<LockKeys>,
-        owner: Owner,
-        holds: u32,
-        nonce: Nonce,
-        written: Option<Nonce>,
-    },
-    /// Release, and if that frees the lock, take it for `heir` at once.
-    HandOff {
-        keys: Arc<LockKeys>,
-        owner: Owner,
-        holds: u32,
-        nonce: Nonce,
-        heir: Owner,
-        lease_ms: u64,
-    },
-    /// Re-arm the lease of `owner`'s hold (`None`: only check it is held),
-    /// if it is still the hold of fencing token `token`: a renewal that
-    /// reaches Redis after its hold was released and the owner took the
-    /// lock again is not applied to the new hold. (A plain lock has no
-    /// token: its renewal checks the owner, or natively the whole value
-    /// its acquisition `written`.)
-    Extend {
-        keys: Arc<LockKeys>,
-        owner: Owner,
-        token: u64,
-        lease_ms: Option<u64>,
-        written: Option<Nonce>,
-    },
-    /// Undo the acquisition or hand-off `nonce` if it was applied.
-    Undo {
-        keys: Arc<LockKeys>,
-        owner: Owner,
-        nonce: Nonce,
-    },
-    /// Apply the release `nonce` unless it was applied.
-    Settle {
-        keys: Arc<LockKeys>,
-        owner: Owner,
-        holds: u32,
-        nonce: Nonce,
-    },
-    /// Free the lock whoever holds it.
-    Force { keys: Arc<LockKeys> },
+    /// An operation on a reentrant or plain lock.
+    Lock(LockOp),
     /// An operation on a fair lock.
     Fair(FairOp),
-    /// An operation on a read-write lock.
+    /// An operation on one side of a read-write lock.
     Rw(RwOp),
-    /// An operation on a semaphore.
+    /// A step of a semaphore's permits' life.
     Permits(PermitOp),
+    /// An operation on a semaphore's pool as a whole.
+    Pool(PoolOp),
     /// An operation on a count-down latch.
     Latch(LatchOp),
     /// A merge into a class's shared lease history.
@@ -146,44 +100,71 @@ impl Op {
     /// The renewal (`lease_ms`) or check (`None`) of `hold`, whatever its
     /// kind.
     pub(crate) fn extend(hold: &HoldState, lease_ms: Option<u64>) -> Op {
-        let (keys, owner) = (hold.keys.clone(), hold.owner.clone());
+        fn extend<A: Acquisition>(hold: &HoldState, lease_ms: Option<u64>) -> Op {
+            let step = Step::Extend {
+                owner: hold.owner.clone(),
+                lease_ms,
+                token: hold.token,
+            };
+            Op::hold::<A>(&hold.keys, step)
+        }
+        let keys = &hold.keys;
         match keys.kind {
-            Kind::Semaphore => Op::Permits(PermitOp::Extend {
-                keys,
-                owner,
-                lease_ms,
-            }),
-            Kind::RwRead | Kind::RwWrite => Op::Rw(RwOp::Extend {
-                keys,
-                owner,
-                lease_ms,
-            }),
-            // A fair or plain lock's key is a lock's: the same extend (a
-            // latch has no holds).
-            Kind::Lock | Kind::PlainLock | Kind::FairLock | Kind::Latch | Kind::LeaseHistory => {
-                Op::Extend {
-                    keys,
-                    owner,
+            Kind::Semaphore => extend::<PermitAcquire>(hold, lease_ms),
+            Kind::RwRead | Kind::RwWrite => extend::<RwAcquire>(hold, lease_ms),
+            Kind::FairLock => extend::<FairAcquire>(hold, lease_ms),
+            // A latch or a lease history has no holds to renew.
+            Kind::Lock | Kind::PlainLock | Kind::Latch | Kind::LeaseHistory => {
+                Op::Lock(LockOp::Extend {
+                    keys: keys.clone(),
+                    owner: hold.owner.clone(),
                     token: hold.token,
                     lease_ms,
                     written: hold.written,
-                }
+                })
+            }
+        }
+    }
+
+    /// The release of `count` holds (a semaphore's: permits) of `owner`,
+    /// whatever the kind (a lock's without hand-off).
+    pub(crate) fn release(keys: &Arc<LockKeys>, owner: &Owner, count: u32, nonce: Nonce) -> Op {
+        fn release<A: Acquisition>(
+            keys: &Arc<LockKeys>,
+            owner: &Owner,
+            count: u32,
+            nonce: Nonce,
+        ) -> Op {
+            let step = Step::Release {
+                owner: owner.clone(),
+                count,
+                nonce,
+            };
+            Op::hold::<A>(keys, step)
+        }
+        match keys.kind {
+            Kind::Semaphore => release::<PermitAcquire>(keys, owner, count, nonce),
+            Kind::RwRead | Kind::RwWrite => release::<RwAcquire>(keys, owner, count, nonce),
+            Kind::FairLock => release::<FairAcquire>(keys, owner, count, nonce),
+            Kind::Lock | Kind::PlainLock | Kind::Latch | Kind::LeaseHistory => {
+                Op::Lock(LockOp::Release {
+                    keys: keys.clone(),
+                    owner: owner.clone(),
+                    holds: count,
+                    nonce,
+                    written: None,
+                })
             }
         }
     }
 
     pub(crate) fn keys(&self) -> &Arc<LockKeys> {
         match self {
-            Op::Acquire { keys, .. }
-            | Op::Release { keys, .. }
-            | Op::HandOff { keys, .. }
-            | Op::Extend { keys, .. }
-            | Op::Undo { keys, .. }
-            | Op::Settle { keys, .. }
-            | Op::Force { keys } => keys,
-            Op::Fair(op) => op.keys(),
-            Op::Rw(op) => op.keys(),
-            Op::Permits(op) => op.keys(),
+            Op::Lock(op) => op.keys(),
+            Op::Fair(op) => &op.keys,
+            Op::Rw(op) => &op.keys,
+            Op::Permits(op) => &op.keys,
+            Op::Pool(op) => op.keys(),
             Op::Latch(op) => op.keys(),
             Op::Lease(op) => &op.keys,
         }
@@ -193,9 +174,11 @@ impl Op {
     /// a renewal round sends many extends.
     pub(crate) fn is_extend(&self) -> bool {
         match self {
-            Op::Permits(op) => op.is_extend(),
+            Op::Lock(op) => op.is_extend(),
+            Op::Fair(op) => op.is_extend(),
             Op::Rw(op) => op.is_extend(),
-            op => matches!(op, Op::Extend { .. }),
+            Op::Permits(op) => op.is_extend(),
+            Op::Pool(_) | Op::Latch(_) | Op::Lease(_) => false,
         }
     }
 
@@ -203,76 +186,27 @@ impl Op {
     /// once replicas confirmed it: what gives or extends a hold.
     pub(crate) fn needs_replicas(&self) -> bool {
         match self {
-            Op::Fair(op) => return op.needs_replicas(),
-            Op::Rw(op) => return op.needs_replicas(),
-            Op::Permits(op) => return op.needs_replicas(),
-            _ => {}
+            Op::Lock(op) => op.needs_replicas(),
+            Op::Fair(op) => op.needs_replicas(),
+            Op::Rw(op) => op.needs_replicas(),
+            Op::Permits(op) => op.needs_replicas(),
+            Op::Pool(op) => op.needs_replicas(),
+            Op::Latch(_) | Op::Lease(_) => false,
         }
-        matches!(
-            self,
-            Op::Acquire { .. }
-                | Op::HandOff { .. }
-                | Op::Extend {
-                    lease_ms: Some(_),
-                    ..
-                }
-        )
     }
 
     /// What to send, before anything else, when this operation went out but
     /// its reply was lost: whatever makes the outcome as if it had failed
-    /// (acquisitions) or succeeded (releases). `None` when sending it again
-    /// cannot matter.
+    /// (acquisitions) or succeeded (releases). Empty when sending it again
+    /// cannot matter (a count down sent again may count twice: documented;
+    /// an id makes it once).
     pub(crate) fn settlement(&self) -> Vec<Op> {
         match self {
-            Op::Acquire {
-                keys, owner, nonce, ..
-            } => vec![Op::Undo {
-                keys: keys.clone(),
-                owner: owner.clone(),
-                nonce: *nonce,
-            }],
-            Op::Release {
-                keys,
-                owner,
-                holds,
-                nonce,
-                ..
-            } => vec![Op::Settle {
-                keys: keys.clone(),
-                owner: owner.clone(),
-                holds: *holds,
-                nonce: *nonce,
-            }],
-            // Handed over: undo the heir's hold (the heir never learnt of
-            // it). Not handed over: complete the release.
-            Op::HandOff {
-                keys,
-                owner,
-                holds,
-                nonce,
-                heir,
-                ..
-            } => vec![
-                Op::Undo {
-                    keys: keys.clone(),
-                    owner: heir.clone(),
-                    nonce: *nonce,
-                },
-                Op::Settle {
-                    keys: keys.clone(),
-                    owner: owner.clone(),
-                    holds: *holds,
-                    nonce: *nonce,
-                },
-            ],
-            Op::Undo { .. } | Op::Settle { .. } => vec![self.clone()],
-            // A count down sent again may count twice (documented; an id
-            // makes it once).
-            Op::Extend { .. } | Op::Force { .. } | Op::Latch(_) | Op::Lease(_) => Vec::new(),
+            Op::Lock(op) => op.settlement(),
             Op::Fair(op) => op.settlement(),
             Op::Rw(op) => op.settlement(),
             Op::Permits(op) => op.settlement(),
+            Op::Pool(_) | Op::Latch(_) | Op::Lease(_) => Vec::new(),
         }
     }
 
@@ -280,23 +214,11 @@ impl Op {
     /// call; `None` if this is not an acquisition.
     pub(crate) fn renonced(&self, nonce: Nonce) -> Option<Op> {
         match self {
-            Op::Acquire {
-                keys,
-                owner,
-                lease_ms,
-                flag_waiting,
-                ..
-            } => Some(Op::Acquire {
-                keys: keys.clone(),
-                owner: owner.clone(),
-                lease_ms: *lease_ms,
-                flag_waiting: *flag_waiting,
-                nonce,
-            }),
+            Op::Lock(op) => op.renonced(nonce),
             Op::Fair(op) => op.renonced(nonce),
             Op::Rw(op) => op.renonced(nonce),
             Op::Permits(op) => op.renonced(nonce),
-            _ => None,
+            Op::Pool(_) | Op::Latch(_) | Op::Lease(_) => None,
         }
     }
 
@@ -304,11 +226,11 @@ impl Op {
     /// completes by sending its settlement.
     pub(crate) fn is_release(&self) -> bool {
         match self {
-            Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } => true,
+            Op::Lock(op) => op.is_release(),
             Op::Fair(op) => op.is_release(),
             Op::Rw(op) => op.is_release(),
-            Op::Permits(op) => matches!(op, PermitOp::Release { .. } | PermitOp::Settle { .. }),
-            _ => false,
+            Op::Permits(op) => op.is_release(),
+            Op::Pool(_) | Op::Latch(_) | Op::Lease(_) => false,
         }
     }
 
@@ -316,22 +238,11 @@ impl Op {
     /// the receiver gone (`nonce` for the release).
     pub(crate) fn give_back(&self, nonce: Nonce) -> Option<Op> {
         match self {
-            Op::Acquire {
-                keys,
-                owner,
-                nonce: written,
-                ..
-            } => Some(Op::Release {
-                keys: keys.clone(),
-                owner: owner.clone(),
-                holds: 1,
-                nonce,
-                written: Some(*written),
-            }),
+            Op::Lock(op) => op.give_back(nonce),
             Op::Fair(op) => op.give_back(nonce),
             Op::Rw(op) => op.give_back(nonce),
             Op::Permits(op) => op.give_back(nonce),
-            _ => None,
+            Op::Pool(_) | Op::Latch(_) | Op::Lease(_) => None,
         }
     }
 
@@ -341,45 +252,22 @@ impl Op {
     /// Nothing for an acquisition or a renewal (its caller got the error).
     pub(crate) fn unfinished(&self) -> Vec<Op> {
         match self {
-            Op::Release { .. } | Op::HandOff { .. } | Op::Settle { .. } | Op::Undo { .. } => {
-                self.settlement()
-            }
-            Op::Acquire { .. }
-            | Op::Extend { .. }
-            | Op::Force { .. }
-            | Op::Latch(_)
-            | Op::Lease(_) => Vec::new(),
+            Op::Lock(op) => op.unfinished(),
             Op::Fair(op) => op.unfinished(),
             Op::Rw(op) => op.unfinished(),
             Op::Permits(op) => op.unfinished(),
+            Op::Pool(_) | Op::Latch(_) | Op::Lease(_) => Vec::new(),
         }
     }
 
     /// Keys, arguments and bytes this operation adds to a call.
     fn size(&self) -> (usize, usize, usize) {
-        let lock = self.keys().lock.len() + 4;
         match self {
-            Op::Acquire { owner, .. } => (1, 3, lock + owner.id().len() + 48),
-            Op::Release { owner, holds, .. } => {
-                let args = if *holds == 1 { 3 } else { 4 };
-                (1, args, lock + owner.id().len() + 32)
-            }
-            Op::Settle { owner, .. } => (1, 4, lock + owner.id().len() + 32),
-            Op::HandOff {
-                keys, owner, heir, ..
-            } => {
-                let keys = if keys.kind == Kind::PlainLock { 1 } else { 2 };
-                (keys, 6, 2 * lock + owner.id().len() + heir.id().len() + 60)
-            }
-            Op::Extend { keys, owner, .. } => {
-                let args = if keys.kind == Kind::PlainLock { 3 } else { 4 };
-                (1, args, lock + owner.id().len() + 48)
-            }
-            Op::Undo { owner, .. } => (1, 3, lock + owner.id().len() + 24),
-            Op::Force { .. } => (1, 1, lock + 4),
+            Op::Lock(op) => op.size(),
             Op::Fair(op) => op.size(),
             Op::Rw(op) => op.size(),
             Op::Permits(op) => op.size(),
+            Op::Pool(op) => op.size(),
             Op::Latch(op) => op.size(),
             Op::Lease(op) => op.size(),
         }
@@ -387,109 +275,23 @@ impl Op {
 
     fn write_keys(&self, cmd: &mut Cmd) {
         match self {
-            Op::Fair(op) => return op.write_keys(cmd),
-            Op::Rw(op) => return op.write_keys(cmd),
-            Op::Permits(op) => return op.write_keys(cmd),
-            Op::Latch(op) => return op.write_keys(cmd),
-            Op::Lease(op) => return op.write_keys(cmd),
-            _ => {}
-        }
-        let keys = self.keys();
-        cmd.arg(&*keys.lock);
-        // An acquisition's fence is found from the lock's key (lock.lua); a
-        // plain lock has none.
-        if matches!(self, Op::HandOff { .. }) && keys.kind != Kind::PlainLock {
-            cmd.arg(&keys.fence);
+            Op::Lock(op) => op.write_keys(cmd),
+            Op::Fair(op) => op.write_keys(cmd),
+            Op::Rw(op) => op.write_keys(cmd),
+            Op::Permits(op) => op.write_keys(cmd),
+            Op::Pool(op) => op.write_keys(cmd),
+            Op::Latch(op) => op.write_keys(cmd),
+            Op::Lease(op) => op.write_keys(cmd),
         }
     }
 
     fn write_args(&self, cmd: &mut Cmd) {
         match self {
-            Op::Acquire {
-                owner,
-                lease_ms,
-                flag_waiting,
-                nonce,
-                ..
-            } => {
-                let plain = self.keys().kind == Kind::PlainLock;
-                let op = match (plain, *flag_waiting) {
-                    (false, false) => "a",
-                    (false, true) => "w",
-                    (true, false) => "na",
-                    (true, true) => "nw",
-                };
-                cmd.arg(op).arg(*lease_ms).arg(free_hold(owner, *nonce));
-            }
-            Op::Release {
-                owner,
-                holds,
-                nonce,
-                ..
-            } => {
-                // One hold (nearly every release) goes without the count.
-                if *holds == 1 {
-                    cmd.arg("r").arg(owner.id()).arg(nonce);
-                } else {
-                    cmd.arg("R").arg(owner.id()).arg(*holds).arg(nonce);
-                }
-            }
-            Op::HandOff {
-                owner,
-                holds,
-                nonce,
-                heir,
-                lease_ms,
-                ..
-            } => {
-                let op = if self.keys().kind == Kind::PlainLock {
-                    "nh"
-                } else {
-                    "h"
-                };
-                cmd.arg(op)
-                    .arg(owner.id())
-                    .arg(*holds)
-                    .arg(nonce)
-                    .arg(heir.id())
-                    .arg(*lease_ms);
-            }
-            Op::Extend {
-                keys,
-                owner,
-                lease_ms,
-                ..
-            } if keys.kind == Kind::PlainLock => {
-                cmd.arg("ne").arg(owner.id()).arg(lease_ms.unwrap_or(0));
-            }
-            Op::Extend {
-                owner,
-                token,
-                lease_ms,
-                ..
-            } => {
-                cmd.arg("e")
-                    .arg(owner.id())
-                    .arg(lease_ms.unwrap_or(0))
-                    .arg(*token);
-            }
-            Op::Undo { owner, nonce, .. } => {
-                cmd.arg("u").arg(owner.id()).arg(nonce);
-            }
-            Op::Settle {
-                owner,
-                holds,
-                nonce,
-                ..
-            } => {
-                cmd.arg("s").arg(owner.id()).arg(*holds).arg(nonce);
-            }
-            Op::Force { .. } => {
-                cmd.arg("f");
-            }
+            Op::Lock(op) => op.write_args(cmd),
             Op::Fair(op) => op.write_args(cmd),
             Op::Rw(op) => op.write_args(cmd),
             Op::Permits(op) => op.write_args(cmd),
+            Op::Pool(op) => op.write_args(cmd),
             Op::Latch(op) => op.write_args(cmd),
             Op::Lease(op) => op.write_args(cmd),
         }
@@ -537,41 +339,16 @@ impl Op {
             other => return Err(self.unexpected(other)),
         };
         let reply = match self {
-            Op::Acquire { .. } => match code {
-                token if token > 0 => Reply::Acquired {
-                    token: token.unsigned_abs(),
-                },
-                0 => Reply::Busy { ttl: None },
-                ttl => Reply::Busy {
-                    ttl: Some(Duration::from_millis(ttl.unsigned_abs())),
-                },
-            },
-            Op::Release { .. } | Op::Settle { .. } | Op::Undo { .. } => match code {
-                -1 => Reply::NotHeld,
-                0 => Reply::Released,
-                _ => Reply::StillHeld,
-            },
-            Op::HandOff { .. } => match code {
-                -1 => Reply::NotHeld,
-                -2 => Reply::Yielded,
-                0 => Reply::StillHeld,
-                token if token > 0 => Reply::Acquired {
-                    token: token.unsigned_abs(),
-                },
-                _ => return Err(self.unexpected(value)),
-            },
-            Op::Extend { .. } => match code {
-                1 => Reply::Extended,
-                _ => Reply::NotHeld,
-            },
-            Op::Force { .. } => Reply::Forced(code == 1),
-            Op::Permits(op) => op.decode(code).ok_or_else(|| self.unexpected(value))?,
+            Op::Lock(op) => op.decode(code),
             Op::Fair(op) => op.decode(code),
             Op::Rw(op) => op.decode(code),
-            Op::Latch(op) => op.decode(code),
-            Op::Lease(_) => return Err(self.unexpected(value)),
+            Op::Permits(op) => op.decode(code),
+            // Each answers a number.
+            Op::Pool(_) => Some(Reply::Value(code)),
+            Op::Latch(op) => Some(op.decode(code)),
+            Op::Lease(_) => None,
         };
-        Ok(reply)
+        reply.ok_or_else(|| self.unexpected(value))
     }
 
     pub(super) fn unexpected(&self, value: &Value) -> Error {
@@ -582,15 +359,18 @@ impl Op {
     }
 }
 
-/// The value a free lock takes when `owner` acquires it with the operation
-/// `nonce`: one hold, no waiter flagged (`lock.lua`, "lock" and "hold").
-fn free_hold(owner: &Owner, nonce: Nonce) -> Vec<u8> {
-    let mut hold = Vec::with_capacity(owner.id().len() + 21);
-    hold.extend_from_slice(b"1 ");
-    hold.extend_from_slice(&nonce.hex());
-    hold.extend_from_slice(b" - ");
-    hold.extend_from_slice(owner.id().as_bytes());
-    hold
+/// An acquisition's usual answer: a fencing token (1 for a kind without
+/// one), or busy for `ms` more (0: no expiry known).
+fn acquired_or_busy(code: i64) -> Reply {
+    match code {
+        token if token > 0 => Reply::Acquired {
+            token: token.unsigned_abs(),
+        },
+        0 => Reply::Busy { ttl: None },
+        ms => Reply::Busy {
+            ttl: Some(Duration::from_millis(ms.unsigned_abs())),
+        },
+    }
 }
 
 /// One `FCALL` of the batch function carrying `ops`, in order.
@@ -657,20 +437,20 @@ pub(crate) fn bench_args(
             let owner = Owner::from_id(owner)?;
             let nonce = nonces.next();
             Ok(match lease {
-                Some(lease_ms) => Op::Acquire {
+                Some(lease_ms) => Op::Lock(LockOp::Acquire {
                     keys,
                     owner,
                     lease_ms,
                     flag_waiting: false,
                     nonce,
-                },
-                None => Op::Release {
+                }),
+                None => Op::Lock(LockOp::Release {
                     keys,
                     owner,
                     holds: 1,
                     nonce,
                     written: None,
-                },
+                }),
             })
         })
         .collect::<Result<_, Error>>()?;
@@ -695,7 +475,7 @@ pub(crate) fn split(reply: Value, ops: usize) -> Result<Vec<Value>, Error> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn keys(name: &str) -> Arc<LockKeys> {
@@ -717,30 +497,30 @@ mod tests {
         let owner = Owner::from_id("o1").unwrap();
         let nonces = Nonces::new();
         let ops = [
-            Op::Acquire {
+            Op::Lock(LockOp::Acquire {
                 keys: keys("a"),
                 owner: owner.clone(),
                 lease_ms: 30_000,
                 flag_waiting: true,
                 nonce: nonces.next(),
-            },
-            Op::Release {
+            }),
+            Op::Lock(LockOp::Release {
                 keys: keys("b"),
                 owner: owner.clone(),
                 holds: 1,
                 nonce: nonces.next(),
                 written: None,
-            },
-            Op::Extend {
+            }),
+            Op::Lock(LockOp::Extend {
                 keys: keys("c"),
                 owner,
                 token: 7,
                 lease_ms: None,
                 written: None,
-            },
+            }),
         ];
         let nonce = match &ops[0] {
-            Op::Acquire { nonce, .. } => nonce.to_string(),
+            Op::Lock(LockOp::Acquire { nonce, .. }) => nonce.to_string(),
             _ => unreachable!(),
         };
         let args = args(&encode(&BATCH, "c:1", ops.iter()));
@@ -758,13 +538,13 @@ mod tests {
 
     #[test]
     fn a_release_of_several_holds_sends_the_count() {
-        let release = Op::Release {
+        let release = Op::Lock(LockOp::Release {
             keys: keys("a"),
             owner: Owner::from_id("o1").unwrap(),
             holds: 3,
             nonce: Nonces::new().next(),
             written: None,
-        };
+        });
         let args = args(&encode(&BATCH, "c:1", std::iter::once(&release)));
         assert_eq!(&args[2..5], ["1", "hasp:{a}", "c:1"]);
         assert_eq!(&args[5..8], ["R", "o1", "3"]);
@@ -775,13 +555,13 @@ mod tests {
     #[test]
     fn replies_are_read_by_the_kind_of_operation() {
         let owner = Owner::from_id("o").unwrap();
-        let acquire = Op::Acquire {
+        let acquire = Op::Lock(LockOp::Acquire {
             keys: keys("a"),
             owner: owner.clone(),
             lease_ms: 1,
             flag_waiting: false,
             nonce: Nonces::new().next(),
-        };
+        });
         assert_eq!(
             acquire.decode(&Value::Int(7)).unwrap(),
             Reply::Acquired { token: 7 }
@@ -796,7 +576,7 @@ mod tests {
             acquire.decode(&Value::Int(0)).unwrap(),
             Reply::Busy { ttl: None }
         );
-        let force = Op::Force { keys: keys("a") };
+        let force = Op::Lock(LockOp::Force { keys: keys("a") });
         assert_eq!(force.decode(&Value::Int(1)).unwrap(), Reply::Forced(true));
         assert!(matches!(
             acquire.decode(&Value::Nil),
@@ -807,20 +587,20 @@ mod tests {
     #[test]
     fn a_lost_hand_off_is_settled_by_undoing_the_heir_and_completing_the_release() {
         let nonce = Nonces::new().next();
-        let hand_off = Op::HandOff {
+        let hand_off = Op::Lock(LockOp::HandOff {
             keys: keys("a"),
             owner: Owner::from_id("releaser").unwrap(),
             holds: 1,
             nonce,
             heir: Owner::from_id("heir").unwrap(),
             lease_ms: 100,
-        };
+        });
         let settle = hand_off.settlement();
         assert!(
-            matches!(&settle[0], Op::Undo { owner, nonce: n, .. } if owner.id() == "heir" && *n == nonce)
+            matches!(&settle[0], Op::Lock(LockOp::Undo { owner, nonce: n, .. }) if owner.id() == "heir" && *n == nonce)
         );
         assert!(
-            matches!(&settle[1], Op::Settle { owner, nonce: n, .. } if owner.id() == "releaser" && *n == nonce)
+            matches!(&settle[1], Op::Lock(LockOp::Settle { owner, nonce: n, .. }) if owner.id() == "releaser" && *n == nonce)
         );
         assert_eq!(
             settle[0].settlement().len(),

@@ -33,7 +33,8 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, Value};
 
-use super::{free_hold, Op, Reply};
+use super::lock::{free_hold, LockOp};
+use super::{Op, Reply};
 use crate::core::keys::Kind;
 use crate::error::Error;
 
@@ -86,13 +87,13 @@ impl Op {
     /// or `None` if it needs the function.
     pub(crate) fn native(&self, native: Native) -> Option<Cmd> {
         match self {
-            Op::Acquire {
+            Op::Lock(LockOp::Acquire {
                 keys,
                 owner,
                 lease_ms,
                 nonce,
                 ..
-            } if keys.kind == Kind::PlainLock => {
+            }) if keys.kind == Kind::PlainLock => {
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(&*keys.lock)
                     .arg(free_hold(owner, *nonce))
@@ -101,13 +102,13 @@ impl Op {
                     .arg(*lease_ms);
                 Some(cmd)
             }
-            Op::Release {
+            Op::Lock(LockOp::Release {
                 keys,
                 owner,
                 holds: 1,
                 written: Some(written),
                 ..
-            } if matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
+            }) if matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
                 let hold = free_hold(owner, *written);
                 if native.conditional {
                     let mut cmd = redis::cmd("DELIFEQ");
@@ -124,13 +125,13 @@ impl Op {
                     None
                 }
             }
-            Op::Extend {
+            Op::Lock(LockOp::Extend {
                 keys,
                 owner,
                 lease_ms: Some(lease_ms),
                 written: Some(written),
                 ..
-            } if native.conditional && keys.kind == Kind::PlainLock => {
+            }) if native.conditional && keys.kind == Kind::PlainLock => {
                 let hold = free_hold(owner, *written);
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(&*keys.lock)
@@ -150,11 +151,11 @@ impl Op {
     /// then goes through the function).
     pub(crate) fn decode_native(&self, value: &Value) -> Result<Option<Reply>, Error> {
         let reply = match (self, value) {
-            (Op::Acquire { .. }, Value::Okay) => Some(Reply::Acquired { token: 1 }),
-            (Op::Release { .. }, Value::Int(1)) => Some(Reply::Released),
-            (Op::Extend { .. }, Value::Okay) => Some(Reply::Extended),
-            (Op::Acquire { .. } | Op::Extend { .. }, Value::Nil)
-            | (Op::Release { .. }, Value::Int(0)) => None,
+            (Op::Lock(LockOp::Acquire { .. }), Value::Okay) => Some(Reply::Acquired { token: 1 }),
+            (Op::Lock(LockOp::Release { .. }), Value::Int(1)) => Some(Reply::Released),
+            (Op::Lock(LockOp::Extend { .. }), Value::Okay) => Some(Reply::Extended),
+            (Op::Lock(LockOp::Acquire { .. }) | Op::Lock(LockOp::Extend { .. }), Value::Nil)
+            | (Op::Lock(LockOp::Release { .. }), Value::Int(0)) => None,
             (_, other) => return Err(self.unexpected(other)),
         };
         Ok(reply)
@@ -175,13 +176,13 @@ mod tests {
     fn a_last_release_of_a_hold_this_client_wrote_is_one_delifeq_where_the_server_has_it() {
         let nonces = Nonces::new();
         let written = nonces.next();
-        let release = Op::Release {
+        let release = Op::Lock(LockOp::Release {
             keys: Arc::new(LockKeys::new("hasp", "a")),
             owner: Owner::from_id("o1").unwrap(),
             holds: 1,
             nonce: nonces.next(),
             written: Some(written),
-        };
+        });
         assert!(
             release.native(Native::default()).is_none(),
             "no script loaded"
@@ -214,12 +215,14 @@ mod tests {
     #[test]
     fn a_plain_acquisition_is_one_set_nx_on_every_server_and_a_fenced_one_never() {
         let nonce = Nonces::new().next();
-        let acquire = |keys: LockKeys| Op::Acquire {
-            keys: Arc::new(keys),
-            owner: Owner::from_id("o1").unwrap(),
-            lease_ms: 500,
-            flag_waiting: true,
-            nonce,
+        let acquire = |keys: LockKeys| {
+            Op::Lock(LockOp::Acquire {
+                keys: Arc::new(keys),
+                owner: Owner::from_id("o1").unwrap(),
+                lease_ms: 500,
+                flag_waiting: true,
+                nonce,
+            })
         };
         let plain = acquire(LockKeys::plain("hasp", "a"));
         let cmd = plain.native(Native::default()).expect("native everywhere");

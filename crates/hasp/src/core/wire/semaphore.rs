@@ -1,21 +1,62 @@
-//! A semaphore's operations in the batch call (`semaphore.lua`): encoded and
-//! decoded here, beside the lock's in the parent module.
+//! A semaphore's operations in the batch call (`semaphore.lua`): its
+//! permits' lifecycle (`hold`), and the operations on the pool as a whole.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Cmd;
 
+use super::hold::{Acquire, Acquisition, Codes, HoldOp, Place};
 use super::{Nonce, Op, Reply};
 use crate::core::keys::LockKeys;
 use hasp_owner::Owner;
 
-/// A waiter's place in a semaphore's queue: the member `<k>|<waiter id>`
-/// and how long the place lasts unless the waiter asks again.
+/// One step of a semaphore's permits' life.
+pub(crate) type PermitOp = HoldOp<PermitAcquire>;
+
+/// A semaphore's acquisition: the permits (`Acquire::count`) are taken if
+/// free; with a place, queued for (or the place refreshed) if not.
 #[derive(Debug, Clone)]
-pub(crate) struct Place {
-    pub(crate) member: Arc<str>,
-    pub(crate) ttl_ms: u64,
+pub(crate) struct PermitAcquire;
+
+impl Acquisition for PermitAcquire {
+    const CODES: Codes = Codes {
+        release: "pr",
+        extend: "pe",
+        undo: "pu",
+        settle: "ps",
+        leave: "pq",
+    };
+    const FENCED: bool = false;
+    const RENEWAL_SENDS_TOKEN: bool = false;
+    const MOST_ARGS: usize = 7;
+
+    fn write_acquire(&self, acquire: &Acquire, _keys: &LockKeys, cmd: &mut Cmd) {
+        let op = if acquire.place.is_some() { "pw" } else { "pa" };
+        cmd.arg(op)
+            .arg(acquire.owner.id())
+            .arg(acquire.count)
+            .arg(acquire.lease_ms)
+            .arg(acquire.nonce);
+        if acquire.place.is_some() {
+            Place::write(acquire.place.as_ref(), cmd);
+        }
+    }
+
+    fn decode_acquire(&self, _keys: &LockKeys, code: i64) -> Option<Reply> {
+        Some(match code {
+            1 => Reply::Granted,
+            0 => Reply::Busy { ttl: None },
+            ms if ms < 0 => Reply::Busy {
+                ttl: Some(Duration::from_millis(ms.unsigned_abs())),
+            },
+            _ => return None,
+        })
+    }
+
+    fn wrap(op: PermitOp) -> Op {
+        Op::Permits(op)
+    }
 }
 
 /// How a capacity operation changes the capacity.
@@ -30,51 +71,9 @@ pub(crate) enum Resize {
     Add(i64),
 }
 
-/// One operation on a semaphore.
+/// An operation on a semaphore's pool as a whole; each answers a number.
 #[derive(Debug, Clone)]
-pub(crate) enum PermitOp {
-    /// Take `permits` for `owner`; with a `place`, queue for them if they
-    /// are not free (or refresh the place).
-    Acquire {
-        keys: Arc<LockKeys>,
-        owner: Owner,
-        permits: u32,
-        lease_ms: u64,
-        nonce: Nonce,
-        place: Option<Place>,
-    },
-    /// Give back `permits` of `owner`.
-    Release {
-        keys: Arc<LockKeys>,
-        owner: Owner,
-        permits: u32,
-        nonce: Nonce,
-    },
-    /// Re-arm the lease of `owner`'s permits (`None`: only check them).
-    Extend {
-        keys: Arc<LockKeys>,
-        owner: Owner,
-        lease_ms: Option<u64>,
-    },
-    /// Undo the acquisition `nonce` if it was applied.
-    Undo {
-        keys: Arc<LockKeys>,
-        owner: Owner,
-        permits: u32,
-        nonce: Nonce,
-    },
-    /// Apply the release `nonce` unless it was applied.
-    Settle {
-        keys: Arc<LockKeys>,
-        owner: Owner,
-        permits: u32,
-        nonce: Nonce,
-    },
-    /// Leave the queue.
-    Leave {
-        keys: Arc<LockKeys>,
-        member: Arc<str>,
-    },
+pub(crate) enum PoolOp {
     /// Capacity minus the permits held.
     Available { keys: Arc<LockKeys> },
     /// Change the capacity.
@@ -90,145 +89,29 @@ pub(crate) enum PermitOp {
     LeaseLeft { keys: Arc<LockKeys>, owner: Owner },
 }
 
-impl PermitOp {
+impl PoolOp {
     pub(crate) fn keys(&self) -> &Arc<LockKeys> {
         match self {
-            PermitOp::Acquire { keys, .. }
-            | PermitOp::Release { keys, .. }
-            | PermitOp::Extend { keys, .. }
-            | PermitOp::Undo { keys, .. }
-            | PermitOp::Settle { keys, .. }
-            | PermitOp::Leave { keys, .. }
-            | PermitOp::Available { keys }
-            | PermitOp::Resize { keys, .. }
-            | PermitOp::Drain { keys, .. }
-            | PermitOp::LeaseLeft { keys, .. } => keys,
+            PoolOp::Available { keys }
+            | PoolOp::Resize { keys, .. }
+            | PoolOp::Drain { keys, .. }
+            | PoolOp::LeaseLeft { keys, .. } => keys,
         }
     }
 
-    pub(super) fn is_extend(&self) -> bool {
-        matches!(self, PermitOp::Extend { .. })
-    }
-
+    /// A drain's count is unknown: were its reply lost, its permits run out
+    /// with their lease (nobody renews them).
     pub(super) fn needs_replicas(&self) -> bool {
-        matches!(
-            self,
-            PermitOp::Acquire { .. }
-                | PermitOp::Drain { .. }
-                | PermitOp::Extend {
-                    lease_ms: Some(_),
-                    ..
-                }
-        )
-    }
-
-    /// See [`Op::settlement`].
-    pub(super) fn settlement(&self) -> Vec<Op> {
-        let op = match self {
-            PermitOp::Acquire {
-                keys,
-                owner,
-                permits,
-                nonce,
-                ..
-            } => PermitOp::Undo {
-                keys: keys.clone(),
-                owner: owner.clone(),
-                permits: *permits,
-                nonce: *nonce,
-            },
-            PermitOp::Release {
-                keys,
-                owner,
-                permits,
-                nonce,
-            } => PermitOp::Settle {
-                keys: keys.clone(),
-                owner: owner.clone(),
-                permits: *permits,
-                nonce: *nonce,
-            },
-            PermitOp::Undo { .. } | PermitOp::Settle { .. } => self.clone(),
-            // A drain's count is unknown: its permits run out with their
-            // lease (nobody renews them). A place runs out as well.
-            _ => return Vec::new(),
-        };
-        vec![Op::Permits(op)]
-    }
-
-    /// See [`Op::unfinished`].
-    pub(super) fn unfinished(&self) -> Vec<Op> {
-        match self {
-            PermitOp::Release { .. } | PermitOp::Undo { .. } | PermitOp::Settle { .. } => {
-                self.settlement()
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    /// The same acquisition with a new nonce (sent again after a broken
-    /// call), or `None` if this is not an acquisition.
-    pub(super) fn renonced(&self, nonce: Nonce) -> Option<Op> {
-        match self {
-            PermitOp::Acquire {
-                keys,
-                owner,
-                permits,
-                lease_ms,
-                place,
-                ..
-            } => Some(Op::Permits(PermitOp::Acquire {
-                keys: keys.clone(),
-                owner: owner.clone(),
-                permits: *permits,
-                lease_ms: *lease_ms,
-                nonce,
-                place: place.clone(),
-            })),
-            _ => None,
-        }
-    }
-
-    /// What gives back what this operation granted, for a reply whose
-    /// receiver is gone.
-    pub(super) fn give_back(&self, nonce: Nonce) -> Option<Op> {
-        match self {
-            PermitOp::Acquire {
-                keys,
-                owner,
-                permits,
-                ..
-            } => Some(Op::Permits(PermitOp::Release {
-                keys: keys.clone(),
-                owner: owner.clone(),
-                permits: *permits,
-                nonce,
-            })),
-            _ => None,
-        }
+        matches!(self, PoolOp::Drain { .. })
     }
 
     pub(super) fn size(&self) -> (usize, usize, usize) {
         let keys = self.keys();
-        let key_bytes = 5 * keys.lock.len() + 30;
         let owner = match self {
-            PermitOp::Acquire { owner, .. }
-            | PermitOp::Release { owner, .. }
-            | PermitOp::Extend { owner, .. }
-            | PermitOp::Undo { owner, .. }
-            | PermitOp::Settle { owner, .. }
-            | PermitOp::Drain { owner, .. }
-            | PermitOp::LeaseLeft { owner, .. } => owner.id().len(),
-            PermitOp::Leave { member, .. } => member.len(),
-            PermitOp::Available { .. } | PermitOp::Resize { .. } => 0,
+            PoolOp::Drain { owner, .. } | PoolOp::LeaseLeft { owner, .. } => owner.id().len(),
+            PoolOp::Available { .. } | PoolOp::Resize { .. } => 0,
         };
-        let place = match self {
-            PermitOp::Acquire {
-                place: Some(place), ..
-            } => place.member.len() + 20,
-            _ => 0,
-        };
-        (5, 7, key_bytes + owner + place + 60)
+        (5, 4, 5 * keys.lock.len() + 30 + owner + 60)
     }
 
     pub(super) fn write_keys(&self, cmd: &mut Cmd) {
@@ -241,62 +124,10 @@ impl PermitOp {
 
     pub(super) fn write_args(&self, cmd: &mut Cmd) {
         match self {
-            PermitOp::Acquire {
-                owner,
-                permits,
-                lease_ms,
-                nonce,
-                place,
-                ..
-            } => {
-                let op = if place.is_some() { "pw" } else { "pa" };
-                cmd.arg(op)
-                    .arg(owner.id())
-                    .arg(*permits)
-                    .arg(*lease_ms)
-                    .arg(nonce);
-                if let Some(place) = place {
-                    // The member is '<k>|<waiter>': the script rebuilds it.
-                    let waiter = place.member.split_once('|').map_or("", |(_, w)| w);
-                    cmd.arg(waiter).arg(place.ttl_ms);
-                }
-            }
-            PermitOp::Release {
-                owner,
-                permits,
-                nonce,
-                ..
-            } => {
-                cmd.arg("pr").arg(owner.id()).arg(*permits).arg(nonce);
-            }
-            PermitOp::Extend {
-                owner, lease_ms, ..
-            } => {
-                cmd.arg("pe").arg(owner.id()).arg(lease_ms.unwrap_or(0));
-            }
-            PermitOp::Undo {
-                owner,
-                permits,
-                nonce,
-                ..
-            } => {
-                cmd.arg("pu").arg(owner.id()).arg(*permits).arg(nonce);
-            }
-            PermitOp::Settle {
-                owner,
-                permits,
-                nonce,
-                ..
-            } => {
-                cmd.arg("ps").arg(owner.id()).arg(*permits).arg(nonce);
-            }
-            PermitOp::Leave { member, .. } => {
-                cmd.arg("pq").arg(&**member);
-            }
-            PermitOp::Available { .. } => {
+            PoolOp::Available { .. } => {
                 cmd.arg("pv");
             }
-            PermitOp::Resize { resize, .. } => {
+            PoolOp::Resize { resize, .. } => {
                 match *resize {
                     Resize::Try {
                         capacity,
@@ -306,7 +137,7 @@ impl PermitOp {
                     Resize::Add(n) => cmd.arg("pc").arg("add").arg(n).arg(0),
                 };
             }
-            PermitOp::Drain {
+            PoolOp::Drain {
                 owner,
                 lease_ms,
                 nonce,
@@ -314,39 +145,9 @@ impl PermitOp {
             } => {
                 cmd.arg("pd").arg(owner.id()).arg(*lease_ms).arg(nonce);
             }
-            PermitOp::LeaseLeft { owner, .. } => {
+            PoolOp::LeaseLeft { owner, .. } => {
                 cmd.arg("pl").arg(owner.id());
             }
         }
-    }
-
-    pub(super) fn decode(&self, code: i64) -> Option<Reply> {
-        let reply = match self {
-            PermitOp::Acquire { .. } => match code {
-                1 => Reply::Granted,
-                0 => Reply::Busy { ttl: None },
-                ms if ms < 0 => Reply::Busy {
-                    ttl: Some(Duration::from_millis(ms.unsigned_abs())),
-                },
-                _ => return None,
-            },
-            PermitOp::Release { .. } | PermitOp::Undo { .. } | PermitOp::Settle { .. } => {
-                match code {
-                    -1 => Reply::NotHeld,
-                    0 => Reply::Released,
-                    _ => Reply::StillHeld,
-                }
-            }
-            PermitOp::Extend { .. } => match code {
-                1 => Reply::Extended,
-                _ => Reply::NotHeld,
-            },
-            PermitOp::Leave { .. }
-            | PermitOp::Available { .. }
-            | PermitOp::Resize { .. }
-            | PermitOp::Drain { .. }
-            | PermitOp::LeaseLeft { .. } => Reply::Value(code),
-        };
-        Some(reply)
     }
 }
