@@ -18,9 +18,17 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, AssertSqlSafe, Row};
 
 use crate::domain::now_ms;
-pub use crate::domain::order::OrderRecord;
+use crate::domain::order::OrderState;
+pub use crate::domain::order::{OrderRecord, StoredOrder};
 use crate::domain::voucher::{SaleTerms, Title};
 use crate::error::{Error, Result};
+
+/// The columns [`stored_order`] reads, in its order.
+macro_rules! order_columns {
+    () => {
+        "id, user_id, voucher_id, created_ms, state, pay_by_ms, paid_ms, closed_ms"
+    };
+}
 
 /// Which SQL server a [`Database`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +54,48 @@ pub struct VoucherRow {
     pub begin_ms: i64,
     /// Sale end, exclusive (Unix ms).
     pub end_ms: i64,
+    /// How long a buyer has to pay (ms from the purchase).
+    pub pay_within_ms: i64,
+    /// Whether a buyer whose order was given back may buy again.
+    pub rebuy_after_cancel: bool,
+}
+
+/// What asking a stored order to change found. Only a reserved order
+/// changes, by one conditional update: the row's state decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transition {
+    /// Done now; the order as it is after.
+    Done(StoredOrder),
+    /// The same change was made before (a repeat): nothing changed.
+    Already(StoredOrder),
+    /// The order's state forbids it (paid, given back, or past its
+    /// deadline): nothing changed.
+    Refused(StoredOrder),
+    /// No stored order of that id (for that buyer).
+    NotFound,
+}
+
+/// Why a reserved order gives its unit back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GiveBack {
+    /// Its buyer cancelled it (at any time before payment).
+    Cancel,
+    /// Its payment deadline passed (by the database's clock).
+    Expire,
+}
+
+/// A stored order that gave its unit back: what the Redis side needs to
+/// take the unit back too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Returned {
+    /// The order.
+    pub order_id: i64,
+    /// Its buyer.
+    pub user_id: i64,
+    /// Its voucher.
+    pub voucher_id: i64,
+    /// Whether the buyer may buy again (their claim was released).
+    pub rebuy: bool,
 }
 
 /// What [`Database::record_order`] did.
@@ -177,10 +227,22 @@ impl Database {
         }
     }
 
-    /// `?` placeholders numbered for PostgreSQL (`$1`, `$2`, …). Takes only
+    /// `?` placeholders numbered for PostgreSQL (`$1`, `$2`, …), and
+    /// `NOW_MS` the database's clock in Unix milliseconds. Takes only
     /// `'static` text: the rewrite never lets data into the SQL.
     fn sql(&self, query: &'static str) -> AssertSqlSafe<Cow<'static, str>> {
-        AssertSqlSafe(self.numbered(query))
+        let numbered = self.numbered(query);
+        if !numbered.contains("NOW_MS") {
+            return AssertSqlSafe(numbered);
+        }
+        // The one clock that judges payment deadlines: the one whose rows
+        // decide the orders' states.
+        let now = match self.backend {
+            Backend::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+            Backend::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+            Backend::MySql => "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
+        };
+        AssertSqlSafe(Cow::Owned(numbered.replace("NOW_MS", now)))
     }
 
     fn numbered(&self, query: &'static str) -> Cow<'static, str> {
@@ -207,14 +269,17 @@ impl Database {
     /// [`Error::Database`] on failure.
     pub async fn create_voucher(&self, title: &Title, terms: &SaleTerms) -> Result<i64> {
         let row: AnyRow = sqlx::query(self.sql(
-            "INSERT INTO seckill_voucher (title, stock, begin_ms, end_ms, created_ms) \
-             VALUES (?, ?, ?, ?, ?) RETURNING id",
+            "INSERT INTO seckill_voucher \
+             (title, stock, begin_ms, end_ms, created_ms, pay_within_ms, rebuy_after_cancel) \
+             VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
         ))
         .bind(title.as_str())
         .bind(terms.stock())
         .bind(terms.begin_ms())
         .bind(terms.end_ms())
         .bind(now_ms())
+        .bind(terms.pay_within_ms())
+        .bind(i64::from(terms.rebuy_after_cancel()))
         .fetch_one(&self.pool)
         .await?;
         Ok(row.try_get::<i64, _>(0)?)
@@ -272,7 +337,8 @@ impl Database {
     /// [`Error::Database`] on failure.
     pub async fn vouchers(&self, limit: i64) -> Result<Vec<VoucherRow>> {
         let rows = sqlx::query(self.sql(
-            "SELECT id, title, stock, begin_ms, end_ms FROM seckill_voucher ORDER BY id DESC LIMIT ?",
+            "SELECT id, title, stock, begin_ms, end_ms, pay_within_ms, rebuy_after_cancel \
+             FROM seckill_voucher ORDER BY id DESC LIMIT ?",
         ))
         .bind(limit)
         .fetch_all(&self.pool)
@@ -285,9 +351,10 @@ impl Database {
     /// # Errors
     /// [`Error::Database`] on failure.
     pub async fn voucher(&self, id: i64) -> Result<Option<VoucherRow>> {
-        let row = sqlx::query(
-            self.sql("SELECT id, title, stock, begin_ms, end_ms FROM seckill_voucher WHERE id = ?"),
-        )
+        let row = sqlx::query(self.sql(
+            "SELECT id, title, stock, begin_ms, end_ms, pay_within_ms, rebuy_after_cancel \
+                 FROM seckill_voucher WHERE id = ?",
+        ))
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
@@ -312,49 +379,71 @@ impl Database {
             .transpose()?)
     }
 
-    /// Users with an order for voucher `id`.
+    /// Users whose order holds their one order of voucher `id` (reserved or
+    /// paid; given back too when the voucher does not let them buy again):
+    /// the buyers Redis must know.
     ///
     /// # Errors
     /// [`Error::Database`] on failure.
     pub async fn order_users(&self, voucher_id: i64) -> Result<Vec<i64>> {
-        let rows = sqlx::query(self.sql("SELECT user_id FROM voucher_order WHERE voucher_id = ?"))
-            .bind(voucher_id)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(self.sql(
+            "SELECT claim_user_id FROM voucher_order \
+             WHERE voucher_id = ? AND claim_user_id IS NOT NULL",
+        ))
+        .bind(voucher_id)
+        .fetch_all(&self.pool)
+        .await?;
         first_column(&rows)
     }
 
-    /// The id of `user_id`'s order for voucher `voucher_id`, if stored.
+    /// `user_id`'s latest stored order of voucher `voucher_id`, whatever its
+    /// state.
     ///
     /// # Errors
     /// [`Error::Database`] on failure.
-    pub async fn order_of(&self, user_id: i64, voucher_id: i64) -> Result<Option<i64>> {
-        let row = sqlx::query(
-            self.sql("SELECT id FROM voucher_order WHERE user_id = ? AND voucher_id = ?"),
-        )
+    pub async fn order_of(&self, user_id: i64, voucher_id: i64) -> Result<Option<StoredOrder>> {
+        let row = sqlx::query(self.sql(concat!(
+            "SELECT ",
+            order_columns!(),
+            " FROM voucher_order WHERE user_id = ? AND voucher_id = ? ORDER BY id DESC LIMIT 1"
+        )))
         .bind(user_id)
         .bind(voucher_id)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
+        row.as_ref().map(stored_order).transpose()
     }
 
-    /// The orders of `user_id`: `(order id, voucher id, created_ms)`, newest
-    /// first.
+    /// Stored order `id`, if any.
     ///
     /// # Errors
     /// [`Error::Database`] on failure.
-    pub async fn orders_of(&self, user_id: i64) -> Result<Vec<(i64, i64, i64)>> {
-        let rows = sqlx::query(self.sql(
-            "SELECT id, voucher_id, created_ms FROM voucher_order WHERE user_id = ? ORDER BY id DESC",
-        ))
+    pub async fn order(&self, id: i64) -> Result<Option<StoredOrder>> {
+        let row = sqlx::query(self.sql(concat!(
+            "SELECT ",
+            order_columns!(),
+            " FROM voucher_order WHERE id = ?"
+        )))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(stored_order).transpose()
+    }
+
+    /// The stored orders of `user_id`, newest first, at most 100.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn orders_of(&self, user_id: i64) -> Result<Vec<StoredOrder>> {
+        let rows = sqlx::query(self.sql(concat!(
+            "SELECT ",
+            order_columns!(),
+            " FROM voucher_order WHERE user_id = ? ORDER BY id DESC LIMIT 100"
+        )))
         .bind(user_id)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Error::from)
+        rows.iter().map(stored_order).collect()
     }
 
     /// Ids of the orders stored for voucher `id`.
@@ -369,16 +458,40 @@ impl Database {
         first_column(&rows)
     }
 
-    /// The orders stored for voucher `id`: `(order id, user id)`.
+    /// The orders of voucher `id` that hold their buyer's one order of it
+    /// (see [`Database::order_users`]): `(order id, user id)`.
     ///
     /// # Errors
     /// [`Error::Database`] on failure.
     pub async fn voucher_orders(&self, voucher_id: i64) -> Result<Vec<(i64, i64)>> {
-        let rows =
-            sqlx::query(self.sql("SELECT id, user_id FROM voucher_order WHERE voucher_id = ?"))
-                .bind(voucher_id)
-                .fetch_all(&self.pool)
-                .await?;
+        self.pairs(
+            "SELECT id, user_id FROM voucher_order \
+             WHERE voucher_id = ? AND claim_user_id IS NOT NULL",
+            voucher_id,
+        )
+        .await
+    }
+
+    /// The orders of voucher `id` that gave their unit back (cancelled or
+    /// expired): `(order id, user id)`.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn returned_orders(&self, voucher_id: i64) -> Result<Vec<(i64, i64)>> {
+        self.pairs(
+            "SELECT id, user_id FROM voucher_order \
+             WHERE voucher_id = ? AND state IN ('cancelled', 'expired')",
+            voucher_id,
+        )
+        .await
+    }
+
+    /// The two integer columns of `query` (one `?`: `id`).
+    async fn pairs(&self, query: &'static str, id: i64) -> Result<Vec<(i64, i64)>> {
+        let rows = sqlx::query(self.sql(query))
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect::<Result<_, sqlx::Error>>()
@@ -485,13 +598,21 @@ impl Database {
         if taken.rows_affected() == 0 {
             return Ok(false);
         }
+        // Reserved until paid: due for the expiry sweep at its deadline,
+        // the voucher's payment window after the purchase.
         let inserted = sqlx::query(self.sql(
-            "INSERT INTO voucher_order (id, user_id, voucher_id, created_ms) VALUES (?, ?, ?, ?)",
+            "INSERT INTO voucher_order \
+             (id, user_id, voucher_id, created_ms, state, pay_by_ms, due_ms, claim_user_id) \
+             SELECT ?, ?, id, ?, 'reserved', ? + pay_within_ms, ? + pay_within_ms, ? \
+             FROM seckill_voucher WHERE id = ?",
         ))
         .bind(order.id.as_i64())
         .bind(order.user_id)
-        .bind(order.voucher_id)
         .bind(order.created_ms)
+        .bind(order.created_ms)
+        .bind(order.created_ms)
+        .bind(order.user_id)
+        .bind(order.voucher_id)
         .execute(&mut **tx)
         .await;
         match inserted {
@@ -503,6 +624,222 @@ impl Database {
         }
     }
 
+    /// Marks reserved order `id` of `user_id` paid with the payment of
+    /// client key `key`, if its deadline has not passed by the database's
+    /// clock. Paying again with the same key is [`Transition::Already`];
+    /// with another key, or an order given back or past its deadline,
+    /// [`Transition::Refused`].
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure (then nothing changed, or the
+    /// outcome is unknown if the commit's answer was lost: asking again
+    /// with the same key tells).
+    pub async fn pay_order(&self, id: i64, user_id: i64, key: &str) -> Result<Transition> {
+        let paid = sqlx::query(self.sql(
+            "UPDATE voucher_order SET state = 'paid', paid_ms = NOW_MS, pay_key = ?, due_ms = NULL \
+             WHERE id = ? AND user_id = ? AND state = 'reserved' AND pay_by_ms > NOW_MS",
+        ))
+        .bind(key)
+        .bind(id)
+        .bind(user_id)
+        .execute(&self.pool)
+        .await?;
+        let Some((order, pay_key)) = self.order_with_key(id, user_id).await? else {
+            return Ok(Transition::NotFound);
+        };
+        Ok(match order.state {
+            OrderState::Paid if paid.rows_affected() == 1 => Transition::Done(order),
+            OrderState::Paid if pay_key.as_deref() == Some(key) => Transition::Already(order),
+            _ => Transition::Refused(order),
+        })
+    }
+
+    /// Order `id` (of `user_id` when given) and its payment's key.
+    async fn order_with_key(
+        &self,
+        id: i64,
+        user_id: i64,
+    ) -> Result<Option<(StoredOrder, Option<String>)>> {
+        let row = sqlx::query(self.sql(concat!(
+            "SELECT ",
+            order_columns!(),
+            ", pay_key FROM voucher_order WHERE id = ? AND user_id = ?"
+        )))
+        .bind(id)
+        .bind(user_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| Ok((stored_order(&r)?, r.try_get(8)?)))
+            .transpose()
+    }
+
+    /// Gives back reserved order `id`'s unit, in one transaction: the order
+    /// becomes cancelled (`why`: [`GiveBack::Cancel`], only by its buyer
+    /// `user_id`) or expired ([`GiveBack::Expire`], only once its deadline
+    /// passed by the database's clock), the voucher's stock rises by one,
+    /// and the buyer's claim is released if the voucher lets them buy
+    /// again. The order stays due for the sweep until
+    /// [`Database::finish_return`] says Redis has the unit back too.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure (then nothing changed, or the
+    /// outcome is unknown if the commit's answer was lost: the order's
+    /// state tells).
+    pub async fn give_back(
+        &self,
+        id: i64,
+        user_id: Option<i64>,
+        why: GiveBack,
+    ) -> Result<(Transition, Option<Returned>)> {
+        let mut attempt = 1;
+        loop {
+            match self.try_give_back(id, user_id, why).await {
+                Err(Error::Database(sqlx::Error::Database(e)))
+                    if attempt < SERIALIZATION_RETRIES
+                        && matches!(e.code().as_deref(), Some("40001" | "40P01")) =>
+                {
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn try_give_back(
+        &self,
+        id: i64,
+        user_id: Option<i64>,
+        why: GiveBack,
+    ) -> Result<(Transition, Option<Returned>)> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(self.sql(
+            "SELECT o.voucher_id, o.user_id, v.rebuy_after_cancel \
+             FROM voucher_order o JOIN seckill_voucher v ON v.id = o.voucher_id WHERE o.id = ?",
+        ))
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Ok((Transition::NotFound, None));
+        };
+        let (voucher_id, buyer, rebuy): (i64, i64, i64) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        if user_id.is_some_and(|user| user != buyer) {
+            return Ok((Transition::NotFound, None));
+        }
+        let (state, query) = match why {
+            GiveBack::Cancel => (
+                OrderState::Cancelled,
+                self.sql(
+                    "UPDATE voucher_order SET state = 'cancelled', closed_ms = NOW_MS, \
+                     due_ms = NOW_MS, claim_user_id = CASE WHEN ? = 1 THEN NULL ELSE claim_user_id END \
+                     WHERE id = ? AND state = 'reserved'",
+                ),
+            ),
+            GiveBack::Expire => (
+                OrderState::Expired,
+                self.sql(
+                    "UPDATE voucher_order SET state = 'expired', closed_ms = NOW_MS, \
+                     due_ms = NOW_MS, claim_user_id = CASE WHEN ? = 1 THEN NULL ELSE claim_user_id END \
+                     WHERE id = ? AND state = 'reserved' AND pay_by_ms <= NOW_MS",
+                ),
+            ),
+        };
+        let changed = sqlx::query(query)
+            .bind(rebuy)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        if changed.rows_affected() == 1 {
+            sqlx::query(self.sql("UPDATE seckill_voucher SET stock = stock + 1 WHERE id = ?"))
+                .bind(voucher_id)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        } else {
+            drop(tx);
+        }
+        let order = self
+            .order(id)
+            .await?
+            .ok_or_else(|| Error::Protocol(format!("order {id} vanished")))?;
+        let returned = Returned {
+            order_id: id,
+            user_id: buyer,
+            voucher_id,
+            rebuy: rebuy == 1,
+        };
+        Ok(match order.state {
+            s if s == state && changed.rows_affected() == 1 => {
+                (Transition::Done(order), Some(returned))
+            }
+            s if s == state => (Transition::Already(order), None),
+            _ => (Transition::Refused(order), None),
+        })
+    }
+
+    /// Orders the expiry sweep must look at now (by the database's clock),
+    /// the most overdue first, at most `limit`: reserved orders past their
+    /// deadline, and given-back orders whose unit Redis does not have back
+    /// yet. One range read of an index: orders not due cost nothing.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn due_orders(&self, limit: i64) -> Result<Vec<StoredOrder>> {
+        let rows = sqlx::query(self.sql(concat!(
+            "SELECT ",
+            order_columns!(),
+            " FROM voucher_order WHERE due_ms <= NOW_MS ORDER BY due_ms LIMIT ?"
+        )))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(stored_order).collect()
+    }
+
+    /// Records that Redis has given-back order `id`'s unit too: the order
+    /// is no longer due.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn finish_return(&self, id: i64) -> Result<()> {
+        sqlx::query(self.sql(
+            "UPDATE voucher_order SET due_ms = NULL \
+             WHERE id = ? AND state IN ('cancelled', 'expired')",
+        ))
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// How many orders of voucher `id` are in each state: `(reserved,
+    /// paid, cancelled, expired)`.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn order_states(&self, voucher_id: i64) -> Result<(i64, i64, i64, i64)> {
+        let rows =
+            sqlx::query(self.sql(
+                "SELECT state, COUNT(*) FROM voucher_order WHERE voucher_id = ? GROUP BY state",
+            ))
+            .bind(voucher_id)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut counts = (0, 0, 0, 0);
+        for row in &rows {
+            let (state, n): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+            match OrderState::from_stored(&state) {
+                Some(OrderState::Reserved) => counts.0 = n,
+                Some(OrderState::Paid) => counts.1 = n,
+                Some(OrderState::Cancelled) => counts.2 = n,
+                Some(OrderState::Expired) => counts.3 = n,
+                _ => {}
+            }
+        }
+        Ok(counts)
+    }
+
     /// Why `order` could not be stored (after a rolled-back attempt).
     async fn classify_refusal(&self, order: &OrderRecord) -> Result<Recorded> {
         let same_id = sqlx::query(self.sql("SELECT 1 FROM voucher_order WHERE id = ?"))
@@ -512,11 +849,14 @@ impl Database {
         if same_id.is_some() {
             return Ok(Recorded::AlreadyStored);
         }
-        if self
-            .order_of(order.user_id, order.voucher_id)
-            .await?
-            .is_some()
-        {
+        let claimed = sqlx::query(
+            self.sql("SELECT 1 FROM voucher_order WHERE voucher_id = ? AND claim_user_id = ?"),
+        )
+        .bind(order.voucher_id)
+        .bind(order.user_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        if claimed.is_some() {
             return Ok(Recorded::UserAlreadyOrdered);
         }
         Ok(match self.voucher_stock(order.voucher_id).await? {
@@ -526,7 +866,8 @@ impl Database {
     }
 }
 
-/// The `VoucherRow` of a `SELECT id, title, stock, begin_ms, end_ms`.
+/// The `VoucherRow` of a `SELECT id, title, stock, begin_ms, end_ms,
+/// pay_within_ms, rebuy_after_cancel`.
 fn voucher_row(r: &AnyRow) -> Result<VoucherRow, sqlx::Error> {
     Ok(VoucherRow {
         id: r.try_get(0)?,
@@ -534,6 +875,26 @@ fn voucher_row(r: &AnyRow) -> Result<VoucherRow, sqlx::Error> {
         stock: r.try_get(2)?,
         begin_ms: r.try_get(3)?,
         end_ms: r.try_get(4)?,
+        pay_within_ms: r.try_get(5)?,
+        rebuy_after_cancel: r.try_get::<i64, _>(6)? == 1,
+    })
+}
+
+/// The `StoredOrder` of a `SELECT` of [`order_columns`].
+fn stored_order(r: &AnyRow) -> Result<StoredOrder> {
+    let state: String = r.try_get(4)?;
+    Ok(StoredOrder {
+        record: OrderRecord {
+            id: crate::OrderId::from_i64(r.try_get(0)?)?,
+            user_id: r.try_get(1)?,
+            voucher_id: r.try_get(2)?,
+            created_ms: r.try_get(3)?,
+        },
+        state: OrderState::from_stored(&state)
+            .ok_or_else(|| Error::Protocol(format!("order state {state:?} in the database")))?,
+        pay_by_ms: r.try_get(5)?,
+        paid_ms: r.try_get(6)?,
+        closed_ms: r.try_get(7)?,
     })
 }
 

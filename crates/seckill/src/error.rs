@@ -55,6 +55,9 @@ pub enum Error {
     /// Redis answered something unexpected.
     #[error("unexpected reply from redis: {0}")]
     Protocol(String),
+    /// The payment provider did not charge.
+    #[error(transparent)]
+    Payment(#[from] crate::payments::PaymentError),
 }
 
 impl Error {
@@ -69,6 +72,7 @@ impl Error {
             Error::TableLock(e) => e.is_retryable(),
             Error::Lock(e) => e.is_retryable(),
             Error::Redis(e) => hasp::Error::Redis(e.clone()).is_retryable(),
+            Error::Payment(crate::payments::PaymentError::Unavailable(_)) => true,
             _ => false,
         }
     }

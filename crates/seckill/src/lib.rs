@@ -23,6 +23,10 @@
 //!   (sign bit, 31 bits of seconds since 2024-01-01, 32 bits of a per-day
 //!   Redis sequence), allocated in blocks so an order costs no extra round
 //!   trip.
+//! * [`order_life::OrderLife`]: an order's life after the purchase —
+//!   payment through a [`payments::Payments`] provider, cancellation,
+//!   expiry at the payment deadline — and the given-back unit on sale again
+//!   in both stores, exactly once.
 //! * [`reconcile`]: Redis and the database compared, safe repairs applied.
 //! * [`repair::SaleRepair`]: the service repairing itself when Redis lost
 //!   or rolled back a sale's state (restart without data, old snapshot).
@@ -59,6 +63,8 @@ pub mod domain;
 mod error;
 pub mod http;
 pub mod metrics;
+pub mod order_life;
+pub mod payments;
 pub mod pipeline;
 pub mod reconcile;
 pub mod repair;

@@ -22,6 +22,12 @@ pub struct Metrics {
     /// Sales whose Redis state this instance restored (`kind="restored"`)
     /// or repaired (`kind="repaired"`) from the database.
     pub sale_repairs: IntCounterVec,
+    /// Orders paid through this instance.
+    pub orders_paid: IntCounter,
+    /// Orders whose unit this instance gave back, by `why`.
+    pub orders_returned: IntCounterVec,
+    /// Given-back units this instance put on sale again in Redis.
+    pub units_taken_back: IntCounter,
 }
 
 impl Metrics {
@@ -59,6 +65,22 @@ impl Metrics {
             ),
             &["kind"],
         )?;
+        let orders_paid =
+            IntCounter::new("orders_paid_total", "orders paid through this instance")?;
+        let orders_returned = IntCounterVec::new(
+            Opts::new(
+                "orders_returned_total",
+                "orders whose unit this instance gave back, by why (cancelled, expired)",
+            ),
+            &["why"],
+        )?;
+        let units_taken_back = IntCounter::new(
+            "units_taken_back_total",
+            "given-back units this instance put on sale again in Redis",
+        )?;
+        registry.register(Box::new(orders_paid.clone()))?;
+        registry.register(Box::new(orders_returned.clone()))?;
+        registry.register(Box::new(units_taken_back.clone()))?;
         registry.register(Box::new(sale_repairs.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(latency.clone()))?;
@@ -73,6 +95,9 @@ impl Metrics {
             orders_stored,
             dead_letters,
             sale_repairs,
+            orders_paid,
+            orders_returned,
+            units_taken_back,
         })
     }
 

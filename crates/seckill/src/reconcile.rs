@@ -3,10 +3,13 @@
 //!
 //! With the fast path, for every voucher:
 //!
-//! * every buyer in Redis has an order in the database or one still in the
-//!   voucher's stream (on its way), and every order has its buyer in Redis;
+//! * every buyer in Redis has an order in the database that holds their one
+//!   order of the voucher (reserved or paid), or one still in the voucher's
+//!   stream (on its way), or one given back whose unit Redis has not taken
+//!   back yet; and every such database order has its buyer in Redis;
 //! * the stock Redis shows is the database's stock minus the orders still
-//!   in the stream (the database takes its unit when the pipeline stores it).
+//!   in the stream (the database takes its unit when the pipeline stores it)
+//!   minus the units the database took back that Redis has not yet.
 //!
 //! [`reconcile`] reports each breach. [`repair`] fixes the two that have a
 //! safe fix — a database buyer missing from the Redis set is added (else the
@@ -43,8 +46,11 @@ pub struct Reconciliation {
     pub lost_orders: Vec<i64>,
     /// Users with a database order that Redis does not list as buyers.
     pub missing_buyers: Vec<i64>,
+    /// Orders the database gave back whose unit Redis has not taken back
+    /// yet (the expiry sweep does it).
+    pub pending_returns: Vec<i64>,
     /// What Redis' stock should be: database stock minus the orders in the
-    /// stream the database does not have yet.
+    /// stream the database does not have yet, minus the pending returns.
     pub expected_redis_stock: Option<i64>,
 }
 
@@ -61,8 +67,8 @@ impl Reconciliation {
         let mut out = Vec::new();
         if self.redis_stock != self.expected_redis_stock {
             out.push(format!(
-                "voucher {}: Redis stock {:?}, expected {:?} (database {:?} minus {} in the stream)",
-                self.voucher_id, self.redis_stock, self.expected_redis_stock, self.db_stock, self.in_stream
+                "voucher {}: Redis stock {:?}, expected {:?} (database {:?} minus {} in the stream, minus {} returns Redis has not taken back)",
+                self.voucher_id, self.redis_stock, self.expected_redis_stock, self.db_stock, self.in_stream, self.pending_returns.len()
             ));
         }
         for user in &self.lost_orders {
@@ -94,13 +100,24 @@ pub async fn reconcile(
     voucher_id: i64,
 ) -> Result<Reconciliation> {
     let sale = read_sale(conn, prefix, voucher_id).await?;
+    // The returns before the stock: one committed between the two reads is
+    // then in the stock but not in the list, which can only make the
+    // expected stock higher than it is (never lowered below it).
+    let taken_back: HashSet<i64> = sale.returned.iter().copied().collect();
+    let pending: Vec<(i64, i64)> = db
+        .returned_orders(voucher_id)
+        .await?
+        .into_iter()
+        .filter(|(order, _)| !taken_back.contains(order))
+        .collect();
     let db_stock = db.voucher_stock(voucher_id).await?;
     let db_users: HashSet<i64> = db.order_users(voucher_id).await?.into_iter().collect();
     let streamed: HashSet<i64> = sale.in_stream.iter().map(|&(user, _)| user).collect();
+    let returning: HashSet<i64> = pending.iter().map(|&(_, user)| user).collect();
     let buyers: HashSet<i64> = sale.buyers.into_iter().collect();
     let mut lost_orders: Vec<i64> = buyers
         .iter()
-        .filter(|u| !db_users.contains(u) && !streamed.contains(u))
+        .filter(|u| !db_users.contains(u) && !streamed.contains(u) && !returning.contains(u))
         .copied()
         .collect();
     lost_orders.sort_unstable();
@@ -119,7 +136,8 @@ pub async fn reconcile(
         in_stream_orders: sale.in_stream,
         lost_orders,
         missing_buyers,
-        expected_redis_stock: db_stock.map(|s| s - in_flight),
+        expected_redis_stock: db_stock.map(|s| s - in_flight - pending.len() as i64),
+        pending_returns: pending.into_iter().map(|(order, _)| order).collect(),
     })
 }
 

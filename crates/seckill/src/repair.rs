@@ -15,9 +15,10 @@
 //! instance does it at a time:
 //!
 //! * its hash missing: restored from the database, buyers first (users with
-//!   a stored order, and those still in the stream), then the terms, with
-//!   stock = database stock − orders in the stream the database does not
-//!   have yet ([`FastPath::restore_sale`]);
+//!   a stored order that holds their one order of the voucher, and those
+//!   still in the stream), the orders the database gave back marked as
+//!   taken back, then the terms, with stock = database stock − orders in
+//!   the stream the database does not have yet ([`FastPath::restore_sale`]);
 //! * its hash present: [`reconcile`]'s safe repairs (buyers the database
 //!   knows added, a stock above what the database allows lowered).
 //!
@@ -196,13 +197,26 @@ impl SaleRepair {
     }
 
     async fn verify(&self, id: i64, report: &mut RepairReport) -> Result<()> {
-        let Some((_, begin_ms, end_ms)) = self.db.voucher_window(id).await? else {
+        let Some(voucher) = self.db.voucher(id).await? else {
             return Ok(()); // unknown to the database too: nothing to restore
         };
         let found = reconcile(self.fast.connection(), &self.db, self.fast.prefix(), id).await?;
         report.verified += 1;
         if found.redis_stock.is_none() {
-            let stock = found.expected_redis_stock.unwrap_or(0).max(0);
+            // Redis lost its returns with the sale: every unit the database
+            // took back is in the database's stock.
+            let pending = found.pending_returns.len() as i64;
+            let stock = found.expected_redis_stock.map_or(0, |s| s + pending).max(0);
+            // Read after the stock: a return committed since is marked taken
+            // back without being in the stock (an unsold unit, never one
+            // sold twice).
+            let returned: Vec<i64> = self
+                .db
+                .returned_orders(id)
+                .await?
+                .into_iter()
+                .map(|(order, _)| order)
+                .collect();
             let mut buyers: Vec<(i64, i64)> = self
                 .db
                 .voucher_orders(id)
@@ -213,7 +227,14 @@ impl SaleRepair {
             buyers.extend(found.in_stream_orders.iter().copied());
             if self
                 .fast
-                .restore_sale(id, stock, (begin_ms, end_ms), &buyers)
+                .restore_sale(
+                    id,
+                    stock,
+                    (voucher.begin_ms, voucher.end_ms),
+                    voucher.rebuy_after_cancel,
+                    &buyers,
+                    &returned,
+                )
                 .await?
             {
                 report.restored += 1;

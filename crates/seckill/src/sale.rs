@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::db::Database;
-use crate::domain::order::OrderState;
+use crate::domain::order::{OrderState, StoredOrder};
 use crate::domain::purchase::{Purchase, Refusal};
 use crate::domain::voucher::SaleTerms;
 use crate::error::{Error, Result};
@@ -13,6 +13,15 @@ use crate::repair::{SaleRepair, Scope};
 use crate::store::{order_in_redis, FastPath};
 use crate::sync_path::SyncPath;
 use crate::OrderId;
+
+/// A buyer's order as [`Sales::order_of`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrderOf {
+    /// Stored in the database.
+    Stored(StoredOrder),
+    /// Known to Redis only: pending (on its way) or failed.
+    Unstored(OrderId, OrderState),
+}
 
 /// How purchases are decided.
 #[derive(Debug, Clone)]
@@ -50,11 +59,20 @@ impl Sales {
     }
 
     /// What an accepted order is at once: `pending` (on its way to the
-    /// database) on the fast path, `created` (stored) on the locked path.
+    /// database) on the fast path, `reserved` (stored) on the locked path.
     pub fn accepted_state(&self) -> OrderState {
         match self.path {
             PurchasePath::Async => OrderState::Pending,
-            PurchasePath::Sync(_) => OrderState::Created,
+            PurchasePath::Sync(_) => OrderState::Reserved,
+        }
+    }
+
+    /// The Redis side of the sale, if purchases are decided there (the
+    /// fast path).
+    pub fn fast_path(&self) -> Option<&Arc<FastPath>> {
+        match self.path {
+            PurchasePath::Async => Some(&self.fast),
+            PurchasePath::Sync(_) => None,
         }
     }
 
@@ -120,16 +138,27 @@ impl Sales {
         })
     }
 
-    /// `user`'s order for `voucher`, if any, and its state.
+    /// `user`'s latest order for `voucher`, if any: stored, or as Redis
+    /// knows it (pending, failed).
     ///
     /// # Errors
     /// [`Error::Redis`] or [`Error::Database`].
-    pub async fn order_of(&self, voucher: i64, user: i64) -> Result<Option<(OrderId, OrderState)>> {
+    pub async fn order_of(&self, voucher: i64, user: i64) -> Result<Option<OrderOf>> {
         // The database first: most orders asked about are stored.
-        if let Some(id) = self.db.order_of(user, voucher).await? {
-            return Ok(Some((OrderId::from_i64(id)?, OrderState::Created)));
+        let stored = self.db.order_of(user, voucher).await?;
+        if let Some(order) = &stored {
+            if !order.state.gave_back() {
+                return Ok(stored.map(OrderOf::Stored));
+            }
         }
-        order_in_redis(self.fast.connection(), self.fast.prefix(), voucher, user).await
+        // Given back (or none stored): a newer order may be on its way.
+        let unstored = order_in_redis(self.fast.connection(), self.fast.prefix(), voucher, user)
+            .await?
+            .filter(|(id, _)| stored.as_ref().is_none_or(|s| *id > s.record.id));
+        Ok(match (unstored, stored) {
+            (Some((id, state)), _) => Some(OrderOf::Unstored(id, state)),
+            (None, stored) => stored.map(OrderOf::Stored),
+        })
     }
 
     /// Whether Redis answers.

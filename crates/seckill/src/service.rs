@@ -1,5 +1,6 @@
 //! Start-up and shutdown: the service's parts wired from its settings (the
-//! HTTP API, the purchase path, the order pipeline's worker), on one Redis
+//! HTTP API, the purchase path, the order pipeline's worker, the expiry
+//! sweep), on one Redis
 //! and one database, and a graceful shutdown that drains.
 
 use std::net::SocketAddr;
@@ -12,6 +13,8 @@ use tokio::sync::watch;
 use crate::auth::Tokens;
 use crate::db::Database;
 use crate::http::{router, AppState, RateLimits};
+use crate::order_life::OrderLife;
+use crate::payments::StandIn;
 use crate::pipeline::{OrderPipeline, PipelineSettings};
 use crate::repair::SaleRepair;
 use crate::sale::{PurchasePath, Sales};
@@ -26,6 +29,7 @@ pub struct Service {
     shutdown: watch::Sender<bool>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     worker: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
     pipeline: Arc<OrderPipeline>,
 }
 
@@ -82,7 +86,7 @@ impl Service {
         let repair = Arc::new(SaleRepair::new(
             fast.clone(),
             db.clone(),
-            locks,
+            locks.clone(),
             Some(metrics.sale_repairs.clone()),
         ));
         if config.mode == Mode::Async {
@@ -91,9 +95,18 @@ impl Service {
                 tracing::info!(?report, "sale state verified at start");
             }
         }
+        let sales = Arc::new(Sales::new(purchases, fast, db.clone(), repair));
+        let orders = Arc::new(OrderLife::new(
+            db.clone(),
+            sales.fast_path().cloned(),
+            Arc::new(StandIn::default()),
+            metrics.clone(),
+        ));
         let state = AppState {
             db: db.clone(),
-            sales: Arc::new(Sales::new(purchases, fast, db.clone(), repair)),
+            sales,
+            orders: orders.clone(),
+            pay_within: config.pay_within,
             tokens: Tokens::new(config.token_secret.expose_secret().as_bytes())?,
             limits: RateLimits::new(config.user_limit, config.ip_limit),
             metrics: metrics.clone(),
@@ -133,12 +146,20 @@ impl Service {
             (config.reclaim_idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(10)),
             shutdown.subscribe(),
         ));
+        let sweeper = tokio::spawn(crate::order_life::sweep_until_stopped(
+            orders,
+            locks,
+            config.prefix.clone(),
+            config.sweep_every,
+            shutdown.subscribe(),
+        ));
         tracing::info!(%addr, mode = ?config.mode, "seckill serving");
         Ok(Self {
             addr,
             shutdown,
             server,
             worker,
+            sweeper,
             pipeline,
         })
     }
@@ -164,6 +185,7 @@ impl Service {
         self.server.await??;
         let served = started.elapsed();
         self.worker.await?;
+        self.sweeper.await?;
         tracing::info!(
             requests_finished_in = ?served,
             pipeline_drained_in = ?(started.elapsed() - served),

@@ -28,6 +28,8 @@
 //! | of them from one address | `--max-connections-per-address` … `max_connections_per_address` | 1,000 (behind a proxy: as `max_connections`) |
 //! | header/idle timeout | `--header-timeout-ms` … `header_timeout_ms` | 10,000 |
 //! | body timeout | `--body-timeout-ms` … `body_timeout_ms` | 10,000 |
+//! | payment window of a new voucher that names none | `--pay-within-ms` … `pay_within_ms` | 900,000 (15 min) |
+//! | expiry sweep period | `--sweep-every-ms` … `sweep_every_ms` | 1,000 |
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -36,6 +38,7 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
+use crate::domain::voucher::{DEFAULT_PAY_WITHIN, PAY_WITHIN_RANGE};
 use crate::error::{Error, Result};
 use crate::http::{ConnectionLimits, Limit};
 use crate::store::ReplicaAck;
@@ -96,6 +99,12 @@ pub struct Settings {
     pub replica_ack: Option<ReplicaAck>,
     /// Connection cap and header, idle and body timeouts of the HTTP server.
     pub connections: ConnectionLimits,
+    /// How long a buyer has to pay, for a voucher created without its own
+    /// window.
+    pub pay_within: Duration,
+    /// How often the expiry sweep looks for due orders (one indexed query
+    /// when none is due).
+    pub sweep_every: Duration,
 }
 
 impl Settings {
@@ -186,6 +195,12 @@ pub struct Layer {
     /// A request's body must arrive within this [default: 10000].
     #[arg(long, env = "SECKILL_BODY_TIMEOUT_MS")]
     pub body_timeout_ms: Option<u64>,
+    /// How long a buyer has to pay, for a voucher created without its own window (100 ms to 7 days) [default: 900000].
+    #[arg(long, env = "SECKILL_PAY_WITHIN_MS")]
+    pub pay_within_ms: Option<u64>,
+    /// How often the expiry sweep looks for due orders [default: 1000].
+    #[arg(long, env = "SECKILL_SWEEP_EVERY_MS")]
+    pub sweep_every_ms: Option<u64>,
 }
 
 /// A secret from the command line or the environment (a clap value
@@ -232,6 +247,8 @@ impl Layer {
             max_connections_per_address: Some(connections.max_per_address),
             header_timeout_ms: Some(connections.header_timeout.as_millis() as u64),
             body_timeout_ms: Some(connections.body_timeout.as_millis() as u64),
+            pay_within_ms: Some(DEFAULT_PAY_WITHIN.as_millis() as u64),
+            sweep_every_ms: Some(1_000),
         }
     }
 
@@ -270,6 +287,8 @@ impl Layer {
                 .or(lower.max_connections_per_address),
             header_timeout_ms: self.header_timeout_ms.or(lower.header_timeout_ms),
             body_timeout_ms: self.body_timeout_ms.or(lower.body_timeout_ms),
+            pay_within_ms: self.pay_within_ms.or(lower.pay_within_ms),
+            sweep_every_ms: self.sweep_every_ms.or(lower.sweep_every_ms),
         }
     }
 
@@ -361,6 +380,16 @@ impl Layer {
             ip_limit: Limit::per_second(set(all.ip_rate, "ip_rate")?),
             replica_ack,
             connections,
+            pay_within: match all.pay_within_ms.map(Duration::from_millis) {
+                Some(window) if PAY_WITHIN_RANGE.contains(&window) => window,
+                _ => {
+                    return Err(Error::invalid(
+                        "pay_within_ms",
+                        "must be between 100 and 604,800,000 ms (7 days)",
+                    ))
+                }
+            },
+            sweep_every: ms(all.sweep_every_ms, "sweep_every_ms")?,
         })
     }
 }

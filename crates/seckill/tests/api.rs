@@ -84,9 +84,9 @@ impl TestApp {
             .unwrap()
     }
 
-    /// Whether `user`'s order of `voucher` reads `created` within a bound a
+    /// Whether `user`'s order of `voucher` reads `reserved` (stored) within a bound a
     /// slow machine keeps (the service's pipeline worker stores it).
-    async fn order_created(&self, voucher: i64, user: i64) -> bool {
+    async fn order_stored(&self, voucher: i64, user: i64) -> bool {
         testkit::eventually(Duration::from_secs(30), || async {
             let r = self
                 .http
@@ -95,7 +95,49 @@ impl TestApp {
                 .send()
                 .await
                 .unwrap();
-            r.json::<Value>().await.unwrap_or(Value::Null)["state"] == "created"
+            r.json::<Value>().await.unwrap_or(Value::Null)["state"] == "reserved"
+        })
+        .await
+    }
+
+    /// `POST /api/orders/{order}/{action}` as `user`, with an
+    /// `Idempotency-Key` when given.
+    async fn order_action(
+        &self,
+        user: i64,
+        order: &str,
+        action: &str,
+        key: Option<&str>,
+    ) -> (StatusCode, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}/api/orders/{order}/{action}", self.base))
+            .bearer_auth(self.token(Principal::User(user)));
+        if let Some(key) = key {
+            req = req.header("Idempotency-Key", key);
+        }
+        let r = req.send().await.unwrap();
+        (r.status(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `user`'s latest order of `voucher` as the API shows it.
+    async fn order_of(&self, voucher: i64, user: i64) -> Value {
+        self.http
+            .get(format!("{}/api/vouchers/{voucher}/order", self.base))
+            .bearer_auth(self.token(Principal::User(user)))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap_or(Value::Null)
+    }
+
+    /// Whether `user`'s latest order of `voucher` reads `state` within a
+    /// bound a slow machine keeps.
+    async fn order_becomes(&self, voucher: i64, user: i64, state: &str) -> bool {
+        testkit::eventually(Duration::from_secs(30), || async {
+            self.order_of(voucher, user).await["state"] == state
         })
         .await
     }
@@ -440,7 +482,7 @@ async fn users_see_their_own_orders_pending_then_created_or_failed() {
     assert_eq!(order["order_id"], bought["order_id"]);
     // Pending until the service's pipeline worker has stored it.
     assert!(
-        matches!(order["state"].as_str(), Some("pending" | "created")),
+        matches!(order["state"].as_str(), Some("pending" | "reserved")),
         "{order}"
     );
     // Nobody else sees it, and a user with no order gets a 404.
@@ -450,10 +492,7 @@ async fn users_see_their_own_orders_pending_then_created_or_failed() {
     );
     assert_eq!(get("/api/orders".into(), 1).await.1, json!([]));
 
-    assert!(
-        app.order_created(id, 1).await,
-        "the worker stores the order"
-    );
+    assert!(app.order_stored(id, 1).await, "the worker stores the order");
     let (_, list) = get("/api/orders".into(), 1).await;
     assert_eq!(list.as_array().unwrap().len(), 1);
     assert_eq!(list[0]["order_id"], bought["order_id"]);
@@ -588,7 +627,7 @@ async fn every_operation_in_the_openapi_document_is_served() {
 }
 
 /// Every route and refusal, with the service's worker moving orders to
-/// `created`.
+/// `reserved` and its sweep expiring them.
 async fn route_tour(app: &TestApp, backend: seckill::db::Backend) {
     assert_eq!(
         app.db.backend(),
@@ -655,18 +694,12 @@ async fn route_tour(app: &TestApp, backend: seckill::db::Backend) {
     };
     assert!(matches!(
         order(user_token.clone()).await["state"].as_str(),
-        Some("pending" | "created")
+        Some("pending" | "reserved")
     ));
     // The service's worker stores both orders.
-    assert!(
-        app.order_created(id, 1).await,
-        "the worker stores the order"
-    );
-    assert!(
-        app.order_created(id, 2).await,
-        "the worker stores the order"
-    );
-    assert_eq!(order(user_token.clone()).await["state"], "created");
+    assert!(app.order_stored(id, 1).await, "the worker stores the order");
+    assert!(app.order_stored(id, 2).await, "the worker stores the order");
+    assert_eq!(order(user_token.clone()).await["state"], "reserved");
     let mine: Value = app
         .http
         .get(format!("{}/api/orders", app.base))
@@ -679,8 +712,147 @@ async fn route_tour(app: &TestApp, backend: seckill::db::Backend) {
         .unwrap();
     assert_eq!(mine.as_array().unwrap().len(), 1);
     assert_eq!(app.db.voucher_stock(id).await.unwrap(), Some(0));
+    order_life_tour(app, id).await;
     let ready = app.get("/readyz").await;
     assert_eq!(ready.status(), StatusCode::OK);
+}
+
+/// Payment, cancellation, expiry and each refusal, on voucher `sold`
+/// whose two units users 1 and 2 hold in stored orders.
+async fn order_life_tour(app: &TestApp, sold: i64) {
+    let first = app.order_of(sold, 1).await["order_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let second = app.order_of(sold, 2).await["order_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, e) = app.order_action(1, &first, "pay", None).await;
+    assert_eq!(
+        (status, e["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("Idempotency-Key"))
+    );
+    let (status, e) = app.order_action(1, &first, "pay", Some("bad key!")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{e}");
+    // Another buyer's order is not found, whatever the action.
+    assert_eq!(
+        app.order_action(2, &first, "pay", Some("k1")).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        app.order_action(2, &first, "cancel", None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let (status, paid) = app.order_action(1, &first, "pay", Some("k1")).await;
+    assert_eq!(
+        (status, paid["state"].as_str()),
+        (StatusCode::OK, Some("paid")),
+        "{paid}"
+    );
+    assert!(paid["paid_ms"].as_i64().is_some() && paid["pay_by_ms"].as_i64().is_some());
+    // The same key answers the same; another key, or a cancellation, is a
+    // 409: a paid order is final.
+    let (status, again) = app.order_action(1, &first, "pay", Some("k1")).await;
+    assert_eq!(
+        (status, again["paid_ms"].clone()),
+        (StatusCode::OK, paid["paid_ms"].clone())
+    );
+    let (status, e) = app.order_action(1, &first, "pay", Some("k2")).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::CONFLICT, Some("already_paid"))
+    );
+    let (status, e) = app.order_action(1, &first, "cancel", None).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::CONFLICT, Some("already_paid"))
+    );
+    // A cancellation gives the unit back at once, in both stores, once.
+    let (status, cancelled) = app.order_action(2, &second, "cancel", None).await;
+    assert_eq!(
+        (status, cancelled["state"].as_str()),
+        (StatusCode::OK, Some("cancelled")),
+        "{cancelled}"
+    );
+    assert_eq!(
+        app.order_action(2, &second, "cancel", None).await.0,
+        StatusCode::OK
+    );
+    let (status, e) = app.order_action(2, &second, "pay", Some("k3")).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::CONFLICT, Some("order_cancelled"))
+    );
+    assert_eq!(app.db.voucher_stock(sold).await.unwrap(), Some(1));
+    assert_eq!(app.show(sold).await.1["stock_left"], 1);
+    // The buyer may buy again (the default), and their new order is the
+    // one they see; the unit is sold once.
+    assert_eq!(app.buy(sold, 2).await.0, StatusCode::OK);
+    assert_eq!(app.buy(sold, 3).await.1["code"], "sold_out");
+    assert!(
+        app.order_becomes(sold, 2, "reserved").await,
+        "the new order is stored"
+    );
+    assert_ne!(
+        app.order_of(sold, 2).await["order_id"].as_str(),
+        Some(second.as_str())
+    );
+    let shown = app
+        .http
+        .get(format!("{}/api/orders/{second}", app.base))
+        .bearer_auth(app.token(Principal::User(2)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shown.status(), StatusCode::OK);
+    assert_eq!(shown.json::<Value>().await.unwrap()["state"], "cancelled");
+
+    // Expiry: a unit not paid for within the voucher's window comes back.
+    let (status, v) = app
+        .create_voucher(
+            json!({"title": "Pay fast", "stock": 1, "begin_ms": now_ms() - 1000,
+            "end_ms": now_ms() + 3_600_000, "pay_within_ms": 300, "rebuy_after_cancel": false}),
+        )
+        .await;
+    assert_eq!(
+        (status, v["pay_within_ms"].as_i64()),
+        (StatusCode::CREATED, Some(300)),
+        "{v}"
+    );
+    let fast = v["id"].as_i64().unwrap();
+    assert_eq!(app.buy(fast, 5).await.0, StatusCode::OK);
+    assert!(
+        app.order_becomes(fast, 5, "expired").await,
+        "the sweep expires it"
+    );
+    let late = app.order_of(fast, 5).await["order_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, e) = app.order_action(5, &late, "pay", Some("k5")).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::CONFLICT, Some("order_expired"))
+    );
+    assert!(
+        testkit::eventually(Duration::from_secs(30), || async {
+            app.show(fast).await.1["stock_left"] == 1
+        })
+        .await,
+        "the expired unit is on sale again"
+    );
+    assert_eq!(app.db.voucher_stock(fast).await.unwrap(), Some(1));
+    // This voucher does not let a buyer whose order was given back buy
+    // again; another buyer gets the unit.
+    assert_eq!(app.buy(fast, 5).await.1["code"], "already_bought");
+    assert_eq!(app.buy(fast, 6).await.0, StatusCode::OK);
+    let bad = json!({"title": "x", "stock": 1, "begin_ms": 1, "end_ms": 2, "pay_within_ms": 0});
+    let (status, e) = app.create_voucher(bad).await;
+    assert_eq!(
+        (status, e["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("pay_within_ms"))
+    );
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! A flash-sale voucher: its title and its sale terms.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
 
@@ -54,16 +54,30 @@ impl Title {
     }
 }
 
-/// The terms of a flash sale: how many, from when, until when.
+/// How long a buyer has to pay when neither the voucher nor the service
+/// says otherwise.
+pub const DEFAULT_PAY_WITHIN: Duration = Duration::from_secs(15 * 60);
+
+/// The shortest and the longest payment window a voucher may set.
+pub const PAY_WITHIN_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(100)..=Duration::from_secs(7 * 24 * 3600);
+
+/// The terms of a flash sale: how many, from when, until when; how long a
+/// buyer has to pay, and whether a buyer whose order was given back
+/// (cancelled, or not paid in time) may buy again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SaleTerms {
     stock: i64,
     begin_ms: i64,
     end_ms: i64,
+    pay_within_ms: i64,
+    rebuy_after_cancel: bool,
 }
 
 impl SaleTerms {
-    /// Validated terms: `stock` in 1..=[`MAX_STOCK`], `begin < end`.
+    /// Validated terms: `stock` in 1..=[`MAX_STOCK`], `begin < end`; a
+    /// payment window of [`DEFAULT_PAY_WITHIN`], and buying again after a
+    /// give-back allowed.
     ///
     /// # Errors
     /// [`Error::Invalid`] naming the offending field.
@@ -84,7 +98,36 @@ impl SaleTerms {
             stock,
             begin_ms,
             end_ms,
+            pay_within_ms: DEFAULT_PAY_WITHIN.as_millis() as i64,
+            rebuy_after_cancel: true,
         })
+    }
+
+    /// These terms with a payment window of `window`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] (field `pay_within_ms`) outside
+    /// [`PAY_WITHIN_RANGE`].
+    pub fn with_pay_within(mut self, window: Duration) -> Result<Self> {
+        if !PAY_WITHIN_RANGE.contains(&window) {
+            return Err(Error::invalid(
+                "pay_within_ms",
+                format!(
+                    "{} ms is not in {}..={} ms",
+                    window.as_millis(),
+                    PAY_WITHIN_RANGE.start().as_millis(),
+                    PAY_WITHIN_RANGE.end().as_millis()
+                ),
+            ));
+        }
+        self.pay_within_ms = window.as_millis() as i64;
+        Ok(self)
+    }
+
+    /// These terms with buying again after a give-back allowed or not.
+    pub fn with_rebuy_after_cancel(mut self, allowed: bool) -> Self {
+        self.rebuy_after_cancel = allowed;
+        self
     }
 
     /// Units for sale.
@@ -101,6 +144,16 @@ impl SaleTerms {
     pub fn end_ms(&self) -> i64 {
         self.end_ms
     }
+
+    /// How long a buyer has to pay, in milliseconds from the purchase.
+    pub fn pay_within_ms(&self) -> i64 {
+        self.pay_within_ms
+    }
+
+    /// Whether a buyer whose order was given back may buy again.
+    pub fn rebuy_after_cancel(&self) -> bool {
+        self.rebuy_after_cancel
+    }
 }
 
 fn epoch_ms(field: &'static str, t: SystemTime) -> Result<i64> {
@@ -113,8 +166,6 @@ fn epoch_ms(field: &'static str, t: SystemTime) -> Result<i64> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[test]
@@ -154,5 +205,15 @@ mod tests {
         assert_eq!(field(SaleTerms::new(10, later, now)), "end_ms");
         assert_eq!(field(SaleTerms::new(10, now, now)), "end_ms");
         assert!(SaleTerms::new(10, now, later).is_ok());
+        let terms = SaleTerms::new(10, now, later).unwrap();
+        for bad in [0, 99, 7 * 24 * 3600 * 1000 + 1] {
+            let window = Duration::from_millis(bad);
+            assert_eq!(
+                field(terms.clone().with_pay_within(window)),
+                "pay_within_ms"
+            );
+        }
+        let short = terms.with_pay_within(Duration::from_millis(100)).unwrap();
+        assert_eq!(short.pay_within_ms(), 100);
     }
 }

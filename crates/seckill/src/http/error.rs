@@ -5,7 +5,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use crate::domain::order::OrderState;
 use crate::domain::purchase::Refusal;
+use crate::payments::PaymentError;
 
 /// Everything a handler can answer besides success.
 #[derive(Debug)]
@@ -33,6 +35,11 @@ pub enum ApiError {
     Refused(Refusal),
     /// 405: the route exists, the method does not.
     MethodNotAllowed,
+    /// 409: the order's state forbids the change (paid orders are final;
+    /// a given-back order cannot be paid; a deadline passed).
+    OrderConflict(OrderState),
+    /// 402: the payment provider declined the charge.
+    PaymentDeclined(String),
     /// 503 with `Retry-After`: a dependency is down, loading or too slow;
     /// names which. The request may be retried.
     Unavailable(Dependency),
@@ -54,6 +61,8 @@ pub enum Dependency {
     Redis,
     /// The SQL database.
     Database,
+    /// The payment provider.
+    Payments,
 }
 
 impl Dependency {
@@ -61,6 +70,7 @@ impl Dependency {
         match self {
             Dependency::Redis => "redis",
             Dependency::Database => "database",
+            Dependency::Payments => "payments",
         }
     }
 }
@@ -100,6 +110,10 @@ impl From<crate::Error> for ApiError {
             }
             crate::Error::TableLock(hasp_sql::Error::Db(ref d)) if database_unavailable(d) => {
                 ApiError::Unavailable(Dependency::Database)
+            }
+            crate::Error::Payment(PaymentError::Declined(why)) => ApiError::PaymentDeclined(why),
+            crate::Error::Payment(PaymentError::Unavailable(_)) => {
+                ApiError::Unavailable(Dependency::Payments)
             }
             other => ApiError::Internal(other),
         }
@@ -155,6 +169,30 @@ impl IntoResponse for ApiError {
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 "this route does not take that method".into(),
+                None,
+            ),
+            ApiError::OrderConflict(state) => {
+                let (code, message) = match state {
+                    OrderState::Paid => (
+                        "already_paid",
+                        "the order is paid, which is final here (refunds are not offered)",
+                    ),
+                    OrderState::Cancelled => ("order_cancelled", "the order was cancelled"),
+                    OrderState::Expired | OrderState::Reserved => (
+                        "order_expired",
+                        "the order's payment deadline passed; its unit went back on sale",
+                    ),
+                    OrderState::Pending | OrderState::Failed => (
+                        "order_not_stored",
+                        "the order is not stored; see its state",
+                    ),
+                };
+                (StatusCode::CONFLICT, code, message.to_owned(), None)
+            }
+            ApiError::PaymentDeclined(why) => (
+                StatusCode::PAYMENT_REQUIRED,
+                "payment_declined",
+                format!("the payment was declined: {why}"),
                 None,
             ),
             ApiError::Unavailable(dependency) => {
@@ -269,6 +307,13 @@ mod tests {
             ApiError::Refused(Refusal::AlreadyBought),
             ApiError::Refused(Refusal::UnknownVoucher),
             ApiError::Refused(Refusal::InProgress),
+            ApiError::OrderConflict(OrderState::Paid),
+            ApiError::OrderConflict(OrderState::Cancelled),
+            ApiError::OrderConflict(OrderState::Expired),
+            ApiError::OrderConflict(OrderState::Reserved),
+            ApiError::OrderConflict(OrderState::Pending),
+            ApiError::PaymentDeclined("card".into()),
+            ApiError::Unavailable(Dependency::Payments),
         ];
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()

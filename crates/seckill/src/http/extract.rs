@@ -178,3 +178,36 @@ mod tests {
         );
     }
 }
+
+/// The client's `Idempotency-Key` header: 1 to 64 characters of
+/// `[A-Za-z0-9._-]`; missing or otherwise, a 400 naming the header.
+#[derive(Debug, Clone)]
+pub struct IdempotencyKey(pub String);
+
+/// The header a payment carries its client-chosen key in.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+impl FromRequestParts<AppState> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, ApiError> {
+        let bad = |message: &str| ApiError::BadRequest {
+            field: "Idempotency-Key".to_owned(),
+            message: message.to_owned(),
+        };
+        let key = parts
+            .headers
+            .get(IDEMPOTENCY_KEY)
+            .ok_or_else(|| bad("missing: a payment needs a key of the client's choosing"))?
+            .to_str()
+            .map_err(|_| bad("must be 1 to 64 characters of [A-Za-z0-9._-]"))?;
+        let sensible = (1..=64).contains(&key.len())
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !sensible {
+            return Err(bad("must be 1 to 64 characters of [A-Za-z0-9._-]"));
+        }
+        Ok(IdempotencyKey(key.to_owned()))
+    }
+}

@@ -11,7 +11,10 @@
 //! | `GET /api/vouchers/{id}` | anyone | a voucher with its live remaining stock |
 //! | `POST /api/vouchers/{id}/seckill` | user | buy: an order id, or a refusal |
 //! | `GET /api/vouchers/{id}/order` | user | the caller's order for the voucher and its state |
-//! | `GET /api/orders` | user | the caller's stored orders |
+//! | `GET /api/orders` | user | the caller's stored orders, newest first (100 at most) |
+//! | `GET /api/orders/{id}` | user | one stored order of the caller: its state and payment deadline |
+//! | `POST /api/orders/{id}/pay` | user | pay a reserved order (`Idempotency-Key` header: the same key pays once) |
+//! | `POST /api/orders/{id}/cancel` | user | cancel a reserved order: its unit goes back on sale |
 
 mod error;
 mod extract;
@@ -42,6 +45,10 @@ pub struct AppState {
     pub db: Database,
     /// Purchases, live stock and order status, whichever path decides.
     pub sales: Arc<crate::sale::Sales>,
+    /// Payments, cancellations and expiry.
+    pub orders: Arc<crate::order_life::OrderLife>,
+    /// The payment window of a voucher created without its own.
+    pub pay_within: std::time::Duration,
     /// Token verification.
     pub tokens: Tokens,
     /// Rate limits.
@@ -87,6 +94,9 @@ pub fn router(state: AppState) -> Router {
                 )
                 .route("/api/vouchers/{id}/order", get(orders::for_voucher))
                 .route("/api/orders", get(orders::mine))
+                .route("/api/orders/{id}", get(orders::show))
+                .route("/api/orders/{id}/pay", post(orders::pay))
+                .route("/api/orders/{id}/cancel", post(orders::cancel))
                 .layer(axum::middleware::from_fn_with_state(
                     state.clone(),
                     limits::per_ip,

@@ -1,13 +1,16 @@
-//! Order routes: a user sees only their own orders.
+//! Order routes: a user sees and changes only their own orders.
 
 use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
-use crate::domain::order::OrderState;
+use crate::db::Transition;
+use crate::domain::order::{OrderState, StoredOrder};
 use crate::http::error::ApiError;
-use crate::http::extract::{PathId, User};
+use crate::http::extract::{IdempotencyKey, PathId, User};
 use crate::http::AppState;
+use crate::sale::OrderOf;
+use crate::OrderId;
 
 /// An order as its owner sees it.
 #[derive(Debug, Serialize)]
@@ -16,8 +19,43 @@ pub struct OrderView {
     order_id: String,
     /// The voucher.
     voucher_id: i64,
-    /// Pending, created or failed.
+    /// Pending, reserved, paid, cancelled, expired or failed.
     state: OrderState,
+    /// The payment deadline (Unix ms), once stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pay_by_ms: Option<i64>,
+    /// When it was paid (Unix ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paid_ms: Option<i64>,
+    /// When it was cancelled or expired (Unix ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    closed_ms: Option<i64>,
+}
+
+impl From<&StoredOrder> for OrderView {
+    fn from(order: &StoredOrder) -> Self {
+        Self {
+            order_id: order.record.id.to_string(),
+            voucher_id: order.record.voucher_id,
+            state: order.state,
+            pay_by_ms: Some(order.pay_by_ms),
+            paid_ms: order.paid_ms,
+            closed_ms: order.closed_ms,
+        }
+    }
+}
+
+impl OrderView {
+    fn unstored(id: OrderId, voucher_id: i64, state: OrderState) -> Self {
+        Self {
+            order_id: id.to_string(),
+            voucher_id,
+            state,
+            pay_by_ms: None,
+            paid_ms: None,
+            closed_ms: None,
+        }
+    }
 }
 
 #[tracing::instrument(name = "order_of", skip_all, fields(voucher, user))]
@@ -29,13 +67,13 @@ pub(crate) async fn for_voucher(
     tracing::Span::current()
         .record("voucher", voucher)
         .record("user", user);
-    let found = state.sales.order_of(voucher, user).await?;
-    let (id, order_state) = found.ok_or(ApiError::NotFound("order"))?;
-    Ok(Json(OrderView {
-        order_id: id.to_string(),
-        voucher_id: voucher,
-        state: order_state,
-    }))
+    match state.sales.order_of(voucher, user).await? {
+        Some(OrderOf::Stored(order)) => Ok(Json(OrderView::from(&order))),
+        Some(OrderOf::Unstored(id, order_state)) => {
+            Ok(Json(OrderView::unstored(id, voucher, order_state)))
+        }
+        None => Err(ApiError::NotFound("order")),
+    }
 }
 
 #[tracing::instrument(name = "my_orders", skip_all, fields(user))]
@@ -45,14 +83,56 @@ pub(crate) async fn mine(
 ) -> Result<Json<Vec<OrderView>>, ApiError> {
     tracing::Span::current().record("user", user);
     let orders = state.db.orders_of(user).await?;
-    Ok(Json(
-        orders
-            .into_iter()
-            .map(|(id, voucher_id, _)| OrderView {
-                order_id: id.to_string(),
-                voucher_id,
-                state: OrderState::Created,
-            })
-            .collect(),
-    ))
+    Ok(Json(orders.iter().map(OrderView::from).collect()))
+}
+
+#[tracing::instrument(name = "show_order", skip_all, fields(order, user))]
+pub(crate) async fn show(
+    State(state): State<AppState>,
+    User(user): User,
+    PathId(id): PathId,
+) -> Result<Json<OrderView>, ApiError> {
+    tracing::Span::current()
+        .record("order", id)
+        .record("user", user);
+    match state.db.order(id).await? {
+        Some(order) if order.record.user_id == user => Ok(Json(OrderView::from(&order))),
+        // Another buyer's order is not found, as an unknown one.
+        _ => Err(ApiError::NotFound("stored order")),
+    }
+}
+
+#[tracing::instrument(name = "pay_order", skip_all, fields(order, user))]
+pub(crate) async fn pay(
+    State(state): State<AppState>,
+    User(user): User,
+    PathId(id): PathId,
+    IdempotencyKey(key): IdempotencyKey,
+) -> Result<Json<OrderView>, ApiError> {
+    tracing::Span::current()
+        .record("order", id)
+        .record("user", user);
+    answer(state.orders.pay(id, user, &key).await?)
+}
+
+#[tracing::instrument(name = "cancel_order", skip_all, fields(order, user))]
+pub(crate) async fn cancel(
+    State(state): State<AppState>,
+    User(user): User,
+    PathId(id): PathId,
+) -> Result<Json<OrderView>, ApiError> {
+    tracing::Span::current()
+        .record("order", id)
+        .record("user", user);
+    answer(state.orders.cancel(id, user).await?)
+}
+
+/// A change done now or before is the order as it stands; a refused one a
+/// 409 naming the state; an order not stored (or another buyer's) a 404.
+fn answer(outcome: Transition) -> Result<Json<OrderView>, ApiError> {
+    match outcome {
+        Transition::Done(order) | Transition::Already(order) => Ok(Json(OrderView::from(&order))),
+        Transition::Refused(order) => Err(ApiError::OrderConflict(order.state)),
+        Transition::NotFound => Err(ApiError::NotFound("stored order")),
+    }
 }

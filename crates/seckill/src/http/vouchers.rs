@@ -21,6 +21,11 @@ pub struct NewVoucher {
     stock: i64,
     begin_ms: u64,
     end_ms: u64,
+    /// How long a buyer has to pay (default: the service's).
+    pay_within_ms: Option<u64>,
+    /// Whether a buyer whose order was given back may buy again (default:
+    /// yes).
+    rebuy_after_cancel: Option<bool>,
 }
 
 /// A voucher as the API shows it.
@@ -31,6 +36,22 @@ pub struct VoucherView {
     stock_left: i64,
     begin_ms: i64,
     end_ms: i64,
+    pay_within_ms: i64,
+    rebuy_after_cancel: bool,
+}
+
+impl VoucherView {
+    fn new(row: crate::db::VoucherRow, stock_left: i64) -> Self {
+        Self {
+            id: row.id,
+            title: row.title,
+            stock_left,
+            begin_ms: row.begin_ms,
+            end_ms: row.end_ms,
+            pay_within_ms: row.pay_within_ms,
+            rebuy_after_cancel: row.rebuy_after_cancel,
+        }
+    }
 }
 
 #[tracing::instrument(name = "create_voucher", skip_all)]
@@ -41,7 +62,12 @@ pub(crate) async fn create(
 ) -> Result<(StatusCode, Json<VoucherView>), ApiError> {
     let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
     let title = Title::parse(&body.title)?;
-    let terms = SaleTerms::new(body.stock, at(body.begin_ms), at(body.end_ms))?;
+    let window = body
+        .pay_within_ms
+        .map_or(state.pay_within, Duration::from_millis);
+    let terms = SaleTerms::new(body.stock, at(body.begin_ms), at(body.end_ms))?
+        .with_pay_within(window)?
+        .with_rebuy_after_cancel(body.rebuy_after_cancel.unwrap_or(true));
     // The database is the record; Redis holds the sale's live state. With
     // Redis failing the voucher is still created: its first purchase finds
     // the sale missing in Redis and restores it from the database (see
@@ -57,6 +83,8 @@ pub(crate) async fn create(
             stock_left: terms.stock(),
             begin_ms: terms.begin_ms(),
             end_ms: terms.end_ms(),
+            pay_within_ms: terms.pay_within_ms(),
+            rebuy_after_cancel: terms.rebuy_after_cancel(),
         }),
     ))
 }
@@ -73,13 +101,7 @@ pub(crate) async fn list(
     Ok(Json(
         rows.into_iter()
             .zip(left)
-            .map(|(row, stock_left)| VoucherView {
-                id: row.id,
-                title: row.title,
-                stock_left,
-                begin_ms: row.begin_ms,
-                end_ms: row.end_ms,
-            })
+            .map(|(row, stock_left)| VoucherView::new(row, stock_left))
             .collect(),
     ))
 }
@@ -96,13 +118,7 @@ pub(crate) async fn show(
         .await?
         .ok_or(ApiError::NotFound("voucher"))?;
     let stock_left = state.sales.stock_left(&[(id, row.stock)]).await?[0];
-    Ok(Json(VoucherView {
-        id: row.id,
-        title: row.title,
-        stock_left,
-        begin_ms: row.begin_ms,
-        end_ms: row.end_ms,
-    }))
+    Ok(Json(VoucherView::new(row, stock_left)))
 }
 
 /// Answer to an accepted purchase.
@@ -110,7 +126,7 @@ pub(crate) async fn show(
 pub struct Accepted {
     /// The order id, as a string (it exceeds JavaScript's safe integers).
     order_id: String,
-    /// `pending` (on its way to the database) or `created` (stored).
+    /// `pending` (on its way to the database) or `reserved` (stored).
     state: crate::domain::order::OrderState,
 }
 

@@ -18,6 +18,21 @@ use crate::store::order_ids::OrderIdGenerator;
 static PURCHASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/purchase.lua")));
 
+static TAKE_BACK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/take_back.lua")));
+
+/// What [`FastPath::take_back`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeBack {
+    /// The unit is on sale again.
+    TakenBack,
+    /// It was taken back before: nothing changed.
+    Already,
+    /// Redis has no state of this sale (lost, or never loaded): nothing
+    /// changed; a repair restores it from the database, unit included.
+    NoSale,
+}
+
 /// How long an instance answers "sold out" for a voucher from memory after
 /// Redis last said so, without asking again. Sold out stays sold out in a
 /// sale, except after a repair that gives back units of orders Redis lost
@@ -135,12 +150,21 @@ impl FastPath {
     /// [`Error::Redis`] if Redis is unreachable.
     pub async fn load_voucher(&self, id: i64, terms: &SaleTerms) -> Result<()> {
         let window = (terms.begin_ms(), terms.end_ms());
-        self.put_terms(id, terms.stock(), window).await.map(drop)
+        self.put_terms(id, terms.stock(), window, terms.rebuy_after_cancel())
+            .await
+            .map(drop)
     }
 
-    /// Writes voucher `id`'s window, and `stock` only if the voucher has
-    /// none yet (one transaction); returns whether the stock was written.
-    async fn put_terms(&self, id: i64, stock: i64, (begin_ms, end_ms): (i64, i64)) -> Result<bool> {
+    /// Writes voucher `id`'s window and rebuy rule, and `stock` only if the
+    /// voucher has none yet (one transaction); returns whether the stock
+    /// was written.
+    async fn put_terms(
+        &self,
+        id: i64,
+        stock: i64,
+        (begin_ms, end_ms): (i64, i64),
+        rebuy: bool,
+    ) -> Result<bool> {
         let keys = VoucherKeys::new(&self.prefix, id);
         let (created,): (bool,) = redis::pipe()
             .atomic()
@@ -149,9 +173,45 @@ impl FastPath {
             .ignore()
             .hset(&keys.voucher, "end_ms", end_ms)
             .ignore()
+            .hset(&keys.voucher, "rebuy", i64::from(rebuy))
+            .ignore()
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(created)
+    }
+
+    /// Takes back the unit of order `order` of `user`, which the database
+    /// gave back, exactly once per order (`take_back.lua`); this instance
+    /// stops answering "sold out" for the voucher from memory at once
+    /// (others within [`SOLD_OUT_MEMORY`]).
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis fails (then ask again: it is idempotent).
+    pub async fn take_back(&self, voucher: i64, user: i64, order: i64) -> Result<TakeBack> {
+        let keys = VoucherKeys::new(&self.prefix, voucher);
+        let code: i64 = TAKE_BACK
+            .key(&keys.voucher)
+            .key(&keys.buyers)
+            .key(&keys.order_of)
+            .key(&keys.returned)
+            .arg(user)
+            .arg(order)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        self.sold_out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&voucher);
+        Ok(match code {
+            1 => TakeBack::TakenBack,
+            0 => TakeBack::Already,
+            2 => TakeBack::NoSale,
+            other => {
+                return Err(Error::Protocol(format!(
+                    "take-back script returned {other}"
+                )))
+            }
+        })
     }
 
     /// Puts back the sale state of voucher `id` that Redis lost: `buyers`
@@ -168,10 +228,21 @@ impl FastPath {
         id: i64,
         stock: i64,
         window: (i64, i64),
+        rebuy: bool,
         buyers: &[(i64, i64)],
+        returned: &[i64],
     ) -> Result<bool> {
         let keys = VoucherKeys::new(&self.prefix, id);
         let mut conn = self.conn.clone();
+        // Units the database took back are in its stock already: marked
+        // taken back here, so that none is taken back twice.
+        for chunk in returned.chunks(1_000) {
+            let () = redis::cmd("SADD")
+                .arg(&keys.returned)
+                .arg(chunk)
+                .query_async(&mut conn)
+                .await?;
+        }
         for chunk in buyers.chunks(1_000) {
             let users: Vec<i64> = chunk.iter().map(|(user, _)| *user).collect();
             let () = redis::pipe()
@@ -183,7 +254,7 @@ impl FastPath {
                 .query_async(&mut conn)
                 .await?;
         }
-        self.put_terms(id, stock, window).await
+        self.put_terms(id, stock, window, rebuy).await
     }
 
     /// Whether the purchase script is loaded: on a cluster, on every node.

@@ -2,11 +2,12 @@
 //!
 //! | key | type | content |
 //! |---|---|---|
-//! | `P:{v<id>}:voucher` | hash | `stock`, `begin_ms`, `end_ms` |
+//! | `P:{v<id>}:voucher` | hash | `stock`, `begin_ms`, `end_ms`, `rebuy` (`0`: a buyer whose order was given back may not buy again) |
 //! | `P:{v<id>}:buyers` | set | user ids that bought the voucher |
 //! | `P:{v<id>}:orders` | stream | accepted orders: `order`, `user`, `voucher` |
 //! | `P:{v<id>}:order-of` | hash | user id → order id, written with the purchase (order status in one lookup) |
 //! | `P:{v<id>}:failed` | hash | user id → order id of orders the pipeline dead-lettered |
+//! | `P:{v<id>}:returned` | set | order ids whose unit came back (cancelled or expired): each is taken back once |
 //! | `P:order-seq:YYYYMMDD` | string | the day's order sequence counter |
 //! | `P:orders:dead` | stream | dead-lettered orders, with `stream`, `entry`, `reason` |
 //! | `P:replica-ack` | string | a counter written before each group `WAIT` (`--replica-ack`) |
@@ -26,6 +27,8 @@ pub struct VoucherKeys {
     pub order_of: String,
     /// Buyers whose order the pipeline gave up on (user → order).
     pub failed: String,
+    /// Orders whose unit was taken back.
+    pub returned: String,
 }
 
 impl VoucherKeys {
@@ -38,6 +41,7 @@ impl VoucherKeys {
             orders: format!("{tag}:orders"),
             order_of: format!("{tag}:order-of"),
             failed: format!("{tag}:failed"),
+            returned: format!("{tag}:returned"),
         }
     }
 }

@@ -7,7 +7,7 @@
 //! | `connect` | the connection: one server, a Sentinel service or a cluster; the lock client |
 //! | `sentinel` | a connection that follows the master of a Sentinel service |
 //! | `keys` | the key layout |
-//! | `fast_path` | the sale's terms and the atomic purchase |
+//! | `fast_path` | the sale's terms, the atomic purchase, and a given-back order's unit taken back |
 //! | `order_ids` | order id blocks from the day's counter |
 //! | `replica_ack` | group-committed `WAIT` for replica confirmation |
 //! | `order_stream` | the order streams as the pipeline consumes them |
@@ -30,7 +30,7 @@ pub use connect::{
     cluster_seeds, connect, lock_client, RedisConn, CLUSTER_SCHEME, CONNECTION_TIMEOUT,
     RESPONSE_TIMEOUT,
 };
-pub use fast_path::{FastPath, ReplicaAck, SOLD_OUT_MEMORY};
+pub use fast_path::{FastPath, ReplicaAck, TakeBack, SOLD_OUT_MEMORY};
 pub use keys::{dead_letter_stream, VoucherKeys};
 pub use order_ids::OrderIdGenerator;
 pub use order_lookup::order_in_redis;

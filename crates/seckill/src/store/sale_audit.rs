@@ -22,6 +22,8 @@ pub struct RedisSale {
     pub in_stream: Vec<(i64, i64)>,
     /// Entries in the stream, malformed ones included.
     pub stream_len: usize,
+    /// Orders whose unit Redis took back.
+    pub returned: Vec<i64>,
 }
 
 /// Reads voucher `voucher`'s sale under `prefix`.
@@ -31,18 +33,21 @@ pub struct RedisSale {
 #[tracing::instrument(level = "debug", skip(conn, prefix))]
 pub async fn read_sale(conn: &RedisConn, prefix: &str, voucher: i64) -> Result<RedisSale> {
     let keys = VoucherKeys::new(prefix, voucher);
-    let (stock, buyers, stream): (Option<i64>, Vec<i64>, StreamRangeReply) = redis::pipe()
-        .hget(&keys.voucher, "stock")
-        .smembers(&keys.buyers)
-        .cmd("XRANGE")
-        .arg(&keys.orders)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn.clone())
-        .await?;
+    let (stock, buyers, stream, returned): (Option<i64>, Vec<i64>, StreamRangeReply, Vec<i64>) =
+        redis::pipe()
+            .hget(&keys.voucher, "stock")
+            .smembers(&keys.buyers)
+            .cmd("XRANGE")
+            .arg(&keys.orders)
+            .arg("-")
+            .arg("+")
+            .smembers(&keys.returned)
+            .query_async(&mut conn.clone())
+            .await?;
     Ok(RedisSale {
         stock,
         buyers,
+        returned,
         stream_len: stream.ids.len(),
         in_stream: stream
             .ids

@@ -39,6 +39,8 @@ pub fn settings(redis: impl Into<String>, database: impl Into<String>, secret: &
             max_per_address: connections.max_connections,
             ..connections
         },
+        // Expiry tests wait for the sweep: a tenth of a second apart.
+        sweep_every: std::time::Duration::from_millis(100),
         ..Settings::new(redis, database, secret)
     }
 }

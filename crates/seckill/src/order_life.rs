@@ -1,0 +1,261 @@
+//! An order's life after the purchase: payment, cancellation by its buyer,
+//! expiry at its payment deadline, and the unit of a given-back order put
+//! on sale again in both stores.
+//!
+//! The database row decides every transition, by one conditional update
+//! ([`Database::pay_order`], [`Database::give_back`]): only a reserved
+//! order changes, once, and the deadline is judged by the database's clock.
+//! A give-back commits the order's new state and the voucher's stock + 1
+//! together; Redis then takes the unit back ([`FastPath::take_back`]),
+//! exactly once per order whatever repeats it. The order stays due in the
+//! database until Redis has the unit ([`Database::finish_return`]), so the
+//! sweep finishes whatever a crash, a Redis outage or a lost reply left
+//! half done.
+//!
+//! The sweep runs on every instance every `sweep_every`: one indexed range
+//! read of the due orders, and nothing more while none is due. When some
+//! are, the instance that takes the `hasp` lock `<prefix>:expiry` (without
+//! waiting) expires those past their deadline and takes back the units of
+//! given-back ones, in batches. The lock only keeps instances from doing
+//! the same work; correctness rests on the rows and the returned set.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::db::{Database, GiveBack, Returned, Transition};
+use crate::domain::order::OrderState;
+use crate::error::Result;
+use crate::metrics::Metrics;
+use crate::payments::Payments;
+use crate::store::{FastPath, TakeBack};
+
+/// Due orders read and handled at a time.
+const BATCH: i64 = 100;
+
+/// Batches one sweep handles at most before it lets the lock go.
+const MOST_BATCHES: usize = 20;
+
+/// Payments, cancellations and expiry, over the database and (on the fast
+/// path) Redis.
+#[derive(Debug)]
+pub struct OrderLife {
+    db: Database,
+    /// The Redis side of the sale (`None`: the locked path, where the
+    /// database is the only store of stock).
+    fast: Option<Arc<FastPath>>,
+    payments: Arc<dyn Payments>,
+    metrics: Metrics,
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Reserved orders expired (their unit given back in the database).
+    pub expired: usize,
+    /// Given-back units Redis took back.
+    pub taken_back: usize,
+}
+
+impl OrderLife {
+    /// The order life of a sale stored in `db`, with its Redis side in
+    /// `fast` (`None` on the locked path), charging through `payments`.
+    pub fn new(
+        db: Database,
+        fast: Option<Arc<FastPath>>,
+        payments: Arc<dyn Payments>,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            db,
+            fast,
+            payments,
+            metrics,
+        }
+    }
+
+    /// Pays order `id` of `user`: charged through the provider with the
+    /// client's idempotency `key`, then marked paid if it is still reserved
+    /// and its deadline has not passed (else the charge is voided). The
+    /// same key again answers [`Transition::Already`].
+    ///
+    /// # Errors
+    /// [`Error::Payment`](crate::Error::Payment) if the provider did not
+    /// charge; [`Error::Database`](crate::Error::Database) if the database
+    /// failed (then ask again with the same key: the provider charges once
+    /// per key, and the order's state tells what happened).
+    pub async fn pay(&self, id: i64, user: i64, key: &str) -> Result<Transition> {
+        let Some(order) = self.db.order(id).await? else {
+            return Ok(Transition::NotFound);
+        };
+        if order.record.user_id != user {
+            return Ok(Transition::NotFound);
+        }
+        if order.state != OrderState::Reserved {
+            // Paid (by this key or another) or given back: no charge.
+            return self.db.pay_order(id, user, key).await;
+        }
+        let receipt = self.payments.charge(id, key).await?;
+        let outcome = self.db.pay_order(id, user, key).await?;
+        match &outcome {
+            Transition::Done(_) => self.metrics.orders_paid.inc(),
+            Transition::Already(_) => {}
+            Transition::Refused(_) | Transition::NotFound => {
+                if let Err(e) = self.payments.void(&receipt).await {
+                    tracing::warn!(order = id, error = %e, "voiding a charge of an order that could not be paid failed");
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Cancels reserved order `id` of `user`: its unit goes back to the
+    /// sale. Cancelling again answers [`Transition::Already`]; a paid or
+    /// expired order is [`Transition::Refused`].
+    ///
+    /// # Errors
+    /// [`Error::Database`](crate::Error::Database) if the database failed
+    /// (the order's state tells whether the cancellation committed).
+    pub async fn cancel(&self, id: i64, user: i64) -> Result<Transition> {
+        let (outcome, returned) = self.db.give_back(id, Some(user), GiveBack::Cancel).await?;
+        if let Some(returned) = returned {
+            self.metrics
+                .orders_returned
+                .with_label_values(&["cancelled"])
+                .inc();
+            self.take_back(&returned).await;
+        }
+        Ok(outcome)
+    }
+
+    /// Puts the unit of a given-back order on sale again in Redis, then
+    /// marks the order done; whether it is. A failure is logged and left to
+    /// the sweep (the order stays due).
+    async fn take_back(&self, returned: &Returned) -> bool {
+        if let Some(fast) = &self.fast {
+            let (voucher, user, order) = (returned.voucher_id, returned.user_id, returned.order_id);
+            match fast.take_back(voucher, user, order).await {
+                Ok(TakeBack::TakenBack) => self.metrics.units_taken_back.inc(),
+                Ok(TakeBack::Already | TakeBack::NoSale) => {}
+                Err(e) => {
+                    tracing::warn!(order, voucher, error = %e, "taking a unit back in Redis failed; the expiry sweep retries");
+                    return false;
+                }
+            }
+        }
+        match self.db.finish_return(returned.order_id).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(order = returned.order_id, error = %e, "marking a return done failed; the expiry sweep retries");
+                false
+            }
+        }
+    }
+
+    /// Whether any order is due now (one indexed read).
+    ///
+    /// # Errors
+    /// [`Error::Database`](crate::Error::Database) if the database failed.
+    pub async fn any_due(&self) -> Result<bool> {
+        Ok(!self.db.due_orders(1).await?.is_empty())
+    }
+
+    /// Expires the reserved orders past their deadline and takes back the
+    /// units of given-back orders, in batches, until none is due or a
+    /// take-back fails (Redis down: the next sweep tries again).
+    ///
+    /// # Errors
+    /// [`Error::Database`](crate::Error::Database) if the database failed.
+    pub async fn sweep(&self) -> Result<SweepReport> {
+        let mut report = SweepReport::default();
+        for _ in 0..MOST_BATCHES {
+            let due = self.db.due_orders(BATCH).await?;
+            let mut stuck = false;
+            for order in &due {
+                let returned = match order.state {
+                    OrderState::Reserved => {
+                        let id = order.record.id.as_i64();
+                        match self.db.give_back(id, None, GiveBack::Expire).await? {
+                            (_, Some(returned)) => {
+                                report.expired += 1;
+                                self.metrics
+                                    .orders_returned
+                                    .with_label_values(&["expired"])
+                                    .inc();
+                                returned
+                            }
+                            // Paid or cancelled since it was read.
+                            (_, None) => continue,
+                        }
+                    }
+                    state if state.gave_back() => Returned {
+                        order_id: order.record.id.as_i64(),
+                        user_id: order.record.user_id,
+                        voucher_id: order.record.voucher_id,
+                        rebuy: false, // Redis reads its voucher's own rule
+                    },
+                    _ => continue,
+                };
+                if self.take_back(&returned).await {
+                    report.taken_back += 1;
+                } else {
+                    stuck = true;
+                }
+            }
+            if stuck || due.len() < BATCH as usize {
+                break;
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// Sweeps every `every` until `stop` (see the module docs).
+pub(crate) async fn sweep_until_stopped(
+    life: Arc<OrderLife>,
+    locks: hasp::Client,
+    prefix: String,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let lock = match locks.plain_lock(&format!("{prefix}:expiry")) {
+        Ok(lock) => lock,
+        Err(e) => {
+            tracing::error!(error = %e, "the expiry sweep's lock name is refused; no sweep");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        match life.any_due().await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading due orders failed; the next sweep retries");
+                continue;
+            }
+        }
+        let guard = match lock.try_lock().await {
+            Ok(Some(guard)) => guard,
+            Ok(None) => continue, // another instance sweeps
+            Err(e) => {
+                tracing::warn!(error = %e, "the expiry sweep's lock failed; the next sweep retries");
+                continue;
+            }
+        };
+        match life.sweep().await {
+            Ok(report) if report != SweepReport::default() => {
+                tracing::info!(?report, "expiry sweep");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "expiry sweep failed; the next one retries"),
+        }
+        if let Err(e) = guard.unlock().await {
+            tracing::debug!(error = %e, "expiry lock release failed; it expires");
+        }
+    }
+}
