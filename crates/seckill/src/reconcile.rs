@@ -124,8 +124,14 @@ pub async fn reconcile(
     let mut missing_buyers: Vec<i64> = db_users.difference(&buyers).copied().collect();
     missing_buyers.sort_unstable();
     // An entry whose order the database already has (stored, not yet
-    // acknowledged) took its unit there already.
-    let in_flight = streamed.difference(&db_users).count() as i64;
+    // acknowledged; paid or given back since, even) took its unit there
+    // already.
+    let stored: HashSet<i64> = db.order_ids(voucher_id).await?.into_iter().collect();
+    let in_flight = sale
+        .in_stream
+        .iter()
+        .filter(|(_, order)| !stored.contains(order))
+        .count() as i64;
     Ok(Reconciliation {
         voucher_id,
         redis_stock: sale.stock,

@@ -209,3 +209,147 @@ async fn instances_migrating_a_fresh_database_at_once_all_start() {
     let maria = MariaDbServer::start();
     all_migrate(&maria.url()).await;
 }
+
+/// Service 8 and 11 on every backend: only a reserved order changes, once,
+/// by its row; the deadline is the database's clock's; a give-back raises
+/// the stock with the state in one commit and releases the buyer's claim
+/// when the voucher allows buying again.
+#[tokio::test]
+async fn an_order_changes_once_by_its_row_on_every_backend() {
+    use seckill::db::{GiveBack, Transition};
+    use seckill::domain::order::OrderState;
+    on_every_backend(|db| async move {
+        db.migrate().await.unwrap();
+        let window = Duration::from_secs(60);
+        let rebuy = terms(5).with_pay_within(window).unwrap();
+        let v = db
+            .create_voucher(&Title::parse("Life").unwrap(), &rebuy)
+            .await
+            .unwrap();
+        let now = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let at = |seq: u32, user: i64, created_ms: i64| OrderRecord {
+            created_ms,
+            ..order(seq, user, v)
+        };
+        for o in [
+            at(1, 1, now),
+            at(2, 2, now),
+            at(3, 3, now - 61_000),
+            at(4, 4, now),
+        ] {
+            assert_eq!(db.record_order(&o).await.unwrap(), Recorded::Created);
+        }
+        let id = |seq| OrderId::compose(1_000, seq).unwrap().as_i64();
+        let state = |t: &Transition| match t {
+            Transition::Done(o) | Transition::Already(o) | Transition::Refused(o) => Some(o.state),
+            Transition::NotFound => None,
+        };
+        // Payment: by its buyer only; once per key; final.
+        assert_eq!(
+            db.pay_order(id(1), 2, "k").await.unwrap(),
+            Transition::NotFound
+        );
+        let paid = db.pay_order(id(1), 1, "k").await.unwrap();
+        assert!(matches!(paid, Transition::Done(_)), "{paid:?}");
+        assert!(matches!(
+            db.pay_order(id(1), 1, "k").await.unwrap(),
+            Transition::Already(_)
+        ));
+        let other = db.pay_order(id(1), 1, "k2").await.unwrap();
+        assert!(matches!(other, Transition::Refused(_)) && state(&other) == Some(OrderState::Paid));
+        let (t, r) = db
+            .give_back(id(1), Some(1), GiveBack::Cancel)
+            .await
+            .unwrap();
+        assert!(
+            matches!(t, Transition::Refused(_)) && r.is_none(),
+            "a paid order is final"
+        );
+        // Cancellation: once; the unit back with it; then no payment.
+        let (t, r) = db
+            .give_back(id(2), Some(1), GiveBack::Cancel)
+            .await
+            .unwrap();
+        assert_eq!(
+            (t, r),
+            (Transition::NotFound, None),
+            "another buyer's order"
+        );
+        let (t, r) = db
+            .give_back(id(2), Some(2), GiveBack::Cancel)
+            .await
+            .unwrap();
+        assert!(matches!(t, Transition::Done(_)) && r.is_some_and(|r| r.rebuy));
+        let (t, r) = db
+            .give_back(id(2), Some(2), GiveBack::Cancel)
+            .await
+            .unwrap();
+        assert!(matches!(t, Transition::Already(_)) && r.is_none());
+        assert_eq!(
+            state(&db.pay_order(id(2), 2, "k").await.unwrap()),
+            Some(OrderState::Cancelled)
+        );
+        assert_eq!(db.voucher_stock(v).await.unwrap(), Some(2));
+        // Expiry: only past the deadline, by the database's clock.
+        let (t, _) = db.give_back(id(4), None, GiveBack::Expire).await.unwrap();
+        assert!(matches!(t, Transition::Refused(_)) && state(&t) == Some(OrderState::Reserved));
+        assert_eq!(
+            state(&db.pay_order(id(3), 3, "k").await.unwrap()),
+            Some(OrderState::Reserved)
+        );
+        let due = db.due_orders(10).await.unwrap();
+        let due: Vec<i64> = due.iter().map(|o| o.record.id.as_i64()).collect();
+        assert!(
+            due.contains(&id(2)) && due.contains(&id(3)) && !due.contains(&id(4)),
+            "{due:?}"
+        );
+        let (t, r) = db.give_back(id(3), None, GiveBack::Expire).await.unwrap();
+        assert!(matches!(t, Transition::Done(_)) && r.is_some(), "{t:?}");
+        assert_eq!(db.voucher_stock(v).await.unwrap(), Some(3));
+        assert_eq!(db.order_states(v).await.unwrap(), (1, 1, 1, 1));
+        for returned in [id(2), id(3)] {
+            db.finish_return(returned).await.unwrap();
+        }
+        assert!(db.due_orders(10).await.unwrap().is_empty());
+        // A buyer whose order went back buys again (a new order); the
+        // returned orders are listed for the Redis side.
+        assert_eq!(
+            db.record_order(&at(5, 2, now)).await.unwrap(),
+            Recorded::Created
+        );
+        assert_eq!(db.returned_orders(v).await.unwrap().len(), 2);
+        assert_eq!(
+            db.order_of(2, v).await.unwrap().unwrap().record.id.as_i64(),
+            id(5)
+        );
+        // Without rebuy the claim stays.
+        let strict = terms(2).with_rebuy_after_cancel(false);
+        let s = db
+            .create_voucher(&Title::parse("Strict").unwrap(), &strict)
+            .await
+            .unwrap();
+        let first = OrderRecord {
+            created_ms: now,
+            ..order(10, 7, s)
+        };
+        assert_eq!(db.record_order(&first).await.unwrap(), Recorded::Created);
+        let (t, r) = db
+            .give_back(first.id.as_i64(), Some(7), GiveBack::Cancel)
+            .await
+            .unwrap();
+        assert!(matches!(t, Transition::Done(_)) && r.is_some_and(|r| !r.rebuy));
+        let second = OrderRecord {
+            created_ms: now,
+            ..order(11, 7, s)
+        };
+        assert_eq!(
+            db.record_order(&second).await.unwrap(),
+            Recorded::UserAlreadyOrdered
+        );
+        assert_eq!(db.voucher_stock(s).await.unwrap(), Some(2));
+    })
+    .await;
+}
