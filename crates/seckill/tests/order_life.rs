@@ -384,3 +384,85 @@ async fn a_sale_restored_after_returns_counts_each_returned_unit_once() {
     }
     assert_eq!(sold, 2);
 }
+
+/// Service 12: with 10,000 reserved orders none of which is due, the
+/// service's expiry sweep sends Redis nothing (its lock is taken only once
+/// an order is due), and its one query reads the deadline index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_sweep_reads_one_index_and_sends_redis_nothing() {
+    use sqlx::Connection;
+    const ORDERS: u32 = 10_000;
+    let sale = sale(i64::from(ORDERS) + 1, Duration::from_secs(3600), true).await;
+    let now = now_ms();
+    let orders: Vec<OrderRecord> = (1..=ORDERS)
+        .map(|seq| OrderRecord {
+            id: seckill::OrderId::compose(50, seq).unwrap(),
+            user_id: i64::from(seq),
+            voucher_id: sale.voucher,
+            created_ms: now,
+        })
+        .collect();
+    for chunk in orders.chunks(500) {
+        for outcome in sale.db.record_orders(chunk).await {
+            assert_eq!(outcome.unwrap(), seckill::db::Recorded::Created);
+        }
+    }
+    let database = format!("sqlite://{}/orders.db", sale._dir.0.display());
+    let service = seckill::service::Service::start(seckill::settings::Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        sweep_every: Duration::from_millis(50),
+        prefix: "shop".into(),
+        ..seckill::settings::Settings::new(sale.redis.url(), &database, "idle-sweep-secret-0001")
+    })
+    .await
+    .unwrap();
+    let calls = |command: &str| -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        sale.redis
+            .cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let locking = || calls("set") + calls("evalsha") + calls("fcall") + calls("eval");
+    let before = locking();
+    // Time is the subject: at least 20 sweep periods.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(locking(), before, "the idle sweep sent Redis a command");
+
+    let plan_of = |sql: &'static str| {
+        let url = format!("{database}?mode=ro");
+        async move {
+            let mut conn = sqlx::sqlite::SqliteConnection::connect(&url).await.unwrap();
+            let rows: Vec<(i64, i64, i64, String)> =
+                sqlx::query_as(sql).fetch_all(&mut conn).await.unwrap();
+            rows.into_iter().map(|r| r.3).collect::<Vec<_>>().join("; ")
+        }
+    };
+    let plan = plan_of(
+        "EXPLAIN QUERY PLAN SELECT id FROM voucher_order WHERE due_ms <= 5 ORDER BY due_ms LIMIT 100",
+    )
+    .await;
+    assert!(
+        plan.contains("voucher_order_due"),
+        "the due query scans: {plan}"
+    );
+
+    // One order due: the sweep takes its lock and expires it.
+    let late = OrderRecord {
+        id: seckill::OrderId::compose(51, 1).unwrap(),
+        user_id: i64::from(ORDERS) + 1,
+        voucher_id: sale.voucher,
+        created_ms: now - 3_700_000,
+    };
+    sale.db.record_order(&late).await.unwrap();
+    let expired = testkit::eventually(Duration::from_secs(30), || async {
+        let order = sale.db.order(late.id.as_i64()).await.unwrap().unwrap();
+        order.state == OrderState::Expired
+    })
+    .await;
+    assert!(expired, "the due order expires");
+    assert!(locking() > before, "the sweep took its lock");
+    service.stop().await.unwrap();
+}
