@@ -433,6 +433,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
                 voucher,
                 stock,
                 record: &record,
+                returned: 0,
             },
             fault,
             dead_letters_before,
@@ -487,7 +488,7 @@ async fn create_voucher(
 ) -> anyhow::Result<i64> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match crate::bench::create_voucher(http, &deployment.base(0), tokens, stock).await {
+        match crate::bench::create_voucher(http, &deployment.base(0), tokens, stock, None).await {
             Ok(id) => return Ok(id),
             Err(e) if Instant::now() < deadline => {
                 tracing::debug!(error = %e, "creating the voucher failed; retrying");
@@ -507,6 +508,10 @@ async fn account(stores: &Stores, sale: Sale<'_>, fault: Fault, dead_letters_bef
     let stored = stores.orders(sale.voucher).await.unwrap_or_default();
     let stored_ids: std::collections::HashSet<i64> = stored.iter().map(|(id, _)| *id).collect();
     let users: std::collections::HashSet<i64> = stored.iter().map(|(_, u)| *u).collect();
+    let sale = Sale {
+        returned: verified.returned,
+        ..sale
+    };
     let mut failed_checks: Vec<String> = checks::from_answers(sale)
         .into_iter()
         .chain(verified.checks)

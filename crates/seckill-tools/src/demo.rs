@@ -4,9 +4,13 @@
 //! `--cluster`; neither with `--redis-url`) and uses a SQLite
 //! file in a temporary directory (unless `--database-url`), starts the
 //! service, creates a voucher, sends purchases from many simulated users
-//! over HTTP with high concurrency (the bench's closed loop), drains the
-//! order pipeline by stopping the service, then checks the invariants and
-//! prints a report. Returns `false` if any invariant fails.
+//! over HTTP with high concurrency (the bench's closed loop), checks the
+//! sale's invariants once the order pipeline has stored every order, then
+//! runs the buyer model on the orders (`bench::after_sale`: some pay, some
+//! cancel, some never pay; the units that come back are sold again until
+//! every unit is paid), stops the service (which drains), checks the
+//! invariants of the orders' whole life and prints a report. Returns
+//! `false` if any invariant fails.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +19,7 @@ use seckill::auth::{Principal, Tokens};
 use seckill::service::Service;
 use seckill::settings::{Mode, Settings};
 
+use crate::bench::after_sale::{AfterSalePlan, BuyerModel};
 use crate::bench::checks::{self, Check, Sale, Stores};
 use crate::bench::load::{self, Arrival, Plan, Progress, Until};
 use crate::bench::{create_voucher, report, ProgressDisplay};
@@ -47,6 +52,18 @@ pub struct DemoArgs {
     /// Requests in flight at once.
     #[arg(long, default_value_t = 256)]
     pub concurrency: usize,
+    /// Share of buyers who pay at once.
+    #[arg(long, default_value_t = 0.7)]
+    pub pay_share: f64,
+    /// Share of buyers who cancel (the rest never pay).
+    #[arg(long, default_value_t = 0.1)]
+    pub cancel_share: f64,
+    /// How long buyers have to pay.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub pay_within: Duration,
+    /// Rounds of the buyer model at most (the last one's buyers all pay).
+    #[arg(long, default_value_t = 4)]
+    pub rounds: u32,
 }
 
 const PREFIX: &str = "seckill";
@@ -67,6 +84,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         "--requests-per-user must be positive"
     );
     anyhow::ensure!(args.concurrency > 0, "--concurrency must be positive");
+    let model = BuyerModel::new(args.pay_share, args.cancel_share)?;
+    anyhow::ensure!(
+        (1..=100).contains(&args.rounds),
+        "--rounds must be between 1 and 100"
+    );
     let (private_redis, private_cluster);
     let redis_url = match &args.redis_url {
         Some(url) => url.clone(),
@@ -118,7 +140,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
         .build()?;
-    let voucher = create_voucher(&http, &base, &tokens, args.stock).await?;
+    let voucher = create_voucher(&http, &base, &tokens, args.stock, Some(args.pay_within)).await?;
     println!(
         "sale: voucher {voucher}, {} units, {} users x {} requests, {} in flight, {:?} path",
         args.stock, args.users, args.requests_per_user, args.concurrency, args.mode
@@ -140,35 +162,60 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     };
     let progress = Arc::new(Progress::default());
     let display = ProgressDisplay::start(until, progress.clone())?;
-    let record = load::run(http, plan, progress).await;
+    let record = load::run(http.clone(), plan, progress).await;
     display.finish();
-
-    // A graceful stop finishes the requests in flight and drains the order
-    // pipeline; the checks then read Redis and the database themselves.
-    let drain_started = Instant::now();
-    service.stop().await?;
-    println!(
-        "pipeline drained {:.2?} after the last response",
-        drain_started.elapsed()
-    );
     println!("\n== report ==");
     report::print_summary(&record);
     let sale = Sale {
         voucher,
         stock: args.stock,
         record: &record,
+        returned: 0,
+    };
+    // The sale as the purchases left it, once the pipeline stored every
+    // order (the service runs on: the orders' life goes on, and an order
+    // not paid in time may already have given its unit back).
+    let stores = Stores::connect(Some(&redis_url), Some(&database_url), PREFIX).await?;
+    let stored_started = Instant::now();
+    let verified = stores.verify(sale, Duration::from_secs(60), 0).await?;
+    println!(
+        "every order stored {:.2?} after the last response",
+        stored_started.elapsed()
+    );
+    let sale = Sale {
+        returned: verified.returned,
+        ..sale
     };
     let mut all = checks::from_answers(sale);
-    // Every user asked at least once, so the stock sells out or every user
-    // buys.
+    // Every user asked at least once, so the stock sells out (units given
+    // back sell again) or every user buys.
     all.push(Check::new(
         "no undersell: all stock sold while buyers remained",
-        record.orders.len() as i64 == args.stock.min(args.users),
+        record.orders.len() as i64 >= args.stock.min(args.users),
     ));
-    let stores = Stores::connect(Some(&redis_url), Some(&database_url), PREFIX).await?;
-    let verified = stores.verify(sale, Duration::from_secs(5), 0).await?;
     all.extend(verified.checks);
-    let ok = checks::print(&all, &verified.differences);
+    let mut differences = verified.differences;
+
+    let plan = AfterSalePlan {
+        bases: vec![base.clone()],
+        voucher,
+        model,
+        rounds: args.rounds,
+        pay_within: args.pay_within,
+        concurrency: args.concurrency,
+        first_new_user: args.users + 1,
+    };
+    let (life, more) =
+        crate::bench::after_sale_run(&http, &tokens, &plan, &record, &stores, args.stock).await;
+    all.extend(life);
+    differences.extend(more);
+
+    // A graceful stop finishes the requests in flight and drains the order
+    // pipeline.
+    let drain_started = Instant::now();
+    service.stop().await?;
+    println!("service stopped in {:.2?}", drain_started.elapsed());
+    let ok = checks::print(&all, &differences);
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(ok)
 }

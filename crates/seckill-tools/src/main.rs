@@ -24,7 +24,7 @@ enum Command {
     /// Run a whole flash sale on this machine and verify it.
     Demo(demo::DemoArgs),
     /// Load-test running service instances: report, charts, invariants.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// A private deployment under load while faults strike (instances
     /// killed, Redis and the database restarted, Redis paused); then
     /// nothing may be lost, duplicated or oversold.
@@ -45,7 +45,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let passed = match cli.command {
         Command::Demo(args) => demo::run(args).await?,
-        Command::Bench(args) => bench::run(args).await?,
+        Command::Bench(args) => bench::run(*args).await?,
         Command::Chaos(args) => chaos::run(args).await?,
         Command::Lab(args) => lab::run(args).await?,
     };

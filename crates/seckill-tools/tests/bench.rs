@@ -269,6 +269,79 @@ async fn an_open_loop_bench_keeps_its_schedule_and_charges_waiting_to_latency() 
     service.stop().await.unwrap();
 }
 
+/// Service 8 to 11: the buyer model after the load (some pay, some cancel,
+/// some never pay within a 1 s window), over two instances: every unit
+/// given back sells again, every unit ends paid, and the stores agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bench_with_the_buyer_model_ends_with_every_unit_paid() {
+    let redis = RedisServer::start();
+    let database = format!("sqlite://{}/bench.db", tempdir("buyers").display());
+    let config = |consumer: &str| Settings {
+        consumer: consumer.into(),
+        ..support::settings(redis.url(), &database, SECRET)
+    };
+    let a = Service::start(config("a")).await.unwrap();
+    let b = Service::start(config("b")).await.unwrap();
+    let out_dir = tempdir("buyers-out");
+    let (url_a, url_b) = (
+        format!("http://{}", a.addr()),
+        format!("http://{}", b.addr()),
+    );
+    let out = bench_with_stores(
+        &[
+            "--url",
+            &url_a,
+            "--url",
+            &url_b,
+            "--concurrency",
+            "16",
+            "--requests",
+            "600",
+            "--users",
+            "200",
+            "--stock",
+            "40",
+            "--pay-share",
+            "0.5",
+            "--cancel-share",
+            "0.2",
+            "--pay-within",
+            "1s",
+            "--rounds",
+            "4",
+        ],
+        &redis.url(),
+        &database,
+        &out_dir,
+    )
+    .await;
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("all invariants hold"), "{log}");
+    let r = report(&out_dir);
+    let held = check_names(&r, Some(true));
+    for wanted in [
+        "no order both paid and given back (answers)",
+        "stock = available + reserved + paid (database)",
+        "every unit given back was sold again, and every unit ends paid (database)",
+        "no unit taken back twice: Redis' returned orders = cancelled + expired, Redis stock = database stock",
+    ] {
+        assert!(held.contains(&wanted), "{wanted}: {held:?}");
+    }
+    // The database, read here: every unit paid, each once.
+    let db = Database::connect(&database).await.unwrap();
+    let voucher = n(&r, "voucher");
+    let (reserved, paid, cancelled, expired) = db.order_states(voucher).await.unwrap();
+    assert_eq!((reserved, paid), (0, 40), "{log}");
+    assert!(
+        cancelled + expired > 0,
+        "the model gave no unit back: {log}"
+    );
+    assert_eq!(db.voucher_stock(voucher).await.unwrap(), Some(0));
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bench_of_the_locked_sync_path_checks_the_database_alone() {
     let (redis, database, service) = sqlite_service("sync-db", Mode::Sync).await;

@@ -472,6 +472,31 @@ impl Database {
         .await
     }
 
+    /// Every stored order of voucher `id`: `(order id, user id, state)`.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn voucher_order_states(
+        &self,
+        voucher_id: i64,
+    ) -> Result<Vec<(i64, i64, OrderState)>> {
+        let rows = sqlx::query(
+            self.sql("SELECT id, user_id, state FROM voucher_order WHERE voucher_id = ?"),
+        )
+        .bind(voucher_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let state: String = r.try_get(2)?;
+                let state = OrderState::from_stored(&state).ok_or_else(|| {
+                    Error::Protocol(format!("order state {state:?} in the database"))
+                })?;
+                Ok((r.try_get(0)?, r.try_get(1)?, state))
+            })
+            .collect()
+    }
+
     /// The orders of voucher `id` that gave their unit back (cancelled or
     /// expired): `(order id, user id)`.
     ///
@@ -711,13 +736,16 @@ impl Database {
         user_id: Option<i64>,
         why: GiveBack,
     ) -> Result<(Transition, Option<Returned>)> {
-        let mut tx = self.pool.begin().await?;
+        // An order's voucher, buyer and the voucher's rebuy rule never
+        // change: read before the transaction, whose first statement then
+        // writes. (On SQLite a transaction that reads first cannot wait for
+        // the write lock: it fails at once when another writer holds it.)
         let row = sqlx::query(self.sql(
             "SELECT o.voucher_id, o.user_id, v.rebuy_after_cancel \
              FROM voucher_order o JOIN seckill_voucher v ON v.id = o.voucher_id WHERE o.id = ?",
         ))
         .bind(id)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else {
             return Ok((Transition::NotFound, None));
@@ -745,6 +773,7 @@ impl Database {
                 ),
             ),
         };
+        let mut tx = self.pool.begin().await?;
         let changed = sqlx::query(query)
             .bind(rebuy)
             .bind(id)

@@ -40,6 +40,10 @@ pub struct Sale<'a> {
     pub stock: i64,
     /// What the run saw.
     pub record: &'a Record,
+    /// Orders given back (cancelled, or not paid in time) when the stores
+    /// were checked: each unit may have been sold again (0 without a
+    /// database).
+    pub returned: usize,
 }
 
 /// What the answers alone prove or disprove. A request whose answer was
@@ -53,8 +57,14 @@ pub fn from_answers(sale: Sale<'_>) -> Vec<Check> {
     let ids: HashSet<i64> = record.orders.iter().map(|o| o.order_id).collect();
     vec![
         Check::new("no request failed", record.errors() == 0),
-        Check::new("no oversell: accepted <= stock", accepted <= sale.stock),
-        Check::new("one order per user", users.len() as i64 == accepted),
+        Check::new(
+            "no oversell: accepted <= stock + orders given back",
+            accepted <= sale.stock + sale.returned as i64,
+        ),
+        Check::new(
+            "one accepted order per user, but for orders given back",
+            users.len() as i64 + sale.returned as i64 >= accepted,
+        ),
         Check::new("order ids are unique", ids.len() as i64 == accepted),
         Check::new(
             "sold out only once the stock may have been gone (accepted + unknown >= stock)",
@@ -64,14 +74,23 @@ pub fn from_answers(sale: Sale<'_>) -> Vec<Check> {
 }
 
 /// The orders the database holds for the sale, `(order id, user id)`,
-/// against the answers: accepted ⊆ stored ⊆ accepted ∪ unknown. Also
-/// returns how many stored orders had an unknown outcome.
-pub fn stored_checks(sale: Sale<'_>, stored: &[(i64, i64)]) -> (Vec<Check>, u64) {
+/// against the answers: accepted ⊆ stored ⊆ accepted ∪ unknown; `returned`:
+/// those given back since (their units may have sold again). Also returns
+/// how many stored orders had an unknown outcome.
+pub fn stored_checks(
+    sale: Sale<'_>,
+    stored: &[(i64, i64)],
+    returned: &HashSet<i64>,
+) -> (Vec<Check>, u64) {
     let record = sale.record;
     let accepted: HashSet<i64> = record.orders.iter().map(|o| o.order_id).collect();
     let unknown: HashSet<i64> = record.unknown_users.iter().copied().collect();
     let stored_ids: HashSet<i64> = stored.iter().map(|(id, _)| *id).collect();
-    let stored_users: HashSet<i64> = stored.iter().map(|(_, user)| *user).collect();
+    let live: Vec<&(i64, i64)> = stored
+        .iter()
+        .filter(|(id, _)| !returned.contains(id))
+        .collect();
+    let live_users: HashSet<i64> = live.iter().map(|(_, user)| *user).collect();
     let not_accepted: Vec<&(i64, i64)> = stored
         .iter()
         .filter(|(id, _)| !accepted.contains(id))
@@ -80,7 +99,7 @@ pub fn stored_checks(sale: Sale<'_>, stored: &[(i64, i64)]) -> (Vec<Check>, u64)
         .iter()
         .filter(|(_, user)| unknown.contains(user))
         .count();
-    let count = stored.len() as i64;
+    let live_count = live.len() as i64;
     let mut checks = vec![
         Check::new(
             "every accepted order is stored (accepted ⊆ stored)",
@@ -90,16 +109,16 @@ pub fn stored_checks(sale: Sale<'_>, stored: &[(i64, i64)]) -> (Vec<Check>, u64)
             "every stored order was accepted or its answer was lost (stored ⊆ accepted ∪ unknown)",
             unknown_stored == not_accepted.len(),
         ),
-        Check::new("no oversell: stored <= stock", count <= sale.stock),
         Check::new(
-            "one stored order per user",
-            stored_users.len() == stored.len(),
+            "no oversell: live orders (stored, not given back) <= stock",
+            live_count <= sale.stock,
         ),
+        Check::new("one live order per user", live_users.len() == live.len()),
     ];
     if record.count("sold_out") > 0 {
         checks.push(Check::new(
-            "sold out only once the stock was gone (stored = stock)",
-            count == sale.stock,
+            "sold out only once the stock was gone (every unit stored once at least)",
+            stored.len() as i64 >= sale.stock,
         ));
     }
     (checks, unknown_stored as u64)
@@ -115,6 +134,8 @@ pub struct Verified {
     /// Requests with an unknown outcome whose order turned out stored
     /// (`None`: no database to look in).
     pub unknown_stored: Option<u64>,
+    /// The sale's orders given back when checked.
+    pub returned: usize,
 }
 
 /// Redis and the database, when the run was given them.
@@ -159,6 +180,55 @@ impl Stores {
             Some(db) => db.voucher_orders(voucher).await?,
             None => Vec::new(),
         })
+    }
+
+    /// The figures of an order's life for `voucher` (`None` without a
+    /// database); Redis' side only when `fast_path` (on the locked path
+    /// the database alone holds the stock).
+    ///
+    /// # Errors
+    /// If a store fails.
+    pub async fn life_figures(
+        &self,
+        voucher: i64,
+        fast_path: bool,
+    ) -> anyhow::Result<Option<super::after_sale::LifeFigures>> {
+        let Some(db) = &self.db else {
+            return Ok(None);
+        };
+        let states = db.order_states(voucher).await?;
+        let db_stock = db.voucher_stock(voucher).await?.unwrap_or(0);
+        let live_users = db
+            .order_users(voucher)
+            .await?
+            .into_iter()
+            .collect::<HashSet<i64>>()
+            .len();
+        let redis = match &self.redis {
+            Some(conn) if fast_path => {
+                let sale = seckill::store::read_sale(conn, &self.prefix, voucher).await?;
+                Some((sale.stock.unwrap_or(0), sale.returned.len()))
+            }
+            _ => None,
+        };
+        Ok(Some(super::after_sale::LifeFigures {
+            states,
+            db_stock,
+            live_users,
+            redis,
+        }))
+    }
+
+    /// Where Redis and the database disagree about `voucher` now (none
+    /// without both, or on the locked path; a failure is a line too).
+    pub async fn differences(&self, voucher: i64, fast_path: bool) -> Vec<String> {
+        let (Some(conn), Some(db), true) = (&self.redis, &self.db, fast_path) else {
+            return Vec::new();
+        };
+        match reconcile(conn, db, &self.prefix, voucher).await {
+            Ok(found) => found.differences(),
+            Err(e) => vec![format!("reconcile failed: {e}")],
+        }
     }
 
     /// Entries in the dead-letter stream (0 without Redis).
@@ -237,35 +307,51 @@ impl Stores {
         let accepted: HashSet<i64> = sale.record.orders.iter().map(|o| o.order_id).collect();
         // The async path answers before the database has the order.
         let pipelined = sale.record.orders.iter().any(|o| o.pending);
-        let (stored, found) = loop {
-            let stored = db.voucher_orders(sale.voucher).await?;
+        // Orders given back meanwhile (their deadline passing) change the
+        // stock between two reads: the stores are read until one reading
+        // is quiet and complete, or the deadline passes.
+        let (stored, returned, db_stock, found) = loop {
+            let db_stock = db.voucher_stock(sale.voucher).await?;
+            let orders = db.voucher_order_states(sale.voucher).await?;
             let found = match &self.redis {
                 Some(conn) if pipelined => {
                     Some(reconcile(conn, db, &self.prefix, sale.voucher).await?)
                 }
                 _ => None,
             };
-            let drained = found.as_ref().is_none_or(|f| f.in_stream == 0);
+            let quiet = db.voucher_stock(sale.voucher).await? == db_stock;
+            let stored: Vec<(i64, i64)> = orders.iter().map(|&(id, user, _)| (id, user)).collect();
+            let returned: HashSet<i64> = orders
+                .iter()
+                .filter(|(_, _, state)| state.gave_back())
+                .map(|&(id, _, _)| id)
+                .collect();
+            let settled = found
+                .as_ref()
+                .is_none_or(|f| f.in_stream == 0 && f.is_consistent());
             let all_in = stored
                 .iter()
                 .filter(|(id, _)| accepted.contains(id))
                 .count();
-            if (drained && all_in == accepted.len()) || tokio::time::Instant::now() >= deadline {
-                break (stored, found);
+            if (quiet && settled && all_in == accepted.len())
+                || tokio::time::Instant::now() >= deadline
+            {
+                break (stored, returned, db_stock, found);
             }
             // The pipeline is another process: there is no event to await.
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        let (mut checks, unknown_stored) = stored_checks(sale, &stored);
-        let db_stock = db.voucher_stock(sale.voucher).await?;
+        let (mut checks, unknown_stored) = stored_checks(sale, &stored, &returned);
+        let live = (stored.len() - returned.len()) as i64;
         checks.push(Check::new(
-            "database stock = stock - orders",
-            db_stock == Some(sale.stock - stored.len() as i64),
+            "database stock = stock - live orders",
+            db_stock == Some(sale.stock - live),
         ));
         let mut verified = Verified {
             checks,
             differences: Vec::new(),
             unknown_stored: Some(unknown_stored),
+            returned: returned.len(),
         };
         if let Some(found) = found {
             let dead_letters = self.dead_letters().await? - dead_letters_before;
@@ -354,13 +440,15 @@ mod tests {
             voucher: 1,
             stock: 3,
             record,
+            returned: 0,
         }
     }
 
     #[test]
     fn an_unknown_outcome_that_turned_out_stored_is_counted_not_failed() {
         let record = record();
-        let (checks, unknown_stored) = stored_checks(sale(&record), &[(11, 1), (12, 2), (13, 3)]);
+        let (checks, unknown_stored) =
+            stored_checks(sale(&record), &[(11, 1), (12, 2), (13, 3)], &HashSet::new());
         assert_eq!(failed(&checks), Vec::<&str>::new());
         assert_eq!(unknown_stored, 1);
         // From the answers alone: 2 accepted + 2 unknown may be the stock.
@@ -371,7 +459,8 @@ mod tests {
     fn an_accepted_order_missing_from_the_database_fails() {
         let record = record();
         // Order 12 was deleted behind the bench's back.
-        let (checks, _) = stored_checks(sale(&record), &[(11, 1), (13, 3), (14, 4)]);
+        let (checks, _) =
+            stored_checks(sale(&record), &[(11, 1), (13, 3), (14, 4)], &HashSet::new());
         assert_eq!(
             failed(&checks),
             ["every accepted order is stored (accepted ⊆ stored)"]
@@ -382,7 +471,8 @@ mod tests {
     fn a_stored_order_nobody_was_told_of_fails() {
         let record = record();
         // User 5 asked nothing that could have bought.
-        let (checks, unknown_stored) = stored_checks(sale(&record), &[(11, 1), (12, 2), (15, 5)]);
+        let (checks, unknown_stored) =
+            stored_checks(sale(&record), &[(11, 1), (12, 2), (15, 5)], &HashSet::new());
         assert_eq!(
             failed(&checks),
             ["every stored order was accepted or its answer was lost (stored ⊆ accepted ∪ unknown)"]
@@ -407,10 +497,10 @@ mod tests {
     #[test]
     fn sold_out_before_the_stock_was_gone_fails() {
         let record = Record::of(vec![order(1, 11)], vec![3], &[("sold_out", 1)]);
-        let (checks, _) = stored_checks(sale(&record), &[(11, 1)]);
+        let (checks, _) = stored_checks(sale(&record), &[(11, 1)], &HashSet::new());
         assert_eq!(
             failed(&checks),
-            ["sold out only once the stock was gone (stored = stock)"]
+            ["sold out only once the stock was gone (every unit stored once at least)"]
         );
         assert!(failed(&from_answers(sale(&record))).contains(
             &"sold out only once the stock may have been gone (accepted + unknown >= stock)"

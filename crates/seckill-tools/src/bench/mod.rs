@@ -9,6 +9,7 @@
 //! and the database ([`checks`]); write `report.json` and three PNG charts
 //! ([`report`], [`charts`]).
 
+pub mod after_sale;
 pub mod ceiling;
 pub mod charts;
 pub mod checks;
@@ -83,9 +84,39 @@ pub struct BenchArgs {
     /// How long to wait after the load for the order pipeline to drain.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     pub drain_timeout: Duration,
+    /// The buyer model after the load: this share of buyers pays at once
+    /// (with --cancel-share; the rest never pay and their orders expire;
+    /// the units that come back are sold again, round after round).
+    #[arg(long)]
+    pub pay_share: Option<f64>,
+    /// After the load, this share of buyers cancels.
+    #[arg(long)]
+    pub cancel_share: Option<f64>,
+    /// The voucher's payment window, with the buyer model.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub pay_within: Duration,
+    /// Rounds of the buyer model at most (the last one's buyers all pay).
+    #[arg(long, default_value_t = 4)]
+    pub rounds: u32,
 }
 
 impl BenchArgs {
+    /// The buyer model, if one of its shares is given.
+    fn buyer_model(&self) -> anyhow::Result<Option<after_sale::BuyerModel>> {
+        if self.pay_share.is_none() && self.cancel_share.is_none() {
+            return Ok(None);
+        }
+        let model = after_sale::BuyerModel::new(
+            self.pay_share.unwrap_or(0.0),
+            self.cancel_share.unwrap_or(0.0),
+        )?;
+        anyhow::ensure!(
+            (1..=100).contains(&self.rounds),
+            "--rounds must be between 1 and 100"
+        );
+        Ok(Some(model))
+    }
+
     /// The arrival model and stop rule, or why the options make no sense.
     fn plan(&self) -> anyhow::Result<(Arrival, Until)> {
         let arrival = match (self.concurrency, self.rate) {
@@ -185,7 +216,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         }
         _ => None,
     };
-    let voucher = create_voucher(&http, &bases[0], &tokens, args.stock).await?;
+    let model = args.buyer_model()?;
+    let pay_within = model.map(|_| args.pay_within);
+    let voucher = create_voucher(&http, &bases[0], &tokens, args.stock, pay_within).await?;
     println!(
         "bench: voucher {voucher} with {} units, {} users, {} instance(s), {}",
         args.stock,
@@ -209,7 +242,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     };
     let progress = Arc::new(Progress::default());
     let display = ProgressDisplay::start(until, progress.clone())?;
-    let record = load::run(http, plan, progress).await;
+    let record = load::run(http.clone(), plan, progress).await;
     display.finish();
     report::print_summary(&record);
     let sold_out_rps = report::sold_out_rate(&record);
@@ -219,15 +252,38 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         voucher,
         stock: args.stock,
         record: &record,
+        returned: 0,
     };
-    let mut all = checks::from_answers(sale);
     // A store failing now must not lose the run: it becomes a failed
     // check, and the report is still written.
     let verified = stores
         .verify_or_report(sale, args.drain_timeout, dead_letters_before)
         .await;
+    let sale = checks::Sale {
+        returned: verified.returned,
+        ..sale
+    };
+    let mut all = checks::from_answers(sale);
     all.extend(verified.checks);
-    let differences = verified.differences;
+    let mut differences = verified.differences;
+    if let Some(model) = model {
+        let plan = after_sale::AfterSalePlan {
+            bases: bases.clone(),
+            voucher,
+            model,
+            rounds: args.rounds,
+            pay_within: args.pay_within,
+            concurrency: match arrival {
+                Arrival::Closed { concurrency } => concurrency,
+                Arrival::Open { max_in_flight, .. } => max_in_flight.min(256),
+            },
+            first_new_user: args.users as i64 + 1,
+        };
+        let (checks, more) =
+            after_sale_run(&http, &tokens, &plan, &record, &stores, args.stock).await;
+        all.extend(checks);
+        differences.extend(more);
+    }
     report::print_unknowns(&record, verified.unknown_stored);
     if args.redis_url.is_none() || args.database_url.is_none() {
         println!("(give --redis-url and --database-url to check the stores too)");
@@ -251,6 +307,83 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     Ok(checks::print(&report.checks, &differences))
 }
 
+/// The buyer model's rounds on the run's accepted orders, reported, and
+/// their checks (with the stores' figures when the run has them); the
+/// stores' differences at the end.
+pub async fn after_sale_run(
+    http: &reqwest::Client,
+    tokens: &Tokens,
+    plan: &after_sale::AfterSalePlan,
+    record: &load::Record,
+    stores: &checks::Stores,
+    stock: i64,
+) -> (Vec<checks::Check>, Vec<String>) {
+    let orders: Vec<(i64, i64)> = record
+        .orders
+        .iter()
+        .map(|o| (o.user_id, o.order_id))
+        .collect();
+    let fast_path = record.orders.iter().any(|o| o.pending);
+    println!(
+        "after-sale: {} orders; {:.0}% pay at once, {:.0}% cancel, {:.0}% never pay ({} window); at most {} rounds",
+        orders.len(),
+        100.0 * (1.0 - plan.model.never_pay()) - 100.0 * plan.model.cancel_share(),
+        100.0 * plan.model.cancel_share(),
+        100.0 * plan.model.never_pay(),
+        humantime::format_duration(plan.pay_within),
+        plan.rounds
+    );
+    let started = std::time::Instant::now();
+    let seen = after_sale::run(http, tokens, plan, orders).await;
+    println!(
+        "after-sale: {} rounds in {:.1?}: {} paid, {} cancelled, {} expired, {} units sold again",
+        seen.rounds,
+        started.elapsed(),
+        seen.paid.len(),
+        seen.cancelled.len(),
+        seen.expired.len(),
+        seen.resold
+    );
+    for what in seen.unexpected.iter().take(5) {
+        println!("  unexpected: {what}");
+    }
+    // The last returns reach Redis within a sweep; the figures are read
+    // once they agree, or at the deadline.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut figures = None;
+    let mut failed = None;
+    loop {
+        match stores.life_figures(plan.voucher, fast_path).await {
+            Ok(found) => {
+                let settled = found.is_none_or(|f| {
+                    f.redis.is_none_or(|(stock, returned)| {
+                        stock == f.db_stock && returned as i64 == f.states.2 + f.states.3
+                    })
+                });
+                figures = found;
+                if settled {
+                    break;
+                }
+            }
+            Err(e) => failed = Some(e),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sold_out = record.count("sold_out") > 0;
+    let mut all = after_sale::checks(&seen, stock, sold_out, figures.as_ref());
+    if let Some(e) = failed.filter(|_| figures.is_none()) {
+        all.push(checks::Check::new(
+            format!("the stores could be read after the after-sale ({e:#})"),
+            false,
+        ));
+    }
+    let differences = stores.differences(plan.voucher, fast_path).await;
+    (all, differences)
+}
+
 fn describe(arrival: Arrival, until: Until) -> String {
     let how = match arrival {
         Arrival::Closed { concurrency } => format!("closed loop, {concurrency} in flight"),
@@ -265,21 +398,27 @@ fn describe(arrival: Arrival, until: Until) -> String {
     }
 }
 
-/// The setup step: a voucher on sale from now for a day.
+/// The setup step: a voucher on sale from now for a day; its buyers have
+/// `pay_within` to pay (`None`: the service's default window).
 pub async fn create_voucher(
     http: &reqwest::Client,
     base: &str,
     tokens: &Tokens,
     stock: i64,
+    pay_within: Option<Duration>,
 ) -> anyhow::Result<i64> {
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+    let mut body = json!({
+        "title": format!("bench {now_ms}"), "stock": stock,
+        "begin_ms": now_ms - 1_000, "end_ms": now_ms + 24 * 3_600_000
+    });
+    if let Some(window) = pay_within {
+        body["pay_within_ms"] = json!(window.as_millis() as u64);
+    }
     let response = http
         .post(format!("{base}/api/vouchers"))
         .bearer_auth(tokens.mint(Principal::Admin, Duration::from_secs(600)))
-        .json(&json!({
-            "title": format!("bench {now_ms}"), "stock": stock,
-            "begin_ms": now_ms - 1_000, "end_ms": now_ms + 24 * 3_600_000
-        }))
+        .json(&body)
         .send()
         .await
         .context("creating the voucher")?;

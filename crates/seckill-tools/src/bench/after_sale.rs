@@ -1,0 +1,505 @@
+//! The buyer model: what buyers do with their orders after the purchase
+//! (pay at once, cancel, or never pay and let the deadline pass), the units
+//! given back sold again to new buyers round after round, and the
+//! invariants of an order's whole life, checked against the answers and
+//! the stores at the end.
+//!
+//! Each round acts on the orders its buyers hold: once an order is stored,
+//! its buyer pays (with an idempotency key, asked twice for one order in
+//! ten), cancels, or does nothing until the sweep expires it. The units
+//! that came back are then bought by new users, whose orders make the next
+//! round. In the last round every buyer pays, so a completed run ends with
+//! every unit paid.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use seckill::auth::{Principal, Tokens};
+
+use super::checks::Check;
+
+/// Shares of buyers who pay at once and who cancel; the rest never pay.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BuyerModel {
+    pay: f64,
+    cancel: f64,
+}
+
+/// What one buyer does with an order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Choice {
+    Pay,
+    Cancel,
+    NeverPay,
+}
+
+impl BuyerModel {
+    /// A model where `pay` of the buyers pay at once and `cancel` cancel.
+    ///
+    /// # Errors
+    /// Shares outside 0..=1, or adding up to more than 1.
+    pub fn new(pay: f64, cancel: f64) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&pay) && (0.0..=1.0).contains(&cancel) && pay + cancel <= 1.0,
+            "the pay and cancel shares must be between 0 and 1 and add up to 1 at most"
+        );
+        Ok(Self { pay, cancel })
+    }
+
+    /// The share of buyers who cancel.
+    pub fn cancel_share(&self) -> f64 {
+        self.cancel
+    }
+
+    /// The share of buyers who never pay.
+    pub fn never_pay(&self) -> f64 {
+        (1.0 - self.pay - self.cancel).max(0.0)
+    }
+
+    /// What `user` does: the same for the same user (a hash of the id), so
+    /// a run can be repeated.
+    fn choose(&self, user: i64) -> Choice {
+        // SplitMix64's finaliser: well spread for consecutive ids.
+        let mut x = user as u64;
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^= x >> 31;
+        let share = (x >> 11) as f64 / (1u64 << 53) as f64;
+        if share < self.pay {
+            Choice::Pay
+        } else if share < self.pay + self.cancel {
+            Choice::Cancel
+        } else {
+            Choice::NeverPay
+        }
+    }
+}
+
+/// Where and how the after-sale runs.
+#[derive(Debug, Clone)]
+pub struct AfterSalePlan {
+    /// Base URLs of the instances (requests go round-robin).
+    pub bases: Vec<String>,
+    /// The voucher sold.
+    pub voucher: i64,
+    /// The buyer model.
+    pub model: BuyerModel,
+    /// Rounds at most; the last one's buyers all pay.
+    pub rounds: u32,
+    /// The voucher's payment window.
+    pub pay_within: Duration,
+    /// Buyers acting at once.
+    pub concurrency: usize,
+    /// The first user id of the new buyers (above the purchase run's).
+    pub first_new_user: i64,
+}
+
+/// What the after-sale saw.
+#[derive(Debug, Clone, Default)]
+pub struct AfterSale {
+    /// Rounds run.
+    pub rounds: u32,
+    /// Orders answered `paid`.
+    pub paid: HashSet<i64>,
+    /// Orders answered `cancelled`.
+    pub cancelled: HashSet<i64>,
+    /// Orders seen `expired`.
+    pub expired: HashSet<i64>,
+    /// Units given back (cancelled + expired) and bought again.
+    pub resold: usize,
+    /// Payments asked a second time with their key that answered the same.
+    pub repeats_same: usize,
+    /// Payments asked a second time.
+    pub repeats: usize,
+    /// Answers that were not what the order's state called for.
+    pub unexpected: Vec<String>,
+    /// Whether a round ended with no unit given back and nothing
+    /// unexpected: every unit sold is then paid.
+    pub completed: bool,
+}
+
+struct Client<'a> {
+    http: &'a reqwest::Client,
+    tokens: &'a Tokens,
+    bases: &'a [String],
+    next: AtomicUsize,
+}
+
+impl Client<'_> {
+    fn base(&self) -> &str {
+        &self.bases[self.next.fetch_add(1, Ordering::Relaxed) % self.bases.len()]
+    }
+
+    fn token(&self, user: i64) -> String {
+        self.tokens
+            .mint(Principal::User(user), Duration::from_secs(3600))
+    }
+
+    /// `(status, body)` of a request; `None` if no answer came.
+    async fn send(&self, request: reqwest::RequestBuilder) -> Option<(u16, Value)> {
+        let response = request.send().await.ok()?;
+        let status = response.status().as_u16();
+        Some((status, response.json().await.unwrap_or(Value::Null)))
+    }
+
+    async fn order(&self, user: i64, order: i64) -> Option<(u16, Value)> {
+        let url = format!("{}/api/orders/{order}", self.base());
+        self.send(self.http.get(url).bearer_auth(self.token(user)))
+            .await
+    }
+
+    async fn act(&self, user: i64, order: i64, action: &str) -> Option<(u16, Value)> {
+        let url = format!("{}/api/orders/{order}/{action}", self.base());
+        let mut request = self.http.post(url).bearer_auth(self.token(user));
+        if action == "pay" {
+            request = request.header("Idempotency-Key", format!("after-sale-{order}"));
+        }
+        self.send(request).await
+    }
+
+    /// Polls order `order` until its state is one of `states` (or `bound`
+    /// passes); the last body seen.
+    async fn until_state(&self, user: i64, order: i64, states: &[&str], bound: Duration) -> Value {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let body = match self.order(user, order).await {
+                Some((200, body)) => body,
+                _ => Value::Null,
+            };
+            let state = body["state"].as_str().unwrap_or("");
+            if states.contains(&state) || tokio::time::Instant::now() >= deadline {
+                return body;
+            }
+            // The pipeline and the sweep are other tasks: nothing to await.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// What happened to one order.
+enum Fate {
+    Paid { repeated: Option<bool> },
+    Cancelled,
+    Expired,
+    Unexpected(String),
+}
+
+/// Runs the after-sale on `orders` (`(user, order id)`, the purchase run's
+/// accepted ones).
+pub async fn run(
+    http: &reqwest::Client,
+    tokens: &Tokens,
+    plan: &AfterSalePlan,
+    mut orders: Vec<(i64, i64)>,
+) -> AfterSale {
+    let client = Client {
+        http,
+        tokens,
+        bases: &plan.bases,
+        next: AtomicUsize::new(0),
+    };
+    let mut seen = AfterSale::default();
+    let mut next_user = plan.first_new_user;
+    // Stored within this of the purchase; expired within this of the
+    // deadline (the sweep runs every second by default).
+    let stored_within = Duration::from_secs(60);
+    let expired_within = plan.pay_within + Duration::from_secs(60);
+    for round in 1..=plan.rounds.max(1) {
+        seen.rounds = round;
+        let last = round == plan.rounds.max(1);
+        let fates: Vec<(i64, Fate)> = futures_util::stream::iter(orders.iter().copied())
+            .map(|(user, order)| {
+                let client = &client;
+                let choice = if last {
+                    Choice::Pay
+                } else {
+                    plan.model.choose(user)
+                };
+                async move {
+                    let fate =
+                        one_order(client, user, order, choice, stored_within, expired_within).await;
+                    (order, fate)
+                }
+            })
+            .buffer_unordered(plan.concurrency.max(1))
+            .collect()
+            .await;
+        let mut returned = 0;
+        for (order, fate) in fates {
+            match fate {
+                Fate::Paid { repeated } => {
+                    seen.paid.insert(order);
+                    if let Some(same) = repeated {
+                        seen.repeats += 1;
+                        seen.repeats_same += usize::from(same);
+                    }
+                }
+                Fate::Cancelled => {
+                    seen.cancelled.insert(order);
+                    returned += 1;
+                }
+                Fate::Expired => {
+                    seen.expired.insert(order);
+                    returned += 1;
+                }
+                Fate::Unexpected(what) => seen.unexpected.push(what),
+            }
+        }
+        if returned == 0 {
+            seen.completed = seen.unexpected.is_empty();
+            break;
+        }
+        // The units that came back, bought by new users.
+        let bought = resell(&client, plan.voucher, returned, &mut next_user, &mut seen).await;
+        seen.resold += bought.len();
+        orders = bought;
+    }
+    seen
+}
+
+/// Waits until `order` is stored, then does what `choice` says.
+async fn one_order(
+    client: &Client<'_>,
+    user: i64,
+    order: i64,
+    choice: Choice,
+    stored_within: Duration,
+    expired_within: Duration,
+) -> Fate {
+    let stored = client
+        .until_state(user, order, &["reserved", "expired"], stored_within)
+        .await;
+    match stored["state"].as_str() {
+        Some("reserved") => {}
+        // Stored only after its deadline (a slow pipeline, a short window).
+        Some("expired") => return Fate::Expired,
+        _ => return Fate::Unexpected(format!("order {order} not stored in time: {stored}")),
+    }
+    match choice {
+        Choice::Pay => match client.act(user, order, "pay").await {
+            Some((200, paid)) if paid["state"] == "paid" => {
+                // One order in ten asks again with its key.
+                let repeated = if order % 10 == 0 {
+                    let again = client.act(user, order, "pay").await;
+                    Some(matches!(again, Some((200, body)) if body["paid_ms"] == paid["paid_ms"]))
+                } else {
+                    None
+                };
+                Fate::Paid { repeated }
+            }
+            // Too late: the deadline passed first, and the unit came back.
+            Some((409, body)) if body["code"] == "order_expired" => Fate::Expired,
+            other => Fate::Unexpected(format!("paying order {order}: {other:?}")),
+        },
+        Choice::Cancel => match client.act(user, order, "cancel").await {
+            Some((200, body)) if body["state"] == "cancelled" => Fate::Cancelled,
+            Some((409, body)) if body["code"] == "order_expired" => Fate::Expired,
+            other => Fate::Unexpected(format!("cancelling order {order}: {other:?}")),
+        },
+        Choice::NeverPay => {
+            let body = client
+                .until_state(user, order, &["expired"], expired_within)
+                .await;
+            if body["state"] == "expired" {
+                Fate::Expired
+            } else {
+                Fate::Unexpected(format!("order {order} did not expire in time: {body}"))
+            }
+        }
+    }
+}
+
+/// New users buy up to `units` of `voucher` (fewer if the purchase run's
+/// own buyers took some already); their orders `(user, order id)`. A
+/// `sold_out` may be an instance's memory of a moment ago (1 s): asked
+/// again once after it before the units count as gone.
+async fn resell(
+    client: &Client<'_>,
+    voucher: i64,
+    units: usize,
+    next_user: &mut i64,
+    seen: &mut AfterSale,
+) -> Vec<(i64, i64)> {
+    let mut bought = Vec::new();
+    let mut sold_out_waves = 0;
+    while bought.len() < units && sold_out_waves < 2 {
+        let users: Vec<i64> = (0..units - bought.len())
+            .map(|_| {
+                *next_user += 1;
+                *next_user
+            })
+            .collect();
+        let answers: Vec<(i64, Option<(u16, Value)>)> = futures_util::stream::iter(users)
+            .map(|user| async move {
+                let url = format!("{}/api/vouchers/{voucher}/seckill", client.base());
+                let answer = client
+                    .send(client.http.post(url).bearer_auth(client.token(user)))
+                    .await;
+                (user, answer)
+            })
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        let mut sold_out = false;
+        for (user, answer) in answers {
+            match answer {
+                Some((200, body)) => match body["order_id"].as_str().and_then(|s| s.parse().ok()) {
+                    Some(order) => bought.push((user, order)),
+                    None => seen
+                        .unexpected
+                        .push(format!("purchase answer without an id: {body}")),
+                },
+                Some((409, body)) if body["code"] == "sold_out" => sold_out = true,
+                other => seen.unexpected.push(format!("buying again: {other:?}")),
+            }
+        }
+        if sold_out {
+            sold_out_waves += 1;
+            tokio::time::sleep(seckill::store::SOLD_OUT_MEMORY + Duration::from_millis(100)).await;
+        }
+    }
+    bought
+}
+
+/// The invariants of the after-sale: from the answers, and from the stores'
+/// figures when given (`states`: the database's `(reserved, paid,
+/// cancelled, expired)`; `db_stock`; on the fast path Redis' stock and
+/// returned orders).
+///
+/// `sold_out`: the purchase run sold the whole stock (then buyers remained
+/// for every unit given back).
+pub fn checks(
+    seen: &AfterSale,
+    stock: i64,
+    sold_out: bool,
+    stores: Option<&LifeFigures>,
+) -> Vec<Check> {
+    let returned: HashSet<i64> = seen.cancelled.union(&seen.expired).copied().collect();
+    let mut checks = vec![
+        Check::new(
+            format!(
+                "after-sale: every answer as the order's state called for ({} not)",
+                seen.unexpected.len()
+            ),
+            seen.unexpected.is_empty(),
+        ),
+        Check::new(
+            "no order both paid and given back (answers)",
+            seen.paid.is_disjoint(&returned),
+        ),
+        Check::new(
+            format!(
+                "a payment asked again with its key answered the same ({} of {})",
+                seen.repeats_same, seen.repeats
+            ),
+            seen.repeats_same == seen.repeats,
+        ),
+    ];
+
+    if let Some(figures) = stores {
+        let (reserved, paid, cancelled, expired) = figures.states;
+        checks.push(Check::new(
+            "stock = available + reserved + paid (database)",
+            figures.db_stock + reserved + paid == stock,
+        ));
+        checks.push(Check::new(
+            "the database's states match the answers (paid, cancelled, expired)",
+            paid as usize == seen.paid.len()
+                && cancelled as usize == seen.cancelled.len()
+                && expired as usize == seen.expired.len(),
+        ));
+        checks.push(Check::new(
+            "one live order per user (database)",
+            figures.live_users == (reserved + paid) as usize,
+        ));
+        if let Some((redis_stock, redis_returned)) = figures.redis {
+            checks.push(Check::new(
+                "no unit taken back twice: Redis' returned orders = cancelled + expired, Redis stock = database stock",
+                redis_returned == (cancelled + expired) as usize && redis_stock == figures.db_stock,
+            ));
+        }
+        if seen.completed {
+            checks.push(Check::new(
+                "every order ends paid or given back (database: none reserved)",
+                reserved == 0,
+            ));
+            if sold_out {
+                checks.push(Check::new(
+                    "every unit given back was sold again, and every unit ends paid (database)",
+                    paid == stock && figures.db_stock == 0,
+                ));
+            }
+        }
+    }
+    checks
+}
+
+/// The stores' figures of a sale at the end of an after-sale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LifeFigures {
+    /// The database's `(reserved, paid, cancelled, expired)`.
+    pub states: (i64, i64, i64, i64),
+    /// The database's stock.
+    pub db_stock: i64,
+    /// Users holding a live order (a claim on the voucher).
+    pub live_users: usize,
+    /// On the fast path: Redis' stock and how many orders it took back.
+    pub redis: Option<(i64, usize)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_splits_buyers_by_its_shares_and_refuses_bad_ones() {
+        let model = BuyerModel::new(0.7, 0.1).unwrap();
+        let mut counts = [0; 3];
+        for user in 1..=10_000 {
+            counts[match model.choose(user) {
+                Choice::Pay => 0,
+                Choice::Cancel => 1,
+                Choice::NeverPay => 2,
+            }] += 1;
+        }
+        assert!((6_700..7_300).contains(&counts[0]), "{counts:?}");
+        assert!((800..1_200).contains(&counts[1]), "{counts:?}");
+        assert!((1_800..2_200).contains(&counts[2]), "{counts:?}");
+        assert_eq!(model.choose(42), model.choose(42));
+        assert!(BuyerModel::new(0.8, 0.3).is_err());
+        assert!(BuyerModel::new(-0.1, 0.0).is_err());
+    }
+
+    #[test]
+    fn an_order_paid_and_given_back_or_a_lost_unit_fails() {
+        let mut seen = AfterSale {
+            completed: true,
+            ..Default::default()
+        };
+        seen.paid.extend([1, 2]);
+        seen.cancelled.insert(2);
+        seen.resold = 1;
+        let failed: Vec<String> = checks(&seen, 2, true, None)
+            .into_iter()
+            .filter(|c| !c.held)
+            .map(|c| c.name)
+            .collect();
+        assert!(failed.contains(&"no order both paid and given back (answers)".to_owned()));
+        let figures = LifeFigures {
+            states: (0, 2, 1, 0),
+            db_stock: 1, // a unit too many came back
+            live_users: 2,
+            redis: Some((1, 1)),
+        };
+        let failed: Vec<String> = checks(&seen, 2, true, Some(&figures))
+            .into_iter()
+            .filter(|c| !c.held)
+            .map(|c| c.name)
+            .collect();
+        assert!(failed.contains(&"stock = available + reserved + paid (database)".to_owned()));
+    }
+}
