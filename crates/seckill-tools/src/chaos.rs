@@ -15,12 +15,13 @@
 //! | `restart-redis` | Redis SIGKILLed and started again on its data |
 //! | `restart-database` | the database SIGKILLed, started again 1 s later |
 //! | `pause-redis` | Redis frozen (SIGSTOP) for 2 s |
+//! | `order-life` | nothing during the load; then the buyer model (a share pays, a share cancels, the rest let a 2 s deadline pass; units sold again) while an instance is killed, Redis and the database restarted |
 //!
 //! Each phase's stock is about 60% of the phase's requests, so it sells out
 //! after the fault. Per phase: requests, accepted, unknown (answer lost),
 //! stored, then what must be 0: lost (accepted, not stored), duplicated (a
-//! user with two orders), oversold (stored beyond the stock), and 5xx other
-//! than 503.
+//! user with two live orders), oversold (live orders beyond the stock),
+//! 5xx other than 503, and in the order-life phase units taken back twice.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -98,14 +99,18 @@ pub enum Fault {
     RestartDatabase,
     /// Redis frozen for 2 s.
     PauseRedis,
+    /// After the load, buyers pay, cancel or let their orders expire while
+    /// an instance is killed, then Redis and the database are restarted.
+    OrderLife,
 }
 
-const FAULTS: [Fault; 5] = [
+const FAULTS: [Fault; 6] = [
     Fault::None,
     Fault::KillInstance,
     Fault::RestartRedis,
     Fault::RestartDatabase,
     Fault::PauseRedis,
+    Fault::OrderLife,
 ];
 
 impl Fault {
@@ -116,6 +121,7 @@ impl Fault {
             Fault::RestartRedis => "restart-redis",
             Fault::RestartDatabase => "restart-database",
             Fault::PauseRedis => "pause-redis",
+            Fault::OrderLife => "order-life",
         }
     }
 }
@@ -152,6 +158,11 @@ pub struct Row {
     pub oversold: u64,
     /// 5xx answers other than 503 (must be 0).
     pub other_5xx: u64,
+    /// The order-life phase: orders given back (cancelled, expired).
+    pub given_back: u64,
+    /// The order-life phase: units Redis took back beyond the orders given
+    /// back, or Redis' stock above the database's (must be 0).
+    pub returned_twice: u64,
     /// Every store check held.
     pub checks_hold: bool,
     /// The checks that failed, if any.
@@ -164,6 +175,7 @@ impl Row {
             && self.duplicated == 0
             && self.oversold == 0
             && self.other_5xx == 0
+            && self.returned_twice == 0
             && self.checks_hold
     }
 }
@@ -341,6 +353,8 @@ impl Deployment {
                 lock(&self.redis).resume();
                 "Redis frozen for 2 s".into()
             }
+            // Struck after the load (see `order_life_phase`).
+            Fault::OrderLife => "nothing during the load".into(),
         })
     }
 }
@@ -408,7 +422,8 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
         .build()?;
     let mut rows = Vec::new();
     for (phase, &fault) in FAULTS.iter().enumerate() {
-        let voucher = create_voucher(&http, &deployment, &tokens, stock).await?;
+        let pay_within = (fault == Fault::OrderLife).then_some(ORDER_LIFE_WINDOW);
+        let voucher = create_voucher(&http, &deployment, &tokens, stock, pay_within).await?;
         let dead_letters_before = stores.dead_letters().await.unwrap_or(0);
         let plan = Plan {
             targets: (0..args.instances)
@@ -427,7 +442,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
         let what = deployment.strike(fault, phase).await?;
         let repaired_in = struck.elapsed();
         let record = load.await?;
-        let row = account(
+        let mut row = account(
             &stores,
             Sale {
                 voucher,
@@ -439,6 +454,26 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
             dead_letters_before,
         )
         .await;
+        let what = if fault == Fault::OrderLife {
+            let life = OrderLifePhase {
+                voucher,
+                stock,
+                first_new_user: users as i64 + 1,
+                concurrency: 64,
+            };
+            order_life_phase(
+                &mut deployment,
+                &http,
+                &tokens,
+                &stores,
+                &record,
+                &life,
+                &mut row,
+            )
+            .await?
+        } else {
+            what
+        };
         println!(
             "phase {} ({}): {what} (done in {:.1?}); {} requests, {} accepted, {} unknown, {} stored",
             phase + 1,
@@ -478,6 +513,80 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
     Ok(clean)
 }
 
+/// The payment window of the order-life phase's voucher.
+const ORDER_LIFE_WINDOW: Duration = Duration::from_secs(2);
+
+/// What the order-life phase sells and to whom.
+struct OrderLifePhase {
+    voucher: i64,
+    stock: i64,
+    first_new_user: i64,
+    concurrency: usize,
+}
+
+/// The order-life phase after its load: the buyer model on the accepted
+/// orders while an instance is killed, then Redis and the database are
+/// restarted; its checks go into `row`. What was struck.
+async fn order_life_phase(
+    deployment: &mut Deployment,
+    http: &reqwest::Client,
+    tokens: &Tokens,
+    stores: &Stores,
+    record: &Record,
+    phase: &OrderLifePhase,
+    row: &mut Row,
+) -> anyhow::Result<String> {
+    let plan = crate::bench::after_sale::AfterSalePlan {
+        bases: (0..deployment.instances.len())
+            .map(|i| deployment.base(i))
+            .collect(),
+        voucher: phase.voucher,
+        model: crate::bench::after_sale::BuyerModel::new(0.5, 0.2)?,
+        rounds: 3,
+        pay_within: ORDER_LIFE_WINDOW,
+        concurrency: phase.concurrency,
+        first_new_user: phase.first_new_user,
+    };
+    let strikes = async {
+        let mut done = Vec::new();
+        for fault in [
+            Fault::KillInstance,
+            Fault::RestartRedis,
+            Fault::RestartDatabase,
+        ] {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            done.push(deployment.strike(fault, 0).await?);
+        }
+        anyhow::Ok(done.join("; "))
+    };
+    let (outcome, struck) = tokio::join!(
+        crate::bench::after_sale_run(http, tokens, &plan, record, stores, phase.stock),
+        strikes
+    );
+    let struck = struck?;
+    if let Some(figures) = outcome.figures {
+        let (_, _, cancelled, expired) = figures.states;
+        row.given_back = (cancelled + expired) as u64;
+        if let Some((redis_stock, redis_returned)) = figures.redis {
+            row.returned_twice = (redis_returned as u64).saturating_sub(row.given_back)
+                + (redis_stock - figures.db_stock).max(0) as u64;
+        }
+    }
+    // Answers lost to the faults were asked again; what is left is what
+    // the stores show.
+    let failed: Vec<String> = outcome
+        .checks
+        .into_iter()
+        .filter(|c| !c.held)
+        .map(|c| c.name)
+        .collect();
+    row.checks_hold &= failed.is_empty();
+    row.failed_checks.extend(failed);
+    Ok(format!(
+        "after the load, while buyers paid, cancelled and let orders expire: {struck}"
+    ))
+}
+
 /// Creates the phase's voucher, retrying while the deployment recovers
 /// from the previous phase's fault.
 async fn create_voucher(
@@ -485,10 +594,13 @@ async fn create_voucher(
     deployment: &Deployment,
     tokens: &Tokens,
     stock: i64,
+    pay_within: Option<Duration>,
 ) -> anyhow::Result<i64> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match crate::bench::create_voucher(http, &deployment.base(0), tokens, stock, None).await {
+        match crate::bench::create_voucher(http, &deployment.base(0), tokens, stock, pay_within)
+            .await
+        {
             Ok(id) => return Ok(id),
             Err(e) if Instant::now() < deadline => {
                 tracing::debug!(error = %e, "creating the voucher failed; retrying");
@@ -506,8 +618,14 @@ async fn account(stores: &Stores, sale: Sale<'_>, fault: Fault, dead_letters_bef
         .verify_or_report(sale, Duration::from_secs(60), dead_letters_before)
         .await;
     let stored = stores.orders(sale.voucher).await.unwrap_or_default();
-    let stored_ids: std::collections::HashSet<i64> = stored.iter().map(|(id, _)| *id).collect();
-    let users: std::collections::HashSet<i64> = stored.iter().map(|(_, u)| *u).collect();
+    let stored_ids: std::collections::HashSet<i64> = stored.iter().map(|(id, ..)| *id).collect();
+    // Orders given back (not paid in time, cancelled) hold no unit.
+    let live: Vec<i64> = stored
+        .iter()
+        .filter(|(.., given_back)| !given_back)
+        .map(|(_, user, _)| *user)
+        .collect();
+    let users: std::collections::HashSet<i64> = live.iter().copied().collect();
     let sale = Sale {
         returned: verified.returned,
         ..sale
@@ -542,9 +660,11 @@ async fn account(stores: &Stores, sale: Sale<'_>, fault: Fault, dead_letters_bef
             .iter()
             .filter(|o| !stored_ids.contains(&o.order_id))
             .count() as u64,
-        duplicated: (stored.len() - users.len()) as u64,
-        oversold: (stored.len() as i64 - sale.stock).max(0) as u64,
+        duplicated: (live.len() - users.len()) as u64,
+        oversold: (live.len() as i64 - sale.stock).max(0) as u64,
         other_5xx,
+        given_back: 0,
+        returned_twice: 0,
         checks_hold: failed_checks.is_empty(),
         failed_checks,
     }
@@ -552,7 +672,7 @@ async fn account(stores: &Stores, sale: Sale<'_>, fault: Fault, dead_letters_bef
 
 fn print_table(rows: &[Row]) {
     println!(
-        "\n{:<17} {:>8} {:>8} {:>6} {:>8} {:>8} {:>7} {:>7} {:>5} {:>5} {:>8} {:>9} {:>6}",
+        "\n{:<17} {:>8} {:>8} {:>6} {:>8} {:>8} {:>7} {:>7} {:>5} {:>5} {:>8} {:>9} {:>6} {:>6} {:>6}",
         "fault",
         "requests",
         "accepted",
@@ -565,11 +685,13 @@ fn print_table(rows: &[Row]) {
         "dup",
         "oversold",
         "other 5xx",
+        "back",
+        "twice",
         "checks"
     );
     for r in rows {
         println!(
-            "{:<17} {:>8} {:>8} {:>6} {:>8} {:>8} {:>7} {:>7} {:>5} {:>5} {:>8} {:>9} {:>6}",
+            "{:<17} {:>8} {:>8} {:>6} {:>8} {:>8} {:>7} {:>7} {:>5} {:>5} {:>8} {:>9} {:>6} {:>6} {:>6}",
             r.fault.name(),
             r.requests,
             r.accepted,
@@ -582,6 +704,8 @@ fn print_table(rows: &[Row]) {
             r.duplicated,
             r.oversold,
             r.other_5xx,
+            r.given_back,
+            r.returned_twice,
             if r.checks_hold { "ok" } else { "FAILED" }
         );
         for c in &r.failed_checks {

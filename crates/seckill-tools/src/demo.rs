@@ -205,10 +205,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         concurrency: args.concurrency,
         first_new_user: args.users + 1,
     };
-    let (life, more) =
+    let life =
         crate::bench::after_sale_run(&http, &tokens, &plan, &record, &stores, args.stock).await;
-    all.extend(life);
-    differences.extend(more);
+    all.extend(life.checks);
+    differences.extend(life.differences);
 
     // A graceful stop finishes the requests in flight and drains the order
     // pipeline.

@@ -117,6 +117,8 @@ pub struct AfterSale {
     pub repeats: usize,
     /// Answers that were not what the order's state called for.
     pub unexpected: Vec<String>,
+    /// Purchases of the resale whose answer was lost (each may have bought).
+    pub unknown_purchases: usize,
     /// Whether a round ended with no unit given back and nothing
     /// unexpected: every unit sold is then paid.
     pub completed: bool,
@@ -152,13 +154,24 @@ impl Client<'_> {
             .await
     }
 
+    /// Pays (with the order's own key) or cancels `order`. Both are
+    /// idempotent, so an answer that was lost, or a 503, is asked again
+    /// (on the next instance) until one comes, for up to a minute.
     async fn act(&self, user: i64, order: i64, action: &str) -> Option<(u16, Value)> {
-        let url = format!("{}/api/orders/{order}/{action}", self.base());
-        let mut request = self.http.post(url).bearer_auth(self.token(user));
-        if action == "pay" {
-            request = request.header("Idempotency-Key", format!("after-sale-{order}"));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let url = format!("{}/api/orders/{order}/{action}", self.base());
+            let mut request = self.http.post(url).bearer_auth(self.token(user));
+            if action == "pay" {
+                request = request.header("Idempotency-Key", format!("after-sale-{order}"));
+            }
+            match self.send(request).await {
+                Some((503, _)) | None if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                answer => return answer,
+            }
         }
-        self.send(request).await
     }
 
     /// Polls order `order` until its state is one of `states` (or `bound`
@@ -326,7 +339,8 @@ async fn resell(
 ) -> Vec<(i64, i64)> {
     let mut bought = Vec::new();
     let mut sold_out_waves = 0;
-    while bought.len() < units && sold_out_waves < 2 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while bought.len() < units && sold_out_waves < 2 && tokio::time::Instant::now() < deadline {
         let users: Vec<i64> = (0..units - bought.len())
             .map(|_| {
                 *next_user += 1;
@@ -354,8 +368,17 @@ async fn resell(
                         .push(format!("purchase answer without an id: {body}")),
                 },
                 Some((409, body)) if body["code"] == "sold_out" => sold_out = true,
+                // Not bought: the next wave asks again.
+                Some((503, _)) => {}
+                // May have bought (an unknown outcome): left to the sweep,
+                // which gives the unit back when nobody pays.
+                None => seen.unknown_purchases += 1,
                 other => seen.unexpected.push(format!("buying again: {other:?}")),
             }
+        }
+        if bought.len() < units && !sold_out {
+            // A dependency down: not before it may be back.
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         if sold_out {
             sold_out_waves += 1;

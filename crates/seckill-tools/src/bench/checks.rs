@@ -170,14 +170,19 @@ impl Stores {
         })
     }
 
-    /// The orders stored for `voucher`, `(order id, user id)` (none without
-    /// a database).
+    /// The orders stored for `voucher`, `(order id, user id, given back)`
+    /// (none without a database).
     ///
     /// # Errors
     /// If the database fails.
-    pub async fn orders(&self, voucher: i64) -> anyhow::Result<Vec<(i64, i64)>> {
+    pub async fn orders(&self, voucher: i64) -> anyhow::Result<Vec<(i64, i64, bool)>> {
         Ok(match &self.db {
-            Some(db) => db.voucher_orders(voucher).await?,
+            Some(db) => db
+                .voucher_order_states(voucher)
+                .await?
+                .into_iter()
+                .map(|(id, user, state)| (id, user, state.gave_back()))
+                .collect(),
             None => Vec::new(),
         })
     }

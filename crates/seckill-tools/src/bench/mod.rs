@@ -279,10 +279,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             },
             first_new_user: args.users as i64 + 1,
         };
-        let (checks, more) =
-            after_sale_run(&http, &tokens, &plan, &record, &stores, args.stock).await;
-        all.extend(checks);
-        differences.extend(more);
+        let outcome = after_sale_run(&http, &tokens, &plan, &record, &stores, args.stock).await;
+        all.extend(outcome.checks);
+        differences.extend(outcome.differences);
     }
     report::print_unknowns(&record, verified.unknown_stored);
     if args.redis_url.is_none() || args.database_url.is_none() {
@@ -307,9 +306,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     Ok(checks::print(&report.checks, &differences))
 }
 
+/// What [`after_sale_run`] found.
+pub struct AfterSaleOutcome {
+    /// The invariants of the orders' life.
+    pub checks: Vec<checks::Check>,
+    /// Where Redis and the database disagree at the end, for people.
+    pub differences: Vec<String>,
+    /// The stores' figures at the end (`None` without a database).
+    pub figures: Option<after_sale::LifeFigures>,
+}
+
 /// The buyer model's rounds on the run's accepted orders, reported, and
-/// their checks (with the stores' figures when the run has them); the
-/// stores' differences at the end.
+/// their checks (with the stores' figures when the run has them).
 pub async fn after_sale_run(
     http: &reqwest::Client,
     tokens: &Tokens,
@@ -317,7 +325,7 @@ pub async fn after_sale_run(
     record: &load::Record,
     stores: &checks::Stores,
     stock: i64,
-) -> (Vec<checks::Check>, Vec<String>) {
+) -> AfterSaleOutcome {
     let orders: Vec<(i64, i64)> = record
         .orders
         .iter()
@@ -381,7 +389,11 @@ pub async fn after_sale_run(
         ));
     }
     let differences = stores.differences(plan.voucher, fast_path).await;
-    (all, differences)
+    AfterSaleOutcome {
+        checks: all,
+        differences,
+        figures,
+    }
 }
 
 fn describe(arrival: Arrival, until: Until) -> String {
