@@ -41,7 +41,13 @@ async fn a_short_chaos_run_loses_duplicates_and_oversells_nothing() {
         ]
     );
     for phase in phases {
-        for must_be_zero in ["lost", "duplicated", "oversold", "other_5xx", "returned_twice"] {
+        for must_be_zero in [
+            "lost",
+            "duplicated",
+            "oversold",
+            "other_5xx",
+            "returned_twice",
+        ] {
             assert_eq!(phase[must_be_zero], 0, "{must_be_zero} in {phase}");
         }
         let (accepted, stored, unknown_stored) = (
@@ -56,6 +62,10 @@ async fn a_short_chaos_run_loses_duplicates_and_oversells_nothing() {
     assert!(phases[1]["not_sent"].as_u64().unwrap() > 0, "{}", phases[1]);
     // Service 10 under faults: orders were given back while an instance
     // died and Redis and the database restarted, each unit once.
-    assert!(phases[5]["given_back"].as_u64().unwrap() > 0, "{}", phases[5]);
+    assert!(
+        phases[5]["given_back"].as_u64().unwrap() > 0,
+        "{}",
+        phases[5]
+    );
     let _ = std::fs::remove_dir_all(out);
 }

@@ -6,6 +6,12 @@
 //! faults that expose strategies 3–5 are induced on purpose (a crash, a slow
 //! holder, a pause between check and delete) so every run shows the bug, not
 //! only lucky ones. The broken strategies live here, never in the service.
+//!
+//! Then the same walk for giving a unit back (`return_race`): a naive
+//! return that a cancellation and the expiry sweep both apply, beside the
+//! service's own.
+
+mod return_race;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -148,8 +154,10 @@ pub async fn run(args: LabArgs) -> anyhow::Result<bool> {
     for strategy in ALL {
         rows.push(run_one(strategy, args.stock, args.buyers).await?);
     }
+    let returns = return_race::rows(args.stock).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        let all: Vec<&Row> = rows.iter().chain(&returns).collect();
+        println!("{}", serde_json::to_string_pretty(&all)?);
     } else {
         println!(
             "{} units, {} buyers over 2 instances, critical section {WORK:?}\n",
@@ -170,6 +178,18 @@ pub async fn run(args: LabArgs) -> anyhow::Result<bool> {
                 r.why
             );
         }
+        println!(
+            "\nGiving units back: {} orders, each cancelled by its buyer as its deadline passes, then sold again until sold out\n",
+            args.stock
+        );
+        println!("| return | sold again | oversold | undersold | why |");
+        println!("|---|---:|---:|---:|---|");
+        for r in &returns {
+            println!(
+                "| {} | {} | {} | {} | {} |",
+                r.strategy, r.accepted, r.oversold, r.undersold, r.why
+            );
+        }
         for r in rows.iter().filter(|r| r.first_error.is_some()) {
             println!(
                 "\n{}: first error: {}",
@@ -178,7 +198,10 @@ pub async fn run(args: LabArgs) -> anyhow::Result<bool> {
             );
         }
     }
-    Ok(rows[5..].iter().all(|row| row.oversold == 0))
+    let returned_once = returns[1..]
+        .iter()
+        .all(|row| row.oversold == 0 && row.undersold == 0);
+    Ok(rows[5..].iter().all(|row| row.oversold == 0) && returned_once)
 }
 
 /// What every buyer task shares.
