@@ -5,10 +5,13 @@
 //! written once with `?` placeholders and numbered for PostgreSQL; each
 //! backend has its own migrations (`migrations/<backend>/`).
 //!
-//! The database is the final guard: `stock >= 0` and `UNIQUE (user_id,
-//! voucher_id)` hold whatever the Redis fast path or a retrying consumer
-//! does, and [`Database::record_order`] decides every case from the
-//! constraints, never from a check-then-insert.
+//! The database is the final guard: `stock >= 0` and `UNIQUE (voucher_id,
+//! claim_user_id)` (a buyer's one live order of a voucher) hold whatever the
+//! Redis fast path or a retrying consumer does, and
+//! [`Database::record_order`] decides every case from the constraints,
+//! never from a check-then-insert. An order's later life (payment,
+//! cancellation, expiry) is decided by its row's state, one conditional
+//! update each ([`Database::pay_order`], [`Database::give_back`]).
 
 use std::borrow::Cow;
 use std::sync::Once;

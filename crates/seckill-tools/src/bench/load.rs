@@ -70,7 +70,7 @@ pub struct AcceptedOrder {
     /// The order id the service returned.
     pub order_id: i64,
     /// `pending` (the async path: on its way to the database) rather than
-    /// `created` (the sync path: already stored).
+    /// `reserved` (the sync path: already stored).
     pub pending: bool,
 }
 
