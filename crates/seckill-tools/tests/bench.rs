@@ -124,6 +124,36 @@ async fn sqlite_service(what: &str, mode: Mode) -> (RedisServer, String, Service
     (redis, database, service)
 }
 
+/// Two service instances, `a` and `b`, on `redis` and `database`.
+async fn two_instances(redis: &RedisServer, database: &str) -> (Service, Service) {
+    let config = |consumer: &str| Settings {
+        consumer: consumer.into(),
+        ..support::settings(redis.url(), database, SECRET)
+    };
+    let a = Service::start(config("a")).await.unwrap();
+    let b = Service::start(config("b")).await.unwrap();
+    (a, b)
+}
+
+/// A closed-loop bench over two URLs: 200 users asking 600 times in all,
+/// 16 in flight, for 40 units.
+fn sale_of_40<'a>(url_a: &'a str, url_b: &'a str) -> [&'a str; 12] {
+    [
+        "--url",
+        url_a,
+        "--url",
+        url_b,
+        "--concurrency",
+        "16",
+        "--requests",
+        "600",
+        "--users",
+        "200",
+        "--stock",
+        "40",
+    ]
+}
+
 /// The names of the report's checks: those that `held` as given, or all.
 fn check_names(report: &Value, held: Option<bool>) -> Vec<&str> {
     report["checks"]
@@ -145,34 +175,14 @@ fn n(report: &Value, field: &str) -> i64 {
 async fn a_closed_loop_bench_over_two_instances_agrees_with_the_database() {
     let redis = RedisServer::start();
     let pg = PostgresServer::start();
-    let config = |consumer: &str| Settings {
-        consumer: consumer.into(),
-        ..support::settings(redis.url(), pg.url(), SECRET)
-    };
-    let a = Service::start(config("a")).await.unwrap();
-    let b = Service::start(config("b")).await.unwrap();
+    let (a, b) = two_instances(&redis, &pg.url()).await;
     let out_dir = tempdir("closed");
     let (url_a, url_b) = (
         format!("http://{}", a.addr()),
         format!("http://{}/", b.addr()),
     );
     let out = bench_with_stores(
-        &[
-            "--url",
-            &url_a,
-            "--url",
-            &url_b,
-            "--concurrency",
-            "16",
-            "--requests",
-            "600",
-            "--users",
-            "200",
-            "--stock",
-            "40",
-            "--ceiling",
-            "300ms",
-        ],
+        &[&sale_of_40(&url_a, &url_b)[..], &["--ceiling", "300ms"]].concat(),
         &redis.url(),
         &pg.url(),
         &out_dir,
@@ -276,40 +286,24 @@ async fn an_open_loop_bench_keeps_its_schedule_and_charges_waiting_to_latency() 
 async fn a_bench_with_the_buyer_model_ends_with_every_unit_paid() {
     let redis = RedisServer::start();
     let database = format!("sqlite://{}/bench.db", tempdir("buyers").display());
-    let config = |consumer: &str| Settings {
-        consumer: consumer.into(),
-        ..support::settings(redis.url(), &database, SECRET)
-    };
-    let a = Service::start(config("a")).await.unwrap();
-    let b = Service::start(config("b")).await.unwrap();
+    let (a, b) = two_instances(&redis, &database).await;
     let out_dir = tempdir("buyers-out");
     let (url_a, url_b) = (
         format!("http://{}", a.addr()),
         format!("http://{}", b.addr()),
     );
+    let model = [
+        "--pay-share",
+        "0.5",
+        "--cancel-share",
+        "0.2",
+        "--pay-within",
+        "1s",
+        "--rounds",
+        "4",
+    ];
     let out = bench_with_stores(
-        &[
-            "--url",
-            &url_a,
-            "--url",
-            &url_b,
-            "--concurrency",
-            "16",
-            "--requests",
-            "600",
-            "--users",
-            "200",
-            "--stock",
-            "40",
-            "--pay-share",
-            "0.5",
-            "--cancel-share",
-            "0.2",
-            "--pay-within",
-            "1s",
-            "--rounds",
-            "4",
-        ],
+        &[&sale_of_40(&url_a, &url_b)[..], &model[..]].concat(),
         &redis.url(),
         &database,
         &out_dir,

@@ -119,6 +119,10 @@ pub struct AfterSale {
     pub unexpected: Vec<String>,
     /// Purchases of the resale whose answer was lost (each may have bought).
     pub unknown_purchases: usize,
+    /// Whether a resale bought fewer units than came back (the purchase
+    /// run's buyers took them, or they came back too late), or units came
+    /// back in the last round.
+    pub short: bool,
     /// Whether a round ended with no unit given back and nothing
     /// unexpected: every unit sold is then paid.
     pub completed: bool,
@@ -266,11 +270,21 @@ pub async fn run(
             seen.completed = seen.unexpected.is_empty();
             break;
         }
+        if last {
+            // Units came back in the last round (a payment met its
+            // deadline first): no round is left to sell and follow them.
+            seen.short = true;
+            break;
+        }
         // The units that came back, bought by new users.
         let bought = resell(&client, plan.voucher, returned, &mut next_user, &mut seen).await;
+        seen.short |= bought.len() < returned;
         seen.resold += bought.len();
         orders = bought;
     }
+    // A unit bought with a lost answer, or one no new buyer could get, is
+    // not in the rounds: the run cannot end with every unit paid.
+    seen.completed &= seen.unknown_purchases == 0 && !seen.short;
     seen
 }
 
@@ -328,8 +342,9 @@ async fn one_order(
 
 /// New users buy up to `units` of `voucher` (fewer if the purchase run's
 /// own buyers took some already); their orders `(user, order id)`. A
-/// `sold_out` may be an instance's memory of a moment ago (1 s): asked
-/// again once after it before the units count as gone.
+/// `sold_out` may be an instance's memory of a moment ago (1 s), or a unit
+/// whose return has not reached Redis yet: asked again a few times, a
+/// second apart, before the units count as gone.
 async fn resell(
     client: &Client<'_>,
     voucher: i64,
@@ -340,7 +355,9 @@ async fn resell(
     let mut bought = Vec::new();
     let mut sold_out_waves = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while bought.len() < units && sold_out_waves < 2 && tokio::time::Instant::now() < deadline {
+    // A unit given back reaches Redis within a sweep or two (longer while
+    // Redis restarts): sold out is believed after this many waves.
+    while bought.len() < units && sold_out_waves < 4 && tokio::time::Instant::now() < deadline {
         let users: Vec<i64> = (0..units - bought.len())
             .map(|_| {
                 *next_user += 1;
@@ -368,11 +385,11 @@ async fn resell(
                         .push(format!("purchase answer without an id: {body}")),
                 },
                 Some((409, body)) if body["code"] == "sold_out" => sold_out = true,
-                // Not bought: the next wave asks again.
-                Some((503, _)) => {}
-                // May have bought (an unknown outcome): left to the sweep,
-                // which gives the unit back when nobody pays.
-                None => seen.unknown_purchases += 1,
+                // May have bought (a 503 after the purchase reached Redis,
+                // or a lost answer: an unknown outcome); its buyer never
+                // pays, so the sweep gives such a unit back. The next wave
+                // asks for the unit again.
+                Some((503, _)) | None => seen.unknown_purchases += 1,
                 other => seen.unexpected.push(format!("buying again: {other:?}")),
             }
         }
@@ -430,10 +447,18 @@ pub fn checks(
             figures.db_stock + reserved + paid == stock,
         ));
         checks.push(Check::new(
-            "the database's states match the answers (paid, cancelled, expired)",
-            paid as usize == seen.paid.len()
-                && cancelled as usize == seen.cancelled.len()
-                && expired as usize == seen.expired.len(),
+            "the database's paid and cancelled orders are those answered so",
+            paid as usize == seen.paid.len() && cancelled as usize == seen.cancelled.len(),
+        ));
+        // An order bought with an unknown outcome is never acted on: it
+        // expires (or is still reserved) without the run seeing it.
+        checks.push(Check::new(
+            format!(
+                "every expired order was seen expired or bought with an unknown outcome ({} such purchases)",
+                seen.unknown_purchases
+            ),
+            (expired as usize) >= seen.expired.len()
+                && (expired + reserved) as usize <= seen.expired.len() + seen.unknown_purchases,
         ));
         checks.push(Check::new(
             "one live order per user (database)",
@@ -472,6 +497,9 @@ pub struct LifeFigures {
     pub live_users: usize,
     /// On the fast path: Redis' stock and how many orders it took back.
     pub redis: Option<(i64, usize)>,
+    /// Whether no order is due (none past its deadline still reserved, no
+    /// return left for Redis): the sweep has caught up.
+    pub nothing_due: bool,
 }
 
 #[cfg(test)]
@@ -517,6 +545,7 @@ mod tests {
             db_stock: 1, // a unit too many came back
             live_users: 2,
             redis: Some((1, 1)),
+            nothing_due: true,
         };
         let failed: Vec<String> = checks(&seen, 2, true, Some(&figures))
             .into_iter()

@@ -216,11 +216,13 @@ impl Stores {
             }
             _ => None,
         };
+        let nothing_due = db.due_orders(1).await?.is_empty();
         Ok(Some(super::after_sale::LifeFigures {
             states,
             db_stock,
             live_users,
             redis,
+            nothing_due,
         }))
     }
 

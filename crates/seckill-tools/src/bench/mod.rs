@@ -344,19 +344,26 @@ pub async fn after_sale_run(
     let started = std::time::Instant::now();
     let seen = after_sale::run(http, tokens, plan, orders).await;
     println!(
-        "after-sale: {} rounds in {:.1?}: {} paid, {} cancelled, {} expired, {} units sold again",
+        "after-sale: {} rounds in {:.1?}: {} paid, {} cancelled, {} expired, {} units sold again ({} purchases with a lost answer; {})",
         seen.rounds,
         started.elapsed(),
         seen.paid.len(),
         seen.cancelled.len(),
         seen.expired.len(),
-        seen.resold
+        seen.resold,
+        seen.unknown_purchases,
+        if seen.completed {
+            "every unit bought is paid"
+        } else {
+            "not every unit could be followed to its payment"
+        }
     );
     for what in seen.unexpected.iter().take(5) {
         println!("  unexpected: {what}");
     }
-    // The last returns reach Redis within a sweep; the figures are read
-    // once they agree, or at the deadline.
+    // The last expiries and returns happen within a sweep or two; the
+    // figures are read once nothing is due and the stores agree, or at the
+    // deadline.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let mut figures = None;
     let mut failed = None;
@@ -364,9 +371,10 @@ pub async fn after_sale_run(
         match stores.life_figures(plan.voucher, fast_path).await {
             Ok(found) => {
                 let settled = found.is_none_or(|f| {
-                    f.redis.is_none_or(|(stock, returned)| {
-                        stock == f.db_stock && returned as i64 == f.states.2 + f.states.3
-                    })
+                    f.nothing_due
+                        && f.redis.is_none_or(|(stock, returned)| {
+                            stock == f.db_stock && returned as i64 == f.states.2 + f.states.3
+                        })
                 });
                 figures = found;
                 if settled {
