@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::db::{Database, GiveBack, Returned, Transition};
+use crate::db::{Database, GiveBack, Transition};
 use crate::domain::order::OrderState;
 use crate::error::Result;
 use crate::metrics::Metrics;
@@ -124,17 +124,17 @@ impl OrderLife {
                 .orders_returned
                 .with_label_values(&["cancelled"])
                 .inc();
-            self.take_back(&returned).await;
+            self.take_back(returned.order_id, returned.user_id, returned.voucher_id)
+                .await;
         }
         Ok(outcome)
     }
 
-    /// Puts the unit of a given-back order on sale again in Redis, then
-    /// marks the order done; whether it is. A failure is logged and left to
-    /// the sweep (the order stays due).
-    async fn take_back(&self, returned: &Returned) -> bool {
+    /// Puts the unit of given-back order `order` (of `user`, for `voucher`)
+    /// on sale again in Redis, then marks the order done; whether it is. A
+    /// failure is logged and left to the sweep (the order stays due).
+    async fn take_back(&self, order: i64, user: i64, voucher: i64) -> bool {
         if let Some(fast) = &self.fast {
-            let (voucher, user, order) = (returned.voucher_id, returned.user_id, returned.order_id);
             match fast.take_back(voucher, user, order).await {
                 Ok(TakeBack::TakenBack) => self.metrics.units_taken_back.inc(),
                 Ok(TakeBack::Already | TakeBack::NoSale) => {}
@@ -144,10 +144,10 @@ impl OrderLife {
                 }
             }
         }
-        match self.db.finish_return(returned.order_id).await {
+        match self.db.finish_return(order).await {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(order = returned.order_id, error = %e, "marking a return done failed; the expiry sweep retries");
+                tracing::warn!(order, error = %e, "marking a return done failed; the expiry sweep retries");
                 false
             }
         }
@@ -173,31 +173,28 @@ impl OrderLife {
             let due = self.db.due_orders(BATCH).await?;
             let mut stuck = false;
             for order in &due {
-                let returned = match order.state {
+                let record = &order.record;
+                match order.state {
                     OrderState::Reserved => {
-                        let id = order.record.id.as_i64();
+                        let id = record.id.as_i64();
                         match self.db.give_back(id, None, GiveBack::Expire).await? {
-                            (_, Some(returned)) => {
+                            (_, Some(_)) => {
                                 report.expired += 1;
                                 self.metrics
                                     .orders_returned
                                     .with_label_values(&["expired"])
                                     .inc();
-                                returned
                             }
                             // Paid or cancelled since it was read.
                             (_, None) => continue,
                         }
                     }
-                    state if state.gave_back() => Returned {
-                        order_id: order.record.id.as_i64(),
-                        user_id: order.record.user_id,
-                        voucher_id: order.record.voucher_id,
-                        rebuy: false, // Redis reads its voucher's own rule
-                    },
+                    // Given back; Redis has not taken the unit back yet.
+                    state if state.gave_back() => {}
                     _ => continue,
-                };
-                if self.take_back(&returned).await {
+                }
+                let (id, user, voucher) = (record.id.as_i64(), record.user_id, record.voucher_id);
+                if self.take_back(id, user, voucher).await {
                     report.taken_back += 1;
                 } else {
                     stuck = true;
