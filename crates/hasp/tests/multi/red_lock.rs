@@ -214,10 +214,13 @@ async fn extension_needs_a_majority() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_lets_only_the_majority_side_hold() {
     let servers = Servers::start(5);
-    let settings = quick().set_watchdog_timeout(Duration::from_millis(900));
+    // A server's answer gets 300 ms, a lease 1.5 s: beside two CPU hogs a
+    // reachable server once took longer than 100 ms, and the majority side
+    // failed to acquire.
+    let settings = quick().set_watchdog_timeout(Duration::from_millis(1_500));
     let (proxies_x, clients_x) = servers.proxied_clients(settings.clone()).await;
     let (proxies_y, clients_y) = servers.proxied_clients(settings).await;
-    let timeout = Duration::from_millis(100);
+    let timeout = Duration::from_millis(300);
     let x = RedLock::new("p", &clients_x)
         .unwrap()
         .with_server_timeout(timeout)
@@ -242,7 +245,7 @@ async fn a_partition_lets_only_the_majority_side_hold() {
         .await
         .unwrap()
         .expect("the majority side acquires");
-    tokio::time::sleep(Duration::from_millis(1_500)).await; // extended across
+    tokio::time::sleep(Duration::from_millis(2_000)).await; // extended across
     assert!(!guard.is_lost());
     assert!(x.try_lock().await.is_err());
     guard.unlock().await.unwrap();
