@@ -86,7 +86,7 @@ impl Client {
     /// run on it.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a malformed URL, [`Error::Redis`](crate::Error::Redis) if
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for a malformed URL, [`Error::Redis`](crate::error::Error::Redis) if
     /// the server cannot be reached or refuses the credentials.
     ///
     /// # Cancel safety
@@ -98,7 +98,7 @@ impl Client {
     /// Connects with the given settings (validated first).
     ///
     /// # Errors
-    /// As [`open`](Self::open), and [`Error::InvalidArgument`](crate::Error::InvalidArgument) for invalid
+    /// As [`open`](Self::open), and [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for invalid
     /// settings.
     ///
     /// # Cancel safety
@@ -124,9 +124,9 @@ impl Client {
     /// [`Settings::set_replica_ack`] is not supported on a cluster client yet.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for no
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for no
     /// seeds, a malformed URL or replica acknowledgement;
-    /// [`Error::Redis`](crate::Error::Redis) if no seed answers as a node of
+    /// [`Error::Redis`](crate::error::Error::Redis) if no seed answers as a node of
     /// a cluster.
     ///
     /// # Cancel safety
@@ -146,15 +146,15 @@ impl Client {
     /// a replica (a write refused with `READONLY`) every connection moves to
     /// the new master, and the client re-checks each hold it has there (a
     /// failover can lose the last writes, and so locks: those holds are
-    /// reported lost, see [`Guard::lost`](crate::Guard::lost)). Operations
+    /// reported lost, see [`Guard::lost`](crate::guard::Guard::lost)). Operations
     /// in flight during a failover fail with a retryable error and are never
     /// reported as acquired. The master is reached with database 0 and no
     /// password.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for no
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for no
     /// sentinels, an empty service name or a malformed URL;
-    /// [`Error::Redis`](crate::Error::Redis) if no sentinel knows a master
+    /// [`Error::Redis`](crate::error::Error::Redis) if no sentinel knows a master
     /// for `service` or the master cannot be reached.
     ///
     /// # Cancel safety
@@ -175,7 +175,7 @@ impl Client {
     /// colons and spaces included) of 1 to `max_name_len` bytes.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty or over-long name; no Redis
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for an empty or over-long name; no Redis
     /// call is made.
     pub fn lock(&self, name: &str) -> Result<Lock> {
         Lock::new(self.core.clone(), name)
@@ -186,7 +186,7 @@ impl Client {
     /// of one name are distinct locks).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for an
     /// empty or over-long name; no Redis call is made.
     pub fn plain_lock(&self, name: &str) -> Result<PlainLock> {
         Ok(PlainLock::new(Lock::new_plain(self.core.clone(), name)?))
@@ -197,7 +197,7 @@ impl Client {
     /// locks).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for an
     /// empty or over-long name; no Redis call is made.
     pub fn fair_lock(&self, name: &str) -> Result<FairLock> {
         Ok(FairLock::new(Lock::new_fair(self.core.clone(), name)?))
@@ -207,7 +207,7 @@ impl Client {
     /// [`lock`](Self::lock); distinct from a lock of that name).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for an
     /// empty or over-long name; no Redis call is made.
     pub fn rw_lock(&self, name: &str) -> Result<RwLock> {
         RwLock::new(self.core.clone(), name)
@@ -218,7 +218,7 @@ impl Client {
     /// distinct objects).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for an
     /// empty or over-long name; no Redis call is made.
     pub fn semaphore(&self, name: &str) -> Result<Semaphore> {
         Semaphore::new(self.core.clone(), name)
@@ -228,7 +228,7 @@ impl Client {
     /// [`lock`](Self::lock)).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for an
     /// empty or over-long name; no Redis call is made.
     pub fn latch(&self, name: &str) -> Result<CountDownLatch> {
         CountDownLatch::new(self.core.clone(), name)
@@ -242,8 +242,8 @@ impl Client {
     /// in server ms).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
-    /// empty or over-long class; [`Error::Redis`](crate::Error::Redis) if
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for an
+    /// empty or over-long class; [`Error::Redis`](crate::error::Error::Redis) if
     /// Redis cannot be reached.
     ///
     /// # Cancel safety

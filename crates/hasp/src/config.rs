@@ -22,9 +22,9 @@ const DEFAULT_LANES: usize = 4;
 /// The most lanes a client may have.
 const MAX_LANES: usize = 64;
 
-/// How a [`Client`](crate::Client) behaves. Build with [`Settings::default`]
+/// How a [`Client`](crate::client::Client) behaves. Build with [`Settings::default`]
 /// and the `set_*` methods; every value is checked by
-/// [`Client::open_with`](crate::Client::open_with) before any connection.
+/// [`Client::open_with`](crate::client::Client::open_with) before any connection.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub(crate) prefix: String,
@@ -40,7 +40,7 @@ pub struct Settings {
     pub(crate) adaptive: AdaptiveLease,
 }
 
-/// How a lock in adaptive mode ([`Lock::with_adaptive_lease`](crate::Lock::with_adaptive_lease))
+/// How a lock in adaptive mode ([`Lock::with_adaptive_lease`](crate::lock::Lock::with_adaptive_lease))
 /// learns its lease (with TCP's retransmission-timer estimator,
 /// RFC 6298): each full release of a hold gives a sample `s`, the time it
 /// was held (ms, monotonic); the first sets `srtt = s`, `rttvar = s / 2`,

@@ -69,7 +69,7 @@ pub enum Error {
     Redis(#[from] redis::RedisError),
 
     /// Fewer replicas than
-    /// [`Settings::set_replica_ack`](crate::Settings::set_replica_ack) asks
+    /// [`Settings::set_replica_ack`](crate::config::Settings::set_replica_ack) asks
     /// for confirmed an acquisition in time; it was released again.
     #[error("acquisition confirmed by {acked} of the {wanted} replicas required; released")]
     NotReplicated {
@@ -79,8 +79,8 @@ pub enum Error {
         wanted: u32,
     },
 
-    /// Servers of a [`MultiLock`](crate::MultiLock) or
-    /// [`RedLock`](crate::RedLock) failed to answer (down, unreachable, or
+    /// Servers of a [`MultiLock`](crate::multi::multi_lock::MultiLock) or
+    /// [`RedLock`](crate::multi::red_lock::RedLock) failed to answer (down, unreachable, or
     /// slower than the per-server timeout), so it is unknown whether the
     /// lock could have been taken. Nothing the call took is left held.
     #[error("servers {servers:?} failed: {first}")]

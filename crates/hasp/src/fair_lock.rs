@@ -9,7 +9,7 @@ use crate::lock::Lock;
 /// A handle on one named fair lock: a [`Lock`] whose waiters, across all
 /// clients, acquire in the order they started waiting.
 ///
-/// Made by [`Client::fair_lock`](crate::Client::fair_lock); cheap to clone.
+/// Made by [`Client::fair_lock`](crate::client::Client::fair_lock); cheap to clone.
 /// Everything [`Lock`] says about owners, leases, the watchdog, re-entry,
 /// [`Guard`]s and fencing tokens holds. What differs:
 ///
@@ -20,7 +20,7 @@ use crate::lock::Lock;
 ///   client first), not [`try_lock`](Self::try_lock), which never queues
 ///   and fails while anyone waits.
 /// * **Dead waiters leave** by the server's clock: a waiter's place lasts
-///   [`Settings::set_waiter_ttl`](crate::Settings::set_waiter_ttl) (10 s)
+///   [`Settings::set_waiter_ttl`](crate::config::Settings::set_waiter_ttl) (10 s)
 ///   and its client refreshes it every third of that while it waits, so a
 ///   waiter whose process died leaves within one waiter TTL, and the live
 ///   waiter behind it re-checks when that place ends. Places never drift
@@ -100,7 +100,7 @@ impl FairLock {
     }
 
     /// As [`try_lock_for`](Self::try_lock_for), but running out of time is
-    /// an [`Error::TimedOut`](crate::Error::TimedOut).
+    /// an [`Error::TimedOut`](crate::error::Error::TimedOut).
     ///
     /// # Errors
     /// As [`Lock::lock_within`].

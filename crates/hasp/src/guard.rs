@@ -22,13 +22,13 @@ macro_rules! over_guard {
         }
 
         /// True once the hold is known to be lost (see
-        /// [`Guard::is_lost`](crate::Guard::is_lost)).
+        /// [`Guard::is_lost`](crate::guard::Guard::is_lost)).
         pub fn is_lost(&self) -> bool {
             self.0.is_lost()
         }
 
         /// Resolves when the hold is lost (see
-        /// [`Guard::lost`](crate::Guard::lost)).
+        /// [`Guard::lost`](crate::guard::Guard::lost)).
         ///
         /// # Cancel safety
         /// Cancel safe.
@@ -37,27 +37,27 @@ macro_rules! over_guard {
         }
 
         /// When this hold counts as lost unless a renewal is confirmed
-        /// first (see [`Guard::valid_until`](crate::Guard::valid_until)).
+        /// first (see [`Guard::valid_until`](crate::guard::Guard::valid_until)).
         pub fn valid_until(&self) -> std::time::Instant {
             self.0.valid_until()
         }
 
-        /// Releases this hold (see [`Guard::unlock`](crate::Guard::unlock)).
+        /// Releases this hold (see [`Guard::unlock`](crate::guard::Guard::unlock)).
         ///
         /// # Errors
-        /// As [`Guard::unlock`](crate::Guard::unlock).
+        /// As [`Guard::unlock`](crate::guard::Guard::unlock).
         ///
         /// # Cancel safety
         /// Cancel safe: once called, the release completes even if the
         /// future is dropped; only its result is lost.
-        pub async fn unlock(self) -> crate::Result<()> {
+        pub async fn unlock(self) -> crate::error::Result<()> {
             self.0.unlock().await
         }
     };
 }
 pub(crate) use over_guard;
 
-/// A held lock, returned by [`Lock::lock`](crate::Lock::lock) and friends.
+/// A held lock, returned by [`Lock::lock`](crate::lock::Lock::lock) and friends.
 ///
 /// The guard is `'static` and `Send`: it can be moved into another task and
 /// released there (it remembers its owner). Each acquisition, re-entries
@@ -177,9 +177,9 @@ impl Guard {
     /// its owner is released.
     ///
     /// # Errors
-    /// [`Error::NotHeld`](crate::Error::NotHeld) if the lock is no longer
+    /// [`Error::NotHeld`](crate::error::Error::NotHeld) if the lock is no longer
     /// held by this owner (expired, force-unlocked, lost); nothing held by
-    /// anyone else is touched. [`Error::Redis`](crate::Error::Redis) if Redis
+    /// anyone else is touched. [`Error::Redis`](crate::error::Error::Redis) if Redis
     /// cannot be reached; the release is then completed by the client as
     /// soon as Redis answers again (before any later operation of this
     /// client on the lock), so the lock is never left held by a hold that

@@ -15,7 +15,7 @@ const DONE_TTL: Duration = Duration::from_secs(3600);
 /// A handle on one named count-down latch: a count that any client lowers,
 /// and waiters (any client) released together when it reaches zero.
 ///
-/// Made by [`Client::latch`](crate::Client::latch); cheap to clone.
+/// Made by [`Client::latch`](crate::client::Client::latch); cheap to clone.
 ///
 /// * **Set once per round.** [`try_set_count`](Self::try_set_count) arms a
 ///   latch that is absent or completed; re-arming one that still counts is

@@ -23,12 +23,12 @@ macro_rules! over_lock {
         }
 
         /// This handle with a fixed lease, never renewed (see
-        /// [`Lock::with_lease`](crate::Lock::with_lease)).
+        /// [`Lock::with_lease`](crate::lock::Lock::with_lease)).
         ///
         /// # Errors
-        /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if
+        /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) if
         /// `lease` is zero or above the client's `max_lease`.
-        pub fn with_lease(self, lease: std::time::Duration) -> crate::Result<Self> {
+        pub fn with_lease(self, lease: std::time::Duration) -> crate::error::Result<Self> {
             Ok(Self::new(self.lock.with_lease(lease)?))
         }
 
@@ -49,38 +49,38 @@ macro_rules! over_lock {
         }
 
         /// Frees the lock whoever holds it (see
-        /// [`Lock::force_unlock`](crate::Lock::force_unlock)).
+        /// [`Lock::force_unlock`](crate::lock::Lock::force_unlock)).
         ///
         /// # Errors
-        /// As [`Lock::force_unlock`](crate::Lock::force_unlock).
+        /// As [`Lock::force_unlock`](crate::lock::Lock::force_unlock).
         ///
         /// # Cancel safety
         /// Cancel safe: the change is sent when the future is first polled
         /// and made even if the future is dropped afterwards; only its
         /// answer is lost.
-        pub async fn force_unlock(&self) -> crate::Result<bool> {
+        pub async fn force_unlock(&self) -> crate::error::Result<bool> {
             self.lock.force_unlock().await
         }
 
         /// Whether any owner holds the lock now.
         ///
         /// # Errors
-        /// As [`Lock::is_locked`](crate::Lock::is_locked).
+        /// As [`Lock::is_locked`](crate::lock::Lock::is_locked).
         ///
         /// # Cancel safety
         /// Cancel safe: it only reads.
-        pub async fn is_locked(&self) -> crate::Result<bool> {
+        pub async fn is_locked(&self) -> crate::error::Result<bool> {
             self.lock.is_locked().await
         }
 
         /// Whether this handle's owner holds the lock, as Redis sees it now.
         ///
         /// # Errors
-        /// As [`Lock::is_held_by_me`](crate::Lock::is_held_by_me).
+        /// As [`Lock::is_held_by_me`](crate::lock::Lock::is_held_by_me).
         ///
         /// # Cancel safety
         /// Cancel safe: it only reads.
-        pub async fn is_held_by_me(&self) -> crate::Result<bool> {
+        pub async fn is_held_by_me(&self) -> crate::error::Result<bool> {
             self.lock.is_held_by_me().await
         }
 
@@ -95,7 +95,7 @@ pub(crate) use over_lock;
 
 /// A handle on one named, reentrant distributed lock.
 ///
-/// Made by [`Client::lock`](crate::Client::lock); cheap to clone. The handle itself holds
+/// Made by [`Client::lock`](crate::client::Client::lock); cheap to clone. The handle itself holds
 /// nothing: acquiring returns a [`Guard`], and the lock is held until the
 /// guard is released.
 ///
@@ -191,13 +191,13 @@ impl Lock {
         Ok(Self::with_keys(core, keys))
     }
 
-    /// The lock under a fair lock's keys (see [`FairLock`](crate::FairLock)).
+    /// The lock under a fair lock's keys (see [`FairLock`](crate::fair_lock::FairLock)).
     pub(crate) fn new_fair(core: Arc<Core>, name: &str) -> Result<Self> {
         let keys = core.fair_keys(name)?;
         Ok(Self::with_keys(core, keys))
     }
 
-    /// The lock under a plain lock's keys (see [`PlainLock`](crate::PlainLock)).
+    /// The lock under a plain lock's keys (see [`PlainLock`](crate::plain_lock::PlainLock)).
     pub(crate) fn new_plain(core: Arc<Core>, name: &str) -> Result<Self> {
         let keys = core.plain_keys(name)?;
         Ok(Self::with_keys(core, keys))
@@ -229,7 +229,7 @@ impl Lock {
     }
 
     /// This handle with a lease learned from how long the holds of `class`
-    /// last (see [`AdaptiveLease`](crate::AdaptiveLease) for the
+    /// last (see [`AdaptiveLease`](crate::config::AdaptiveLease) for the
     /// rule and its settings): short sections get short leases, so a lock
     /// whose holder died frees sooner, and a hold is renewed only when its
     /// remaining lease runs low, by the client's single scheduler, so a
@@ -237,7 +237,7 @@ impl Lock {
     /// (per-user locks such as `order:user:{id}` share a class `order`)
     /// learn together, in memory and, at most once a second, through a
     /// history in Redis shared by every client (`P:{class}:lease`; see
-    /// [`Client::learned_lease`](crate::Client::learned_lease)). Before
+    /// [`Client::learned_lease`](crate::client::Client::learned_lease)). Before
     /// anything is learned the lease is the initial one (the watchdog
     /// timeout by default). A later [`with_lease`](Self::with_lease) wins.
     ///

@@ -10,7 +10,7 @@ use crate::lock::Lock;
 /// A handle on one named, reentrant distributed lock that issues no fencing
 /// token.
 ///
-/// Made by [`Client::plain_lock`](crate::Client::plain_lock); cheap to
+/// Made by [`Client::plain_lock`](crate::client::Client::plain_lock); cheap to
 /// clone. It behaves as a [`Lock`] in every way (owner, lease and watchdog,
 /// re-entry, waiting woken by pub/sub, hand-off to this client's next
 /// waiter, loss signal, cancel safety, settlement of lost replies) except
@@ -23,7 +23,7 @@ use crate::lock::Lock;
 /// waiter of another client flagged itself, or a hold through another
 /// client re-entered it), the client falls back to the function, which
 /// does what the native command could not (publish the release, count the
-/// holds); the choice is invisible to callers ([`Stats`](crate::Stats)
+/// holds); the choice is invisible to callers ([`Stats`](crate::client::Stats)
 /// counts it).
 ///
 /// # Which lock to choose
@@ -71,7 +71,7 @@ impl PlainLock {
     /// [`Lock::with_adaptive_lease`]).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// [`Error::InvalidArgument`](crate::error::Error::InvalidArgument) for an
     /// invalid class name.
     pub fn with_adaptive_lease(self, class: &str) -> Result<Self> {
         Ok(Self::new(self.lock.with_adaptive_lease(class)?))
@@ -125,7 +125,7 @@ impl PlainLock {
     /// [`Lock::remaining_ttl`]).
     ///
     /// # Errors
-    /// [`Error::Redis`](crate::Error::Redis) if Redis cannot be reached.
+    /// [`Error::Redis`](crate::error::Error::Redis) if Redis cannot be reached.
     ///
     /// # Cancel safety
     /// Cancel safe (a read).

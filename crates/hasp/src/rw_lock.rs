@@ -13,10 +13,10 @@ use hasp_owner::Owner;
 
 /// A handle on one named read-write lock: many readers or one writer.
 ///
-/// Made by [`Client::rw_lock`](crate::Client::rw_lock); cheap to clone. The
+/// Made by [`Client::rw_lock`](crate::client::Client::rw_lock); cheap to clone. The
 /// shape is tokio's `RwLock`: [`read`](Self::read) gives a [`ReadGuard`],
 /// [`write`](Self::write) a [`WriteGuard`]. Owners, leases, the watchdog and
-/// re-entry work as for a [`Lock`](crate::Lock), per hold:
+/// re-entry work as for a [`Lock`](crate::lock::Lock), per hold:
 ///
 /// * **Writers are not starved.** Once a writer waits, readers that do not
 ///   already hold a read wait behind it, in one line kept in Redis with the
@@ -90,7 +90,7 @@ impl RwLock {
     }
 
     /// This handle with a fixed lease for every hold it takes (see
-    /// [`Lock::with_lease`](crate::Lock::with_lease)); a write re-entry
+    /// [`Lock::with_lease`](crate::lock::Lock::with_lease)); a write re-entry
     /// re-arms it to this value.
     ///
     /// # Errors
@@ -132,7 +132,7 @@ impl RwLock {
     /// Takes a read hold, waiting as long as it takes.
     ///
     /// # Errors
-    /// As [`Lock::lock`](crate::Lock::lock).
+    /// As [`Lock::lock`](crate::lock::Lock::lock).
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is left held, and the place in line is given up.
@@ -145,7 +145,7 @@ impl RwLock {
     /// lock or waits for it.
     ///
     /// # Errors
-    /// As [`Lock::try_lock`](crate::Lock::try_lock).
+    /// As [`Lock::try_lock`](crate::lock::Lock::try_lock).
     ///
     /// # Cancel safety
     /// Cancel safe.
@@ -159,7 +159,7 @@ impl RwLock {
     /// Waits at most `wait` to read: `Ok(None)` if it ran out.
     ///
     /// # Errors
-    /// As [`Lock::try_lock_for`](crate::Lock::try_lock_for).
+    /// As [`Lock::try_lock_for`](crate::lock::Lock::try_lock_for).
     ///
     /// # Cancel safety
     /// Cancel safe.
@@ -175,7 +175,7 @@ impl RwLock {
     ///
     /// # Errors
     /// [`Error::UpgradeNotSupported`] if this owner holds a read (through
-    /// this client); otherwise as [`Lock::lock`](crate::Lock::lock).
+    /// this client); otherwise as [`Lock::lock`](crate::lock::Lock::lock).
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is left held, and the place in line is given up.

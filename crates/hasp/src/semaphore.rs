@@ -19,7 +19,7 @@ pub const MAX_PERMITS: u64 = MAX_COUNT;
 /// A handle on one named distributed semaphore: a capacity of permits that
 /// owners take and give back.
 ///
-/// Made by [`Client::semaphore`](crate::Client::semaphore); cheap to clone.
+/// Made by [`Client::semaphore`](crate::client::Client::semaphore); cheap to clone.
 /// Unlike Redisson's `RSemaphore`, permits belong to someone:
 ///
 /// * **Owned.** Permits are taken for an owner (the current task by default,
@@ -33,7 +33,7 @@ pub const MAX_PERMITS: u64 = MAX_COUNT;
 ///   server's clock.
 /// * **Fair.** Waiters of every client queue in Redis in order of arrival:
 ///   a request for many permits is not starved by a stream of small ones.
-///   A waiter's place lasts [`Settings::set_waiter_ttl`](crate::Settings::set_waiter_ttl)
+///   A waiter's place lasts [`Settings::set_waiter_ttl`](crate::config::Settings::set_waiter_ttl)
 ///   (10 s) and is refreshed while it waits, so a dead waiter's place
 ///   ends within that time. A release wakes exactly the waiters it lets in.
 /// * **Capacity.** [`try_set_capacity`](Self::try_set_capacity) sets it
@@ -407,7 +407,7 @@ fn check_capacity(permits: u64) -> Result<u64> {
 ///
 /// `'static` and `Send`: move it into another task and release it there.
 /// Dropping it gives the permits back in the background (as a dropped
-/// [`Guard`](crate::Guard) does); [`release`](Self::release) reports
+/// [`Guard`](crate::guard::Guard) does); [`release`](Self::release) reports
 /// errors, such as permits whose lease ended meanwhile.
 #[must_use = "if unused the permits are given back at once, in the background"]
 #[derive(Debug)]
@@ -461,7 +461,7 @@ impl Permit {
 
     /// True once the permits are known to be lost: their lease ended
     /// (renewal failed, or a fixed lease ran out) or Redis no longer counts
-    /// them. See [`Guard::is_lost`](crate::Guard::is_lost).
+    /// them. See [`Guard::is_lost`](crate::guard::Guard::is_lost).
     pub fn is_lost(&self) -> bool {
         self.state.as_ref().is_some_and(|s| s.is_lost())
     }

@@ -3,7 +3,7 @@
 //! history shared in Redis (`lease.lua`).
 //!
 //! The estimator is TCP's retransmission timer (RFC 6298; see
-//! [`AdaptiveLease`](crate::AdaptiveLease)). Acquiring and releasing cost no
+//! [`AdaptiveLease`](crate::config::AdaptiveLease)). Acquiring and releasing cost no
 //! extra round trip: a lease is read from memory, a sample is written to
 //! memory, and the merge rides the batcher in the background.
 

@@ -13,7 +13,7 @@ use super::{closed, Core};
 use crate::error::{Error, Result};
 
 /// What a class of adaptive locks has learned, from
-/// [`Client::learned_lease`](crate::Client::learned_lease).
+/// [`Client::learned_lease`](crate::client::Client::learned_lease).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LearnedLease {
     /// The smoothed duration of a hold.

@@ -14,8 +14,8 @@ pub struct Fence {
     pub token: u64,
 }
 
-/// The fencing tokens of a [`MultiLock`](crate::MultiLock) or
-/// [`RedLock`](crate::RedLock) acquisition: one per part held.
+/// The fencing tokens of a [`MultiLock`](crate::multi::multi_lock::MultiLock) or
+/// [`RedLock`](crate::multi::red_lock::RedLock) acquisition: one per part held.
 ///
 /// No single number can order acquisitions of locks that live on
 /// independent servers: each server counts on its own. The vector can:

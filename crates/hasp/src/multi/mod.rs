@@ -2,7 +2,7 @@
 //!
 //! A [`MultiLock`](multi_lock::MultiLock) holds every one of its parts or
 //! none; a [`RedLock`](red_lock::RedLock) holds a majority of N independent
-//! servers. Both are made of ordinary [`Lock`](crate::Lock)s, one per part,
+//! servers. Both are made of ordinary [`Lock`](crate::lock::Lock)s, one per part,
 //! and use only what a lock offers the crate: one try that never queues,
 //! a subscription to its releases that takes no place in its queue, the
 //! extension of a hold, and the guard's loss signal. Batching, waiting by

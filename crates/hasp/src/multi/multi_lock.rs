@@ -27,7 +27,7 @@ const RECHECK: Duration = Duration::from_secs(1);
 /// never partly.
 ///
 /// Against replica lag: the same lock name
-/// on several independent Redis servers, each a [`Client`](crate::Client),
+/// on several independent Redis servers, each a [`Client`](crate::client::Client),
 /// all of which must agree. It also takes several different locks at once
 /// (an order touching two accounts).
 ///

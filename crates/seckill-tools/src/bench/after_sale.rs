@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use seckill::auth::{Principal, Tokens};
 
-use super::checks::Check;
+use super::checks::{Check, LifeFigures};
 
 /// Shares of buyers who pay at once and who cancel; the rest never pay.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -484,22 +484,6 @@ pub fn checks(
         }
     }
     checks
-}
-
-/// The stores' figures of a sale at the end of an after-sale.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LifeFigures {
-    /// The database's `(reserved, paid, cancelled, expired)`.
-    pub states: (i64, i64, i64, i64),
-    /// The database's stock.
-    pub db_stock: i64,
-    /// Users holding a live order (a claim on the voucher).
-    pub live_users: usize,
-    /// On the fast path: Redis' stock and how many orders it took back.
-    pub redis: Option<(i64, usize)>,
-    /// Whether no order is due (none past its deadline still reserved, no
-    /// return left for Redis): the sweep has caught up.
-    pub nothing_due: bool,
 }
 
 #[cfg(test)]

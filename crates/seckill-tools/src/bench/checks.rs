@@ -124,6 +124,22 @@ pub fn stored_checks(
     (checks, unknown_stored as u64)
 }
 
+/// The stores' figures of a sale at the end of an after-sale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LifeFigures {
+    /// The database's `(reserved, paid, cancelled, expired)`.
+    pub states: (i64, i64, i64, i64),
+    /// The database's stock.
+    pub db_stock: i64,
+    /// Users holding a live order (a claim on the voucher).
+    pub live_users: usize,
+    /// On the fast path: Redis' stock and how many orders it took back.
+    pub redis: Option<(i64, usize)>,
+    /// Whether no order is due (none past its deadline still reserved, no
+    /// return left for Redis): the sweep has caught up.
+    pub nothing_due: bool,
+}
+
 /// What the stores showed.
 #[derive(Debug, Clone, Default)]
 pub struct Verified {
@@ -197,7 +213,7 @@ impl Stores {
         &self,
         voucher: i64,
         fast_path: bool,
-    ) -> anyhow::Result<Option<super::after_sale::LifeFigures>> {
+    ) -> anyhow::Result<Option<LifeFigures>> {
         let Some(db) = &self.db else {
             return Ok(None);
         };
@@ -217,7 +233,7 @@ impl Stores {
             _ => None,
         };
         let nothing_due = db.due_orders(1).await?.is_empty();
-        Ok(Some(super::after_sale::LifeFigures {
+        Ok(Some(LifeFigures {
             states,
             db_stock,
             live_users,

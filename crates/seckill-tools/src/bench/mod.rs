@@ -313,7 +313,7 @@ pub struct AfterSaleOutcome {
     /// Where Redis and the database disagree at the end, for people.
     pub differences: Vec<String>,
     /// The stores' figures at the end (`None` without a database).
-    pub figures: Option<after_sale::LifeFigures>,
+    pub figures: Option<checks::LifeFigures>,
 }
 
 /// The buyer model's rounds on the run's accepted orders, reported, and
