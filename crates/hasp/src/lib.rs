@@ -143,6 +143,7 @@ mod multi;
 mod plain_lock;
 mod rw_lock;
 mod semaphore;
+mod terms;
 
 /// Not part of the API: what the lock benchmark (`benches/lock.rs`) needs to
 /// drive Redis with hasp's own script, without a copy of its wire format.
@@ -166,6 +167,12 @@ pub mod __bench {
     ) -> crate::Result<Vec<Vec<u8>>> {
         crate::core::wire::bench_args(client_id, prefix, ops)
     }
+}
+
+/// Following the master of a Sentinel service, for an application's own
+/// connections beside hasp's.
+pub mod sentinel {
+    pub use crate::core::endpoint::follow_master_switches;
 }
 
 pub use client::{Client, Stats};

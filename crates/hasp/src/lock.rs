@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::validate_lease;
 use crate::config::Settings;
 use crate::core::holds::Lease;
 use crate::core::keys::LockKeys;
@@ -217,16 +216,7 @@ impl Lock {
         &self.keys.name
     }
 
-    /// This handle with a fixed lease: acquisitions expire after `lease`
-    /// unless released, and are never renewed.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `lease` is zero or above the client's
-    /// `max_lease`.
-    pub fn with_lease(mut self, lease: Duration) -> Result<Self> {
-        self.lease = Lease::Fixed(validate_lease(self.core.settings(), lease)?);
-        Ok(self)
-    }
+    crate::terms::hold_terms!();
 
     /// This handle with a lease learned from how long the holds of `class`
     /// last (see [`AdaptiveLease`](crate::config::AdaptiveLease) for the
@@ -246,27 +236,6 @@ impl Lock {
     pub fn with_adaptive_lease(mut self, class: &str) -> Result<Self> {
         self.lease = Lease::Adaptive(self.core.register_class(class)?);
         Ok(self)
-    }
-
-    /// This handle in watchdog mode (the default): leases renewed while held.
-    pub fn with_watchdog(mut self) -> Self {
-        self.lease = Lease::Watchdog;
-        self
-    }
-
-    /// This handle acting for `owner` instead of the current task.
-    pub fn with_owner(mut self, owner: Owner) -> Self {
-        self.owner = Some(owner);
-        self
-    }
-
-    /// The owner this handle acts for, resolved now (the current task unless
-    /// an explicit owner was set).
-    pub fn owner(&self) -> Owner {
-        match &self.owner {
-            Some(owner) => owner.clone(),
-            None => Owner::current(self.core.id()),
-        }
     }
 
     /// Acquires the lock, waiting as long as it takes.

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::validate_lease;
 use crate::core::holds::Lease;
 use crate::core::keys::LockKeys;
 use crate::core::{deadline_after, Core};
@@ -89,29 +88,7 @@ impl RwLock {
         &self.read.name
     }
 
-    /// This handle with a fixed lease for every hold it takes (see
-    /// [`Lock::with_lease`](crate::lock::Lock::with_lease)); a write re-entry
-    /// re-arms it to this value.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `lease` is zero or above the client's
-    /// `max_lease`.
-    pub fn with_lease(mut self, lease: Duration) -> Result<Self> {
-        self.lease = Lease::Fixed(validate_lease(self.core.settings(), lease)?);
-        Ok(self)
-    }
-
-    /// This handle in watchdog mode (the default).
-    pub fn with_watchdog(mut self) -> Self {
-        self.lease = Lease::Watchdog;
-        self
-    }
-
-    /// This handle acting for `owner` instead of the current task.
-    pub fn with_owner(mut self, owner: Owner) -> Self {
-        self.owner = Some(owner);
-        self
-    }
+    crate::terms::hold_terms!();
 
     /// This handle's readers enter whenever no writer holds the lock, even
     /// while writers wait (reader preference: more read throughput, and a
@@ -119,14 +96,6 @@ impl RwLock {
     pub fn prefer_readers(mut self) -> Self {
         self.prefer_readers = true;
         self
-    }
-
-    /// The owner this handle acts for, resolved now.
-    pub fn owner(&self) -> Owner {
-        match &self.owner {
-            Some(owner) => owner.clone(),
-            None => Owner::current(self.core.id()),
-        }
     }
 
     /// Takes a read hold, waiting as long as it takes.

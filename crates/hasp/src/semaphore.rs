@@ -113,37 +113,7 @@ impl Semaphore {
         &self.keys.name
     }
 
-    /// This handle with a fixed lease: grants expire after `lease` unless
-    /// given back, and are never renewed.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `lease` is zero or above the client's
-    /// `max_lease`.
-    pub fn with_lease(mut self, lease: Duration) -> Result<Self> {
-        self.lease = Lease::Fixed(validate_lease(self.core.settings(), lease)?);
-        Ok(self)
-    }
-
-    /// This handle in watchdog mode (the default): leases renewed while the
-    /// permits are held.
-    pub fn with_watchdog(mut self) -> Self {
-        self.lease = Lease::Watchdog;
-        self
-    }
-
-    /// This handle acting for `owner` instead of the current task.
-    pub fn with_owner(mut self, owner: Owner) -> Self {
-        self.owner = Some(owner);
-        self
-    }
-
-    /// The owner this handle acts for, resolved now.
-    pub fn owner(&self) -> Owner {
-        match &self.owner {
-            Some(owner) => owner.clone(),
-            None => Owner::current(self.core.id()),
-        }
-    }
+    crate::terms::hold_terms!();
 
     /// Sets the capacity to `permits` if none is set; false if one was.
     ///

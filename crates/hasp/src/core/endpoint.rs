@@ -79,10 +79,11 @@ impl Endpoint {
             kind: Kind::Sentinel(Mutex::new(client)),
             generation: watch::Sender::new(0),
         });
-        tokio::spawn(follow_announcements(
+        tokio::spawn(follow_master_switches(
             Arc::downgrade(&endpoint),
             announcers,
             service.to_owned(),
+            Endpoint::stale,
         ));
         Ok(endpoint)
     }
@@ -115,14 +116,25 @@ impl Endpoint {
     }
 }
 
-/// Listens to `+switch-master` on one sentinel at a time (the next one
-/// when it fails) and moves the endpoint's connections when one names
-/// `service`. Ends when the endpoint is gone.
-async fn follow_announcements(
-    endpoint: Weak<Endpoint>,
+/// Listens to the sentinels' `+switch-master` announcements, on one
+/// sentinel at a time (the next one when it fails), and calls `on_switch`
+/// with what `owner` points to each time one names `service`. Ends when
+/// `owner` is gone.
+///
+/// hasp's Sentinel clients move their connections on it; an application
+/// that keeps its own connection to the master of the same service can
+/// move it by the same rule. Waiting for `READONLY` is not enough: a
+/// sentinel reconfigures the old master only when it next polls it, and
+/// until then the old master takes writes the new one never sees.
+pub async fn follow_master_switches<T>(
+    owner: Weak<T>,
     sentinels: Vec<redis::Client>,
     service: String,
+    on_switch: impl Fn(&T),
 ) {
+    if sentinels.is_empty() {
+        return;
+    }
     let mut next = 0;
     loop {
         let sentinel = &sentinels[next % sentinels.len()];
@@ -138,14 +150,14 @@ async fn follow_announcements(
                                 let payload: String = message.get_payload().unwrap_or_default();
                                 // "<service> <old ip> <old port> <new ip> <new port>"
                                 if payload.split(' ').next() == Some(service.as_str()) {
-                                    match endpoint.upgrade() {
-                                        Some(endpoint) => endpoint.stale(),
+                                    match owner.upgrade() {
+                                        Some(owner) => on_switch(&owner),
                                         None => return,
                                     }
                                 }
                             }
                             Ok(None) => break, // the sentinel went away: the next one
-                            Err(_) if endpoint.strong_count() == 0 => return,
+                            Err(_) if owner.strong_count() == 0 => return,
                             Err(_) => {}
                         }
                     }
@@ -153,7 +165,7 @@ async fn follow_announcements(
             }
             Err(e) => tracing::debug!(error = %e, "sentinel unreachable for announcements"),
         }
-        if endpoint.strong_count() == 0 {
+        if owner.strong_count() == 0 {
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

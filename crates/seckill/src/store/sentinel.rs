@@ -13,10 +13,8 @@
 //! failing fast until they have.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
-use futures_util::StreamExt;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
@@ -108,10 +106,11 @@ impl SentinelConn {
             }),
         };
         conn.inner.connection().await?;
-        tokio::spawn(follow_announcements(
+        tokio::spawn(hasp::sentinel::follow_master_switches(
             Arc::downgrade(&conn.inner),
             announcers,
             service.to_owned(),
+            |inner: &Inner| inner.stale(inner.generation.load(Ordering::Acquire)),
         ));
         Ok(conn)
     }
@@ -201,46 +200,6 @@ impl ConnectionLike for SentinelConn {
 
     fn get_db(&self) -> i64 {
         0
-    }
-}
-
-/// Listens to `+switch-master` on one sentinel at a time (the next one
-/// when it fails) and marks the connection stale when one names `service`.
-/// Ends when the connection is gone.
-async fn follow_announcements(inner: Weak<Inner>, sentinels: Vec<redis::Client>, service: String) {
-    let mut next = 0;
-    loop {
-        let sentinel = &sentinels[next % sentinels.len()];
-        next += 1;
-        match sentinel.get_async_pubsub().await {
-            Ok(mut pubsub) => {
-                if pubsub.subscribe("+switch-master").await.is_ok() {
-                    let mut messages = pubsub.on_message();
-                    loop {
-                        let message = tokio::time::timeout(Duration::from_secs(1), messages.next());
-                        match message.await {
-                            Ok(Some(message)) => {
-                                let payload: String = message.get_payload().unwrap_or_default();
-                                // "<service> <old ip> <old port> <new ip> <new port>"
-                                if payload.split(' ').next() == Some(service.as_str()) {
-                                    let Some(inner) = inner.upgrade() else { return };
-                                    let generation = inner.generation.load(Ordering::Acquire);
-                                    inner.stale(generation);
-                                }
-                            }
-                            Ok(None) => break, // the sentinel went away: the next one
-                            Err(_) if inner.strong_count() == 0 => return,
-                            Err(_) => {}
-                        }
-                    }
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "sentinel unreachable for announcements"),
-        }
-        if inner.strong_count() == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
