@@ -31,9 +31,8 @@ async fn main() -> anyhow::Result<()> {
     db.migrate().await?;
     let conn = seckill::store::connect(&redis.url()).await?;
     let fast = Arc::new(FastPath::new(
-        conn.clone(),
-        "seckill",
-        OrderIdGenerator::new(conn.clone(), "seckill", 1_000)?,
+        seckill::store::Redis::new(conn.clone(), "seckill"),
+        OrderIdGenerator::new(seckill::store::Redis::new(conn.clone(), "seckill"), 1_000)?,
     ));
     let locks = seckill::store::lock_client(&redis.url(), hasp::Settings::default()).await?;
     let repair = Arc::new(SaleRepair::new(fast.clone(), db.clone(), locks, None));

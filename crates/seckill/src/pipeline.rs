@@ -32,7 +32,7 @@ use std::time::Duration;
 use crate::db::{Database, Recorded};
 use crate::domain::order::OrderRecord;
 use crate::error::{Error, Result};
-use crate::store::{is_missing_group, Delivery, OrderStreams, RedisConn};
+use crate::store::{is_missing_group, Delivery, OrderStreams, Redis, RedisConn};
 
 /// How a pipeline consumes.
 #[derive(Debug, Clone)]
@@ -107,17 +107,12 @@ pub struct OrderPipeline {
 }
 
 impl OrderPipeline {
-    /// A pipeline for the streams under `prefix`.
+    /// A pipeline for the streams under `redis`' prefix.
     ///
     /// # Errors
     /// [`Error::Invalid`] for an empty group or consumer, a zero batch or
     /// a zero delivery limit.
-    pub fn new(
-        conn: RedisConn,
-        db: Database,
-        prefix: impl Into<String>,
-        settings: PipelineSettings,
-    ) -> Result<Self> {
+    pub fn new(redis: Redis, db: Database, settings: PipelineSettings) -> Result<Self> {
         if settings.group.is_empty() {
             return Err(Error::invalid("group", "must not be empty"));
         }
@@ -132,8 +127,7 @@ impl OrderPipeline {
         }
         Ok(Self {
             streams: OrderStreams::new(
-                conn,
-                prefix,
+                redis,
                 settings.group.clone(),
                 settings.consumer.clone(),
                 settings.batch,

@@ -23,7 +23,7 @@ use std::collections::HashSet;
 
 use crate::db::Database;
 use crate::error::Result;
-use crate::store::{add_buyers, lower_stock, read_sale, RedisConn};
+use crate::store::{add_buyers, lower_stock, read_sale, Redis};
 
 /// The state of one voucher on both sides, and where they disagree.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,13 +93,8 @@ impl Reconciliation {
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) or
 /// [`Error::Database`](crate::Error::Database) if either side fails.
-pub async fn reconcile(
-    conn: &RedisConn,
-    db: &Database,
-    prefix: &str,
-    voucher_id: i64,
-) -> Result<Reconciliation> {
-    let sale = read_sale(conn, prefix, voucher_id).await?;
+pub async fn reconcile(redis: &Redis, db: &Database, voucher_id: i64) -> Result<Reconciliation> {
+    let sale = read_sale(redis, voucher_id).await?;
     // The returns before the stock: one committed between the two reads is
     // then in the stock but not in the list, which can only make the
     // expected stock higher than it is (never lowered below it).
@@ -152,12 +147,12 @@ pub async fn reconcile(
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
-pub async fn repair(conn: &RedisConn, prefix: &str, found: &Reconciliation) -> Result<usize> {
+pub async fn repair(redis: &Redis, found: &Reconciliation) -> Result<usize> {
     let voucher = found.voucher_id;
-    let mut changes = add_buyers(conn, prefix, voucher, &found.missing_buyers).await?;
+    let mut changes = add_buyers(redis, voucher, &found.missing_buyers).await?;
     if let (Some(actual), Some(expected)) = (found.redis_stock, found.expected_redis_stock) {
         // Only ever lowered, and only if nobody bought meanwhile.
-        if actual > expected && lower_stock(conn, prefix, voucher, actual, expected).await? {
+        if actual > expected && lower_stock(redis, voucher, actual, expected).await? {
             changes += 1;
         }
     }

@@ -136,7 +136,9 @@ impl SaleRepair {
     /// [`Error::Lock`](crate::Error::Lock) if the lock cannot be taken within 30 s.
     #[tracing::instrument(skip(self))]
     pub async fn run(&self, scope: Scope) -> Result<RepairReport> {
-        let lock = self.locks.lock(&format!("{}:repair", self.fast.prefix()))?;
+        let lock = self
+            .locks
+            .lock(&format!("{}:repair", self.fast.redis().prefix()))?;
         let guard = lock.lock_within(LOCK_WAIT).await?;
         let outcome = self.run_locked(scope).await;
         if let Err(e) = guard.unlock().await {
@@ -200,7 +202,7 @@ impl SaleRepair {
         let Some(voucher) = self.db.voucher(id).await? else {
             return Ok(()); // unknown to the database too: nothing to restore
         };
-        let found = reconcile(self.fast.connection(), &self.db, self.fast.prefix(), id).await?;
+        let found = reconcile(self.fast.redis(), &self.db, id).await?;
         report.verified += 1;
         if found.redis_stock.is_none() {
             // Redis lost its returns with the sale: every unit the database
@@ -247,7 +249,7 @@ impl SaleRepair {
                 );
             }
         } else if !found.is_consistent() {
-            let changes = repair(self.fast.connection(), self.fast.prefix(), &found).await?;
+            let changes = repair(self.fast.redis(), &found).await?;
             if changes > 0 {
                 report.repaired += 1;
                 self.count("repaired");

@@ -152,7 +152,7 @@ impl Sales {
             }
         }
         // Given back (or none stored): a newer order may be on its way.
-        let unstored = order_in_redis(self.fast.connection(), self.fast.prefix(), voucher, user)
+        let unstored = order_in_redis(self.fast.redis(), voucher, user)
             .await?
             .filter(|(id, _)| stored.as_ref().is_none_or(|s| *id > s.record.id));
         Ok(match (unstored, stored) {

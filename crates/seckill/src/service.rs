@@ -19,7 +19,7 @@ use crate::pipeline::{OrderPipeline, PipelineSettings};
 use crate::repair::SaleRepair;
 use crate::sale::{PurchasePath, Sales};
 use crate::settings::{Mode, Settings, UserLocks};
-use crate::store::{FastPath, OrderIdGenerator};
+use crate::store::{FastPath, OrderIdGenerator, Redis};
 use crate::sync_path::SyncPath;
 
 /// A started service.
@@ -42,12 +42,11 @@ impl Service {
     pub async fn start(config: Settings) -> anyhow::Result<Self> {
         let db = Database::connect(&config.database_url).await?;
         db.migrate().await?;
-        let conn = crate::store::connect(&config.redis_url).await?;
-        let mut fast = FastPath::new(
-            conn.clone(),
-            config.prefix.clone(),
-            OrderIdGenerator::new(conn.clone(), config.prefix.clone(), 1000)?,
+        let redis = Redis::new(
+            crate::store::connect(&config.redis_url).await?,
+            &config.prefix,
         );
+        let mut fast = FastPath::new(redis.clone(), OrderIdGenerator::new(redis.clone(), 1000)?);
         if let Some(ack) = config.replica_ack {
             // WAIT blocks its connection: confirmation gets its own.
             fast = fast.with_replica_ack(ack, crate::store::connect(&config.redis_url).await?)?;
@@ -72,7 +71,7 @@ impl Service {
                 let sync = SyncPath::new(
                     db.clone(),
                     user_locks,
-                    OrderIdGenerator::new(conn.clone(), config.prefix.clone(), 1000)?,
+                    OrderIdGenerator::new(redis.clone(), 1000)?,
                     // A double click waits this long for the first click's
                     // purchase (milliseconds), then is a 409.
                     Duration::from_secs(1),
@@ -111,11 +110,9 @@ impl Service {
             limits: RateLimits::new(config.user_limit, config.ip_limit),
             metrics: metrics.clone(),
         };
-        let conn_for_reads = conn.clone();
         let pipeline = Arc::new(OrderPipeline::new(
-            conn,
+            redis.clone(),
             db.clone(),
-            config.prefix.clone(),
             PipelineSettings {
                 reclaim_idle: config.reclaim_idle,
                 ..PipelineSettings::new(config.consumer.clone())
@@ -132,7 +129,7 @@ impl Service {
         ));
         // Blocking reads need a connection of their own; a cluster's
         // streams cannot share one read (polled instead).
-        let reader = match &conn_for_reads {
+        let reader = match redis.connection() {
             crate::store::RedisConn::Server(_) | crate::store::RedisConn::Sentinel(_) => {
                 Some(crate::store::connect(&config.redis_url).await?)
             }

@@ -188,9 +188,8 @@ async fn spawn_app_on(
     let db = Database::connect(&url).await.unwrap();
     let conn = seckill::store::connect(&redis.url()).await.unwrap();
     let fast = Arc::new(FastPath::new(
-        conn.clone(),
-        "seckill",
-        OrderIdGenerator::new(conn, "seckill", 100).unwrap(),
+        seckill::store::Redis::new(conn.clone(), "seckill"),
+        OrderIdGenerator::new(seckill::store::Redis::new(conn, "seckill"), 100).unwrap(),
     ));
     TestApp {
         base: format!("http://{}", service.addr()),
@@ -506,13 +505,12 @@ async fn users_see_their_own_orders_pending_then_created_or_failed() {
     // An order the pipeline gave up on reads as failed; here a buyer from
     // before the order-of and failed hashes (found by the stream scan).
     let pipeline = OrderPipeline::new(
-        app.fast.connection().clone(),
+        app.fast.redis().clone(),
         app.db.clone(),
-        "seckill",
         PipelineSettings::new("test"),
     )
     .unwrap();
-    let mut c = app.fast.connection().clone();
+    let mut c = app.fast.redis().connection().clone();
     let _: i64 = redis::cmd("SADD")
         .arg(format!("seckill:{{v{id}}}:buyers"))
         .arg(3)

@@ -18,8 +18,9 @@ async fn conn(server: &RedisServer) -> RedisConn {
 /// Redis with nothing to verify (the purchase script loaded at once).
 async fn instance(server: &RedisServer) -> FastPath {
     let conn = conn(server).await;
-    let ids = OrderIdGenerator::new(conn.clone(), "seckill", 100).unwrap();
-    let path = FastPath::new(conn, "seckill", ids);
+    let ids =
+        OrderIdGenerator::new(seckill::store::Redis::new(conn.clone(), "seckill"), 100).unwrap();
+    let path = FastPath::new(seckill::store::Redis::new(conn, "seckill"), ids);
     path.arm(0).await.unwrap();
     path
 }
@@ -182,7 +183,10 @@ async fn order_ids_are_unique_across_instances_and_restarts_and_cost_one_call_pe
                 let server_url = server.url();
                 tokio::spawn(async move {
                     let c = seckill::store::connect(&server_url).await.unwrap();
-                    let generator = Arc::new(OrderIdGenerator::new(c, "seckill", BLOCK).unwrap());
+                    let generator = Arc::new(
+                        OrderIdGenerator::new(seckill::store::Redis::new(c, "seckill"), BLOCK)
+                            .unwrap(),
+                    );
                     let tasks: Vec<_> = (0..PER_GENERATOR)
                         .map(|_| {
                             let g = generator.clone();
@@ -211,7 +215,7 @@ async fn order_ids_are_unique_across_instances_and_restarts_and_cost_one_call_pe
         3 * PER_GENERATOR / BLOCK as usize,
         "one INCRBY per block"
     );
-    assert!(OrderIdGenerator::new(raw, "seckill", 0).is_err());
+    assert!(OrderIdGenerator::new(seckill::store::Redis::new(raw, "seckill"), 0).is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,8 +257,12 @@ async fn on_a_redis_cluster_vouchers_spread_and_never_oversell() {
     let url = format!("{}{}", seckill::store::CLUSTER_SCHEME, nodes.join(","));
     let conn = seckill::store::connect(&url).await.unwrap();
     assert!(matches!(conn, RedisConn::Cluster(_)));
-    let ids = OrderIdGenerator::new(conn.clone(), "seckill", 100).unwrap();
-    let path = Arc::new(FastPath::new(conn, "seckill", ids));
+    let ids =
+        OrderIdGenerator::new(seckill::store::Redis::new(conn.clone(), "seckill"), 100).unwrap();
+    let path = Arc::new(FastPath::new(
+        seckill::store::Redis::new(conn, "seckill"),
+        ids,
+    ));
     let vouchers: Vec<i64> = (1..=6).collect();
     for v in &vouchers {
         path.load_voucher(*v, &open_sale(STOCK)).await.unwrap();
@@ -308,8 +316,16 @@ async fn on_a_redis_cluster_vouchers_spread_and_never_oversell() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn order_ids_stay_unique_when_redis_loses_the_sequence() {
     let server = RedisServer::start();
-    let before = OrderIdGenerator::new(conn(&server).await, "seckill", 1_000).unwrap();
-    let after = OrderIdGenerator::new(conn(&server).await, "seckill", 1_000).unwrap();
+    let before = OrderIdGenerator::new(
+        seckill::store::Redis::new(conn(&server).await, "seckill"),
+        1_000,
+    )
+    .unwrap();
+    let after = OrderIdGenerator::new(
+        seckill::store::Redis::new(conn(&server).await, "seckill"),
+        1_000,
+    )
+    .unwrap();
     let mut all = HashSet::new();
     all.insert(before.next_id().await.unwrap()); // takes a block of 1,000
     server.cli(&["FLUSHALL"]);
@@ -339,9 +355,8 @@ async fn with_replica_ack_accepted_means_a_replica_has_the_order() {
         timeout: Duration::from_millis(200),
     };
     let path = FastPath::new(
-        conn.clone(),
-        "seckill",
-        OrderIdGenerator::new(conn.clone(), "seckill", 100).unwrap(),
+        seckill::store::Redis::new(conn.clone(), "seckill"),
+        OrderIdGenerator::new(seckill::store::Redis::new(conn.clone(), "seckill"), 100).unwrap(),
     )
     .with_replica_ack(ack, conn.clone())
     .unwrap();
@@ -384,9 +399,8 @@ async fn with_replica_ack_accepted_means_a_replica_has_the_order() {
 
     let bad = |replicas, ms| {
         FastPath::new(
-            conn.clone(),
-            "seckill",
-            OrderIdGenerator::new(conn.clone(), "seckill", 1).unwrap(),
+            seckill::store::Redis::new(conn.clone(), "seckill"),
+            OrderIdGenerator::new(seckill::store::Redis::new(conn.clone(), "seckill"), 1).unwrap(),
         )
         .with_replica_ack(
             ReplicaAck {

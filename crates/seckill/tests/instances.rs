@@ -86,7 +86,13 @@ async fn two_instances_share_the_sale_and_the_pipeline_without_loss_or_duplicate
     let stored: HashSet<i64> = db.order_ids(voucher).await.unwrap().into_iter().collect();
     assert_eq!(stored, accepted, "stored orders differ from accepted ones");
     let conn = seckill::store::connect(&redis.url()).await.unwrap();
-    let found = reconcile(&conn, &db, "seckill", voucher).await.unwrap();
+    let found = reconcile(
+        &seckill::store::Redis::new(conn.clone(), "seckill"),
+        &db,
+        voucher,
+    )
+    .await
+    .unwrap();
     assert!(found.is_consistent(), "{:?}", found.differences());
     assert_eq!(found.db_stock, Some(0));
 }

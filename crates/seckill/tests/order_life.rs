@@ -75,9 +75,8 @@ async fn sale(stock: i64, pay_within: Duration, rebuy: bool) -> Sale {
     let redis = RedisServer::start();
     let conn = seckill::store::connect(&redis.url()).await.unwrap();
     let fast = Arc::new(FastPath::new(
-        conn.clone(),
-        "shop",
-        OrderIdGenerator::new(conn, "shop", 100).unwrap(),
+        seckill::store::Redis::new(conn.clone(), "shop"),
+        OrderIdGenerator::new(seckill::store::Redis::new(conn, "shop"), 100).unwrap(),
     ));
     fast.load_voucher(voucher, &terms).await.unwrap();
     fast.arm(voucher).await.unwrap();
@@ -131,10 +130,14 @@ impl Sale {
 
     /// Both stores agree (nothing in flight: every order is stored).
     async fn assert_consistent(&self) {
-        let conn = self.fast.connection();
-        let found = reconcile(conn, &self.db, "shop", self.voucher)
-            .await
-            .unwrap();
+        let conn = self.fast.redis().connection();
+        let found = reconcile(
+            &seckill::store::Redis::new(conn.clone(), "shop"),
+            &self.db,
+            self.voucher,
+        )
+        .await
+        .unwrap();
         assert!(found.is_consistent(), "{:?}", found.differences());
     }
 }

@@ -59,9 +59,8 @@ async fn sale(stock: i64) -> Sale {
     let server = RedisServer::start();
     let c = conn(&server).await;
     let fast = FastPath::new(
-        c.clone(),
-        "seckill",
-        OrderIdGenerator::new(c, "seckill", 100).unwrap(),
+        seckill::store::Redis::new(c.clone(), "seckill"),
+        OrderIdGenerator::new(seckill::store::Redis::new(c, "seckill"), 100).unwrap(),
     );
     fast.load_voucher(voucher, &terms).await.unwrap();
     fast.arm(voucher).await.unwrap();
@@ -79,9 +78,8 @@ async fn pipeline(sale: &Sale, consumer: &str, reclaim_idle: Duration) -> OrderP
     settings.reclaim_idle = reclaim_idle;
     settings.max_deliveries = 3;
     let p = OrderPipeline::new(
-        conn(&sale.server).await,
+        seckill::store::Redis::new(conn(&sale.server).await, "seckill"),
         sale.db.clone(),
-        "seckill",
         settings,
     )
     .unwrap();
@@ -271,9 +269,13 @@ async fn entries_that_cannot_succeed_or_keep_failing_are_dead_lettered_and_count
             .map_or(0, |n| n.parse::<u64>().unwrap())
     };
     let before = scans();
-    let status = seckill::store::order_in_redis(&c, "seckill", sale.voucher, 0)
-        .await
-        .unwrap();
+    let status = seckill::store::order_in_redis(
+        &seckill::store::Redis::new(c.clone(), "seckill"),
+        sale.voucher,
+        0,
+    )
+    .await
+    .unwrap();
     assert!(
         matches!(status, Some((_, OrderState::Failed))),
         "{status:?}"
@@ -299,9 +301,13 @@ async fn reconcile_sees_agreement_mid_pipeline_and_repairs_what_is_safe() {
     buy(&sale, 0..6).await;
     let c = conn(&sale.server).await;
     // Orders still in the stream count as on their way: consistent.
-    let before = reconcile(&c, &sale.db, "seckill", sale.voucher)
-        .await
-        .unwrap();
+    let before = reconcile(
+        &seckill::store::Redis::new(c.clone(), "seckill"),
+        &sale.db,
+        sale.voucher,
+    )
+    .await
+    .unwrap();
     assert!(before.is_consistent(), "{:?}", before.differences());
     assert_eq!(
         (before.in_stream, before.db_orders, before.redis_buyers),
@@ -309,9 +315,13 @@ async fn reconcile_sees_agreement_mid_pipeline_and_repairs_what_is_safe() {
     );
     let p = pipeline(&sale, "p", Duration::from_secs(30)).await;
     drain(&p, sale.voucher).await;
-    let after = reconcile(&c, &sale.db, "seckill", sale.voucher)
-        .await
-        .unwrap();
+    let after = reconcile(
+        &seckill::store::Redis::new(c.clone(), "seckill"),
+        &sale.db,
+        sale.voucher,
+    )
+    .await
+    .unwrap();
     assert!(after.is_consistent(), "{:?}", after.differences());
     assert_eq!((after.redis_stock, after.db_stock), (Some(4), Some(4)));
 
@@ -337,9 +347,13 @@ async fn reconcile_sees_agreement_mid_pipeline_and_repairs_what_is_safe() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    let broken = reconcile(&c, &sale.db, "seckill", sale.voucher)
-        .await
-        .unwrap();
+    let broken = reconcile(
+        &seckill::store::Redis::new(c.clone(), "seckill"),
+        &sale.db,
+        sale.voucher,
+    )
+    .await
+    .unwrap();
     assert_eq!(broken.missing_buyers, vec![3]);
     assert_eq!(broken.lost_orders, vec![77]);
     assert_eq!(
@@ -348,10 +362,19 @@ async fn reconcile_sees_agreement_mid_pipeline_and_repairs_what_is_safe() {
     );
     assert_eq!(broken.differences().len(), 3);
 
-    assert_eq!(repair(&c, "seckill", &broken).await.unwrap(), 2);
-    let repaired = reconcile(&c, &sale.db, "seckill", sale.voucher)
-        .await
-        .unwrap();
+    assert_eq!(
+        repair(&seckill::store::Redis::new(c.clone(), "seckill"), &broken)
+            .await
+            .unwrap(),
+        2
+    );
+    let repaired = reconcile(
+        &seckill::store::Redis::new(c.clone(), "seckill"),
+        &sale.db,
+        sale.voucher,
+    )
+    .await
+    .unwrap();
     assert!(repaired.missing_buyers.is_empty());
     assert_eq!(repaired.redis_stock, Some(4));
     assert_eq!(

@@ -18,7 +18,7 @@ async fn instance(redis: &RedisServer, db: &Database) -> SyncPath {
 
 async fn instance_with(redis: &RedisServer, db: &Database, locks: UserLocks) -> SyncPath {
     let conn = seckill::store::connect(&redis.url()).await.unwrap();
-    let ids = OrderIdGenerator::new(conn, "seckill", 100).unwrap();
+    let ids = OrderIdGenerator::new(seckill::store::Redis::new(conn, "seckill"), 100).unwrap();
     SyncPath::new(db.clone(), locks, ids, Duration::from_secs(10))
 }
 
@@ -201,7 +201,7 @@ async fn a_busy_user_is_refused_in_progress_not_an_error() {
     let path = SyncPath::new(
         db.clone(),
         UserLocks::Redis(locks.clone()),
-        OrderIdGenerator::new(conn, "seckill", 100).unwrap(),
+        OrderIdGenerator::new(seckill::store::Redis::new(conn, "seckill"), 100).unwrap(),
         Duration::from_millis(300),
     );
     // Another purchase of user 7 holds the user's lock (another owner: a

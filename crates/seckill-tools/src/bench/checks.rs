@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use seckill::store::RedisConn;
+use seckill::store::Redis;
 use serde::Serialize;
 
 use seckill::db::Database;
@@ -156,8 +156,7 @@ pub struct Verified {
 
 /// Redis and the database, when the run was given them.
 pub struct Stores {
-    prefix: String,
-    redis: Option<RedisConn>,
+    redis: Option<Redis>,
     db: Option<Database>,
 }
 
@@ -172,18 +171,14 @@ impl Stores {
         prefix: &str,
     ) -> anyhow::Result<Self> {
         let redis = match redis_url {
-            Some(url) => Some(seckill::store::connect(url).await?),
+            Some(url) => Some(Redis::new(seckill::store::connect(url).await?, prefix)),
             None => None,
         };
         let db = match database_url {
             Some(url) => Some(Database::connect(url).await?),
             None => None,
         };
-        Ok(Self {
-            prefix: prefix.to_owned(),
-            redis,
-            db,
-        })
+        Ok(Self { redis, db })
     }
 
     /// The orders stored for `voucher`, `(order id, user id, given back)`
@@ -227,7 +222,7 @@ impl Stores {
             .len();
         let redis = match &self.redis {
             Some(conn) if fast_path => {
-                let sale = seckill::store::read_sale(conn, &self.prefix, voucher).await?;
+                let sale = seckill::store::read_sale(conn, voucher).await?;
                 Some((sale.stock.unwrap_or(0), sale.returned.len()))
             }
             _ => None,
@@ -248,7 +243,7 @@ impl Stores {
         let (Some(conn), Some(db), true) = (&self.redis, &self.db, fast_path) else {
             return Vec::new();
         };
-        match reconcile(conn, db, &self.prefix, voucher).await {
+        match reconcile(conn, db, voucher).await {
             Ok(found) => found.differences(),
             Err(e) => vec![format!("reconcile failed: {e}")],
         }
@@ -260,10 +255,10 @@ impl Stores {
     /// If Redis fails.
     pub async fn dead_letters(&self) -> anyhow::Result<i64> {
         Ok(match &self.redis {
-            Some(conn) => {
+            Some(redis) => {
                 redis::cmd("XLEN")
-                    .arg(seckill::store::dead_letter_stream(&self.prefix))
-                    .query_async(&mut conn.clone())
+                    .arg(seckill::store::dead_letter_stream(redis.prefix()))
+                    .query_async(&mut redis.connection().clone())
                     .await?
             }
             None => 0,
@@ -337,9 +332,7 @@ impl Stores {
             let db_stock = db.voucher_stock(sale.voucher).await?;
             let orders = db.voucher_order_states(sale.voucher).await?;
             let found = match &self.redis {
-                Some(conn) if pipelined => {
-                    Some(reconcile(conn, db, &self.prefix, sale.voucher).await?)
-                }
+                Some(conn) if pipelined => Some(reconcile(conn, db, sale.voucher).await?),
                 _ => None,
             };
             let quiet = db.voucher_stock(sale.voucher).await? == db_stock;

@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use seckill::domain::purchase::Purchase;
 use seckill::domain::voucher::SaleTerms;
-use seckill::store::{FastPath, OrderIdGenerator};
+use seckill::store::{FastPath, OrderIdGenerator, Redis};
 
 /// Options of `seckill-tools lab`.
 #[derive(Debug, Clone, clap::Args)]
@@ -260,12 +260,8 @@ async fn run_one(strategy: Strategy, stock: i64, buyers: i64) -> anyhow::Result<
         .await?;
     let mut instances = Vec::new();
     for _ in 0..2 {
-        let manager = seckill::store::connect(&server.url()).await?;
-        let fast = FastPath::new(
-            manager.clone(),
-            "lab",
-            OrderIdGenerator::new(manager, "lab", 100)?,
-        );
+        let redis = Redis::new(seckill::store::connect(&server.url()).await?, "lab");
+        let fast = FastPath::new(redis.clone(), OrderIdGenerator::new(redis, 100)?);
         let now = SystemTime::now();
         fast.load_voucher(
             1,

@@ -22,7 +22,7 @@ use seckill::domain::order::OrderRecord;
 use seckill::domain::purchase::Purchase;
 use seckill::domain::voucher::{SaleTerms, Title};
 use seckill::order_life::OrderLife;
-use seckill::store::{FastPath, OrderIdGenerator};
+use seckill::store::{FastPath, OrderIdGenerator, Redis};
 
 use super::{Row, TempFile};
 
@@ -123,11 +123,10 @@ async fn service(stock: i64) -> anyhow::Result<Row> {
     )?
     .with_pay_within(Duration::from_secs(1))?;
     let voucher = db.create_voucher(&Title::parse("Returns")?, &terms).await?;
-    let conn = seckill::store::connect(&server.url()).await?;
+    let redis = Redis::new(seckill::store::connect(&server.url()).await?, "lab");
     let fast = Arc::new(FastPath::new(
-        conn.clone(),
-        "lab",
-        OrderIdGenerator::new(conn, "lab", 100)?,
+        redis.clone(),
+        OrderIdGenerator::new(redis, 100)?,
     ));
     fast.load_voucher(voucher, &terms).await?;
     fast.arm(voucher).await?;

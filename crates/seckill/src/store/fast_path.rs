@@ -6,13 +6,12 @@ use std::time::{Duration, Instant};
 
 use crate::store::reachability::{self, Admission, Reachability};
 use crate::store::replica_ack::Acker;
-use crate::store::RedisConn;
+use crate::store::{Redis, RedisConn};
 use redis::Script;
 
 use crate::domain::purchase::{Purchase, Refusal};
 use crate::domain::voucher::SaleTerms;
 use crate::error::{Error, Result};
-use crate::store::keys::VoucherKeys;
 use crate::store::order_ids::OrderIdGenerator;
 
 static PURCHASE: LazyLock<Script> =
@@ -58,11 +57,11 @@ pub const SOLD_OUT_MEMORY: Duration = Duration::from_secs(1);
 /// use std::time::{Duration, SystemTime};
 /// use seckill::domain::voucher::SaleTerms;
 /// use seckill::domain::purchase::{Purchase, Refusal};
-/// use seckill::store::{connect, FastPath, OrderIdGenerator};
+/// use seckill::store::{connect, FastPath, OrderIdGenerator, Redis};
 ///
-/// let redis = testkit::RedisServer::start();
-/// let conn = connect(&redis.url()).await?;
-/// let shop = FastPath::new(conn.clone(), "shop", OrderIdGenerator::new(conn, "shop", 100)?);
+/// let server = testkit::RedisServer::start();
+/// let redis = Redis::new(connect(&server.url()).await?, "shop");
+/// let shop = FastPath::new(redis.clone(), OrderIdGenerator::new(redis, 100)?);
 ///
 /// let now = SystemTime::now();
 /// shop.load_voucher(1, &SaleTerms::new(1, now, now + Duration::from_secs(60))?).await?;
@@ -75,8 +74,7 @@ pub const SOLD_OUT_MEMORY: Duration = Duration::from_secs(1);
 /// ```
 #[derive(Debug)]
 pub struct FastPath {
-    conn: RedisConn,
-    prefix: String,
+    redis: Redis,
     ids: OrderIdGenerator,
     /// Vouchers Redis called sold out, and when.
     sold_out: Mutex<HashMap<i64, Instant>>,
@@ -98,12 +96,10 @@ pub struct ReplicaAck {
 }
 
 impl FastPath {
-    /// A fast path over `conn`, with keys under `prefix` and order ids from
-    /// `ids`.
-    pub fn new(conn: RedisConn, prefix: impl Into<String>, ids: OrderIdGenerator) -> Self {
+    /// A fast path over `redis`, with order ids from `ids`.
+    pub fn new(redis: Redis, ids: OrderIdGenerator) -> Self {
         Self {
-            conn,
-            prefix: prefix.into(),
+            redis,
             ids,
             sold_out: Mutex::new(HashMap::new()),
             acker: None,
@@ -132,13 +128,15 @@ impl FastPath {
                 "must be at least 1 ms",
             ));
         }
-        if matches!(self.conn, RedisConn::Cluster(_)) || matches!(acks, RedisConn::Cluster(_)) {
+        if matches!(self.redis.connection(), RedisConn::Cluster(_))
+            || matches!(acks, RedisConn::Cluster(_))
+        {
             return Err(Error::invalid(
                 "replica_ack",
                 "not available on a Redis Cluster connection",
             ));
         }
-        let marker = crate::store::keys::replica_ack_marker(&self.prefix);
+        let marker = crate::store::keys::replica_ack_marker(self.redis.prefix());
         self.acker = Some(Acker::start(acks, marker, ack)?);
         Ok(self)
     }
@@ -165,7 +163,7 @@ impl FastPath {
         (begin_ms, end_ms): (i64, i64),
         rebuy: bool,
     ) -> Result<bool> {
-        let keys = VoucherKeys::new(&self.prefix, id);
+        let keys = self.redis.voucher(id);
         let (created,): (bool,) = redis::pipe()
             .atomic()
             .hset_nx(&keys.voucher, "stock", stock)
@@ -175,7 +173,7 @@ impl FastPath {
             .ignore()
             .hset(&keys.voucher, "rebuy", i64::from(rebuy))
             .ignore()
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.redis.conn())
             .await?;
         Ok(created)
     }
@@ -188,7 +186,7 @@ impl FastPath {
     /// # Errors
     /// [`Error::Redis`] if Redis fails (then ask again: it is idempotent).
     pub async fn take_back(&self, voucher: i64, user: i64, order: i64) -> Result<TakeBack> {
-        let keys = VoucherKeys::new(&self.prefix, voucher);
+        let keys = self.redis.voucher(voucher);
         let code: i64 = TAKE_BACK
             .key(&keys.voucher)
             .key(&keys.buyers)
@@ -196,7 +194,7 @@ impl FastPath {
             .key(&keys.returned)
             .arg(user)
             .arg(order)
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.redis.conn())
             .await?;
         self.sold_out
             .lock()
@@ -232,8 +230,8 @@ impl FastPath {
         buyers: &[(i64, i64)],
         returned: &[i64],
     ) -> Result<bool> {
-        let keys = VoucherKeys::new(&self.prefix, id);
-        let mut conn = self.conn.clone();
+        let keys = self.redis.voucher(id);
+        let mut conn = self.redis.conn();
         // Units the database took back are in its stock already: marked
         // taken back here, so that none is taken back twice.
         for chunk in returned.chunks(1_000) {
@@ -265,7 +263,7 @@ impl FastPath {
         let exists: Vec<bool> = redis::cmd("SCRIPT")
             .arg("EXISTS")
             .arg(PURCHASE.get_hash())
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.redis.conn())
             .await?;
         Ok(exists.first().copied().unwrap_or(false))
     }
@@ -304,7 +302,7 @@ impl FastPath {
                 return Err(e);
             }
         };
-        let keys = VoucherKeys::new(&self.prefix, voucher_id);
+        let keys = self.redis.voucher(voucher_id);
         let mut script = redis::cmd("EVALSHA");
         script
             .arg(PURCHASE.get_hash())
@@ -316,7 +314,7 @@ impl FastPath {
             .arg(user_id)
             .arg(order.as_i64())
             .arg(voucher_id);
-        let answer = script.query_async::<i64>(&mut self.conn.clone()).await;
+        let answer = script.query_async::<i64>(&mut self.redis.conn()).await;
         self.reachability.record(&answer);
         let code = match answer {
             Ok(answer) => answer,
@@ -350,7 +348,7 @@ impl FastPath {
     /// # Errors
     /// [`Error::Redis`] if Redis is unreachable.
     pub async fn arm(&self, voucher_id: i64) -> Result<()> {
-        let keys = VoucherKeys::new(&self.prefix, voucher_id);
+        let keys = self.redis.voucher(voucher_id);
         // EVAL caches the script on the node the key routes to; with no
         // arguments the script changes nothing.
         let _: i64 = redis::cmd("EVAL")
@@ -360,7 +358,7 @@ impl FastPath {
             .arg(&keys.buyers)
             .arg(&keys.orders)
             .arg(&keys.order_of)
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.redis.conn())
             .await?;
         Ok(())
     }
@@ -377,7 +375,7 @@ impl FastPath {
         let _: redis::Value = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(include_str!("../scripts/purchase.lua"))
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.redis.conn())
             .await?;
         Ok(())
     }
@@ -410,14 +408,10 @@ impl FastPath {
             .insert(voucher_id, Instant::now());
     }
 
-    /// The Redis connection (shared, cheap to clone).
-    pub fn connection(&self) -> &RedisConn {
-        &self.conn
-    }
-
-    /// The key prefix.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
+    /// The service's Redis: the connection and key prefix this fast path
+    /// uses.
+    pub fn redis(&self) -> &Redis {
+        &self.redis
     }
 
     /// Whether Redis answers.
@@ -426,7 +420,7 @@ impl FastPath {
     /// [`Error::Redis`] if it does not.
     pub async fn ping(&self) -> Result<()> {
         let _: String = redis::cmd("PING")
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.redis.conn())
             .await?;
         Ok(())
     }
@@ -450,8 +444,8 @@ impl FastPath {
             return Ok(Vec::new()); // an empty pipeline is an error to redis-rs
         }
         let reads = ids.iter().map(|id| {
-            let mut conn = self.conn.clone();
-            let key = VoucherKeys::new(&self.prefix, *id).voucher;
+            let mut conn = self.redis.conn();
+            let key = self.redis.voucher(*id).voucher;
             async move {
                 redis::cmd("HGET")
                     .arg(key)

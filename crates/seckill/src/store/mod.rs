@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `connect` | the connection: one server, a Sentinel service or a cluster; the lock client |
 //! | `sentinel` | a connection that follows the master of a Sentinel service |
+//! | `redis` | the connection and key prefix every view below takes |
 //! | `keys` | the key layout |
 //! | `fast_path` | the sale's terms, the atomic purchase, and a given-back order's unit taken back |
 //! | `order_ids` | order id blocks from the day's counter |
@@ -22,10 +23,12 @@ mod order_ids;
 mod order_lookup;
 mod order_stream;
 mod reachability;
+mod redis;
 mod replica_ack;
 mod sale_audit;
 mod sentinel;
 
+pub use self::redis::Redis;
 pub use connect::{
     cluster_seeds, connect, lock_client, RedisConn, CLUSTER_SCHEME, CONNECTION_TIMEOUT,
     RESPONSE_TIMEOUT,

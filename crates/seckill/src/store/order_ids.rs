@@ -4,7 +4,7 @@ use std::time::SystemTime;
 
 use std::sync::LazyLock;
 
-use crate::store::RedisConn;
+use crate::store::Redis;
 use tokio::sync::Mutex;
 
 use crate::domain::order_id::{civil_date, clock_parts, OrderId};
@@ -33,8 +33,7 @@ static NEXT_BLOCK: LazyLock<redis::Script> =
 /// average at most 49,710 per second (`next_block.lua`).
 #[derive(Debug)]
 pub struct OrderIdGenerator {
-    conn: RedisConn,
-    prefix: String,
+    redis: Redis,
     block: u32,
     state: Mutex<Block>,
 }
@@ -51,13 +50,12 @@ impl OrderIdGenerator {
     ///
     /// # Errors
     /// [`Error::Invalid`] if `block` is 0.
-    pub fn new(conn: RedisConn, prefix: impl Into<String>, block: u32) -> Result<Self> {
+    pub fn new(redis: Redis, block: u32) -> Result<Self> {
         if block == 0 {
             return Err(Error::invalid("block", "must be at least 1"));
         }
         Ok(Self {
-            conn,
-            prefix: prefix.into(),
+            redis,
             block,
             state: Mutex::new(Block::default()),
         })
@@ -76,13 +74,13 @@ impl OrderIdGenerator {
         let (seconds, day) = clock_parts(SystemTime::now())?;
         let mut block = self.state.lock().await;
         if block.day != day || block.next >= block.end {
-            let key = order_sequence(&self.prefix, &civil_date(day));
+            let key = order_sequence(self.redis.prefix(), &civil_date(day));
             let last: u64 = NEXT_BLOCK
                 .key(&key)
                 .arg(self.block)
                 .arg(day * 86_400)
                 .arg(SEQUENCE_TTL_SECS)
-                .invoke_async(&mut self.conn.clone())
+                .invoke_async(&mut self.redis.conn())
                 .await?;
             *block = Block {
                 day,

@@ -9,7 +9,7 @@ use redis::streams::StreamRangeReply;
 use crate::domain::order::OrderState;
 use crate::error::Result;
 use crate::store::keys::{dead_letter_stream, VoucherKeys};
-use crate::store::RedisConn;
+use crate::store::{Redis, RedisConn};
 use crate::OrderId;
 
 /// Most stream entries one lookup reads per stream.
@@ -20,15 +20,14 @@ const SCAN_LIMIT: usize = 10_000;
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
-#[tracing::instrument(level = "debug", skip(conn, prefix))]
+#[tracing::instrument(level = "debug", skip(redis))]
 pub async fn order_in_redis(
-    conn: &RedisConn,
-    prefix: &str,
+    redis: &Redis,
     voucher: i64,
     user: i64,
 ) -> Result<Option<(OrderId, OrderState)>> {
-    let keys = VoucherKeys::new(prefix, voucher);
-    let mut conn = conn.clone();
+    let keys = redis.voucher(voucher);
+    let mut conn = redis.conn();
     let (order, failed, buyer): (Option<i64>, Option<i64>, bool) = redis::pipe()
         .hget(&keys.order_of, user)
         .hget(&keys.failed, user)
@@ -41,7 +40,9 @@ pub async fn order_in_redis(
         (None, None, false) => Ok(None),
         // A buyer without an order-of entry bought before this layout:
         // look in the streams, as it was done then.
-        (None, None, true) => scan(&mut conn, &keys, &dead_letter_stream(prefix), user).await,
+        (None, None, true) => {
+            scan(&mut conn, &keys, &dead_letter_stream(redis.prefix()), user).await
+        }
     }
 }
 

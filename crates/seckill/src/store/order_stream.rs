@@ -11,8 +11,8 @@ use redis::AsyncCommands;
 
 use crate::domain::order::OrderRecord;
 use crate::error::{Error, Result};
-use crate::store::keys::{dead_letter_stream, VoucherKeys};
-use crate::store::RedisConn;
+use crate::store::keys::dead_letter_stream;
+use crate::store::{Redis, RedisConn};
 use crate::OrderId;
 
 /// One stream entry handed to this consumer, with how often it has been
@@ -66,26 +66,23 @@ pub fn is_missing_group(error: &Error) -> bool {
 /// group.
 #[derive(Debug, Clone)]
 pub struct OrderStreams {
-    conn: RedisConn,
-    prefix: String,
+    redis: Redis,
     group: String,
     consumer: String,
     batch: usize,
 }
 
 impl OrderStreams {
-    /// The streams under `prefix`, read as `consumer` of `group`, at most
+    /// The streams under `redis`' prefix, read as `consumer` of `group`, at most
     /// `batch` entries per read.
     pub fn new(
-        conn: RedisConn,
-        prefix: impl Into<String>,
+        redis: Redis,
         group: impl Into<String>,
         consumer: impl Into<String>,
         batch: usize,
     ) -> Self {
         Self {
-            conn,
-            prefix: prefix.into(),
+            redis,
             group: group.into(),
             consumer: consumer.into(),
             batch,
@@ -93,12 +90,12 @@ impl OrderStreams {
     }
 
     fn stream(&self, voucher: i64) -> String {
-        VoucherKeys::new(&self.prefix, voucher).orders
+        self.redis.voucher(voucher).orders
     }
 
     /// The stream dead letters go to.
     pub fn dead_letter_stream(&self) -> String {
-        dead_letter_stream(&self.prefix)
+        dead_letter_stream(self.redis.prefix())
     }
 
     /// Entries in each voucher's stream (accepted, not yet stored), in the
@@ -107,7 +104,7 @@ impl OrderStreams {
     /// # Errors
     /// [`Error::Redis`] if Redis fails.
     pub async fn lengths(&self, vouchers: &[i64]) -> Result<Vec<u64>> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.redis.conn();
         let mut out = Vec::with_capacity(vouchers.len());
         if matches!(conn, RedisConn::Cluster(_)) {
             // A pipeline goes to one node; the streams are spread over all.
@@ -139,7 +136,7 @@ impl OrderStreams {
             .arg(&self.group)
             .arg("0")
             .arg("MKSTREAM")
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.redis.conn())
             .await;
         match created {
             Err(e) if e.code() != Some("BUSYGROUP") => Err(e.into()),
@@ -161,7 +158,7 @@ impl OrderStreams {
             .arg("STREAMS")
             .arg(self.stream(voucher))
             .arg(">")
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.redis.conn())
             .await?;
         Ok(reply
             .into_iter()
@@ -230,7 +227,7 @@ impl OrderStreams {
             .arg("-")
             .arg("+")
             .arg(self.batch)
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.redis.conn())
             .await?;
         if pending.is_empty() {
             return Ok(Vec::new());
@@ -244,7 +241,7 @@ impl OrderStreams {
         for (id, ..) in &pending {
             claim.arg(id);
         }
-        let claimed: StreamClaimReply = claim.query_async(&mut self.conn.clone()).await?;
+        let claimed: StreamClaimReply = claim.query_async(&mut self.redis.conn()).await?;
         Ok(claimed
             .ids
             .into_iter()
@@ -281,7 +278,7 @@ impl OrderStreams {
             .arg(&stream)
             .arg(ids)
             .ignore()
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.redis.conn())
             .await?;
         Ok(())
     }
@@ -295,7 +292,7 @@ impl OrderStreams {
     /// dead-lettered again (at least once, never lost).
     #[tracing::instrument(level = "debug", skip(self, delivery), fields(entry = delivery.id()))]
     pub async fn dead_letter(&self, voucher: i64, delivery: &Delivery, reason: &str) -> Result<()> {
-        let keys = VoucherKeys::new(&self.prefix, voucher);
+        let keys = self.redis.voucher(voucher);
         let entry = &delivery.entry;
         let mut add = redis::cmd("XADD");
         add.arg(self.dead_letter_stream())
@@ -315,7 +312,7 @@ impl OrderStreams {
         // stream (a cluster cannot make both one transaction): added first,
         // so a crash in between leaves the entry pending, to be
         // dead-lettered again.
-        let _: String = add.query_async(&mut self.conn.clone()).await?;
+        let _: String = add.query_async(&mut self.redis.conn()).await?;
         let mut done = redis::pipe();
         done.atomic()
             .cmd("XACK")
@@ -333,7 +330,7 @@ impl OrderStreams {
         if let (Some(user), Some(order)) = (user, order) {
             done.hset(&keys.failed, user, order).ignore();
         }
-        let () = done.query_async(&mut self.conn.clone()).await?;
+        let () = done.query_async(&mut self.redis.conn()).await?;
         Ok(())
     }
 }

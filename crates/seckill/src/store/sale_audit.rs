@@ -4,8 +4,7 @@
 use redis::streams::StreamRangeReply;
 
 use crate::error::Result;
-use crate::store::keys::VoucherKeys;
-use crate::store::RedisConn;
+use crate::store::Redis;
 
 static LOWER_STOCK: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../scripts/lower_stock.lua")));
@@ -30,9 +29,9 @@ pub struct RedisSale {
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
-#[tracing::instrument(level = "debug", skip(conn, prefix))]
-pub async fn read_sale(conn: &RedisConn, prefix: &str, voucher: i64) -> Result<RedisSale> {
-    let keys = VoucherKeys::new(prefix, voucher);
+#[tracing::instrument(level = "debug", skip(redis))]
+pub async fn read_sale(redis: &Redis, voucher: i64) -> Result<RedisSale> {
+    let keys = redis.voucher(voucher);
     let (stock, buyers, stream, returned): (Option<i64>, Vec<i64>, StreamRangeReply, Vec<i64>) =
         redis::pipe()
             .hget(&keys.voucher, "stock")
@@ -42,7 +41,7 @@ pub async fn read_sale(conn: &RedisConn, prefix: &str, voucher: i64) -> Result<R
             .arg("-")
             .arg("+")
             .smembers(&keys.returned)
-            .query_async(&mut conn.clone())
+            .query_async(&mut redis.conn())
             .await?;
     Ok(RedisSale {
         stock,
@@ -61,21 +60,16 @@ pub async fn read_sale(conn: &RedisConn, prefix: &str, voucher: i64) -> Result<R
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
-#[tracing::instrument(level = "debug", skip(conn, prefix, users), fields(users = users.len()))]
-pub async fn add_buyers(
-    conn: &RedisConn,
-    prefix: &str,
-    voucher: i64,
-    users: &[i64],
-) -> Result<usize> {
+#[tracing::instrument(level = "debug", skip(redis, users), fields(users = users.len()))]
+pub async fn add_buyers(redis: &Redis, voucher: i64, users: &[i64]) -> Result<usize> {
     if users.is_empty() {
         return Ok(0);
     }
-    let keys = VoucherKeys::new(prefix, voucher);
+    let keys = redis.voucher(voucher);
     Ok(redis::cmd("SADD")
         .arg(&keys.buyers)
         .arg(users)
-        .query_async(&mut conn.clone())
+        .query_async(&mut redis.conn())
         .await?)
 }
 
@@ -84,20 +78,14 @@ pub async fn add_buyers(
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) if Redis fails.
-#[tracing::instrument(level = "debug", skip(conn, prefix))]
-pub async fn lower_stock(
-    conn: &RedisConn,
-    prefix: &str,
-    voucher: i64,
-    from: i64,
-    to: i64,
-) -> Result<bool> {
-    let keys = VoucherKeys::new(prefix, voucher);
+#[tracing::instrument(level = "debug", skip(redis))]
+pub async fn lower_stock(redis: &Redis, voucher: i64, from: i64, to: i64) -> Result<bool> {
+    let keys = redis.voucher(voucher);
     let lowered: i64 = LOWER_STOCK
         .key(&keys.voucher)
         .arg(from)
         .arg(to)
-        .invoke_async(&mut conn.clone())
+        .invoke_async(&mut redis.conn())
         .await?;
     Ok(lowered > 0)
 }

@@ -134,16 +134,15 @@ async fn reconcile_all(storage: &Storage, repair: bool) -> anyhow::Result<bool> 
     );
     use seckill::reconcile;
     use seckill::repair::{SaleRepair, Scope};
-    use seckill::store::{FastPath, OrderIdGenerator};
+    use seckill::store::{FastPath, OrderIdGenerator, Redis};
     let db = seckill::db::Database::connect(database_url).await?;
-    let conn = seckill::store::connect(redis_url).await?;
+    let redis = Redis::new(seckill::store::connect(redis_url).await?, prefix);
     // The service's own repair: restores a sale Redis lost, repairs one
     // behind the database, under the lock the instances use.
     let repairs = SaleRepair::new(
         std::sync::Arc::new(FastPath::new(
-            conn.clone(),
-            prefix,
-            OrderIdGenerator::new(conn.clone(), prefix, 1)?,
+            redis.clone(),
+            OrderIdGenerator::new(redis.clone(), 1)?,
         )),
         db.clone(),
         seckill::store::lock_client(redis_url, hasp::Settings::default()).await?,
@@ -151,14 +150,14 @@ async fn reconcile_all(storage: &Storage, repair: bool) -> anyhow::Result<bool> 
     );
     let mut consistent = true;
     for voucher in db.voucher_ids().await? {
-        let mut found = reconcile::reconcile(&conn, &db, prefix, voucher).await?;
+        let mut found = reconcile::reconcile(&redis, &db, voucher).await?;
         if repair && !found.is_consistent() {
             let done = repairs.run(Scope::Voucher(voucher)).await?;
             println!(
                 "voucher {voucher}: {} restored, {} repaired",
                 done.restored, done.repaired
             );
-            found = reconcile::reconcile(&conn, &db, prefix, voucher).await?;
+            found = reconcile::reconcile(&redis, &db, voucher).await?;
         }
         for difference in found.differences() {
             println!("{difference}");
