@@ -46,40 +46,9 @@ impl Service {
             crate::store::connect(&config.redis_url).await?,
             &config.prefix,
         );
-        let mut fast = FastPath::new(redis.clone(), OrderIdGenerator::new(redis.clone(), 1000)?);
-        if let Some(ack) = config.replica_ack {
-            // WAIT blocks its connection: confirmation gets its own.
-            fast = fast.with_replica_ack(ack, crate::store::connect(&config.redis_url).await?)?;
-        }
-        let fast = Arc::new(fast);
+        let fast = Arc::new(fast_path(&config, &redis).await?);
         let locks = crate::store::lock_client(&config.redis_url, hasp::Settings::default()).await?;
-        let purchases = match config.mode {
-            Mode::Async => PurchasePath::Async,
-            Mode::Sync => {
-                let user_locks = match config.user_locks {
-                    UserLocks::Redis => crate::sync_path::UserLocks::Redis(locks.clone()),
-                    UserLocks::Database => {
-                        let table = hasp_sql::SqlClient::open(
-                            &config.database_url,
-                            hasp_sql::SqlSettings::default(),
-                        )
-                        .await?;
-                        table.migrate().await?;
-                        crate::sync_path::UserLocks::Table(table)
-                    }
-                };
-                let sync = SyncPath::new(
-                    db.clone(),
-                    user_locks,
-                    OrderIdGenerator::new(redis.clone(), 1000)?,
-                    // A double click waits this long for the first click's
-                    // purchase (milliseconds), then is a 409.
-                    Duration::from_secs(1),
-                )
-                .with_prefix(config.prefix.clone());
-                PurchasePath::Sync(Arc::new(sync))
-            }
-        };
+        let purchases = purchase_path(&config, &db, &redis, &locks).await?;
         let metrics =
             crate::metrics::Metrics::new().map_err(|e| anyhow::anyhow!("metrics registry: {e}"))?;
         let repair = Arc::new(SaleRepair::new(
@@ -190,4 +159,48 @@ impl Service {
         );
         Ok(())
     }
+}
+
+/// The fast path on `redis`, with replica confirmation if the settings ask
+/// for it.
+async fn fast_path(config: &Settings, redis: &Redis) -> anyhow::Result<FastPath> {
+    let fast = FastPath::new(redis.clone(), OrderIdGenerator::new(redis.clone(), 1000)?);
+    Ok(match config.replica_ack {
+        // WAIT blocks its connection: confirmation gets its own.
+        Some(ack) => fast.with_replica_ack(ack, crate::store::connect(&config.redis_url).await?)?,
+        None => fast,
+    })
+}
+
+/// The purchase path the settings choose: the fast path, or the locked
+/// path with per-user locks in Redis (`locks`) or in a database table.
+async fn purchase_path(
+    config: &Settings,
+    db: &Database,
+    redis: &Redis,
+    locks: &hasp::Client,
+) -> anyhow::Result<PurchasePath> {
+    if config.mode == Mode::Async {
+        return Ok(PurchasePath::Async);
+    }
+    let user_locks = match config.user_locks {
+        UserLocks::Redis => crate::sync_path::UserLocks::Redis(locks.clone()),
+        UserLocks::Database => {
+            let table =
+                hasp_sql::SqlClient::open(&config.database_url, hasp_sql::SqlSettings::default())
+                    .await?;
+            table.migrate().await?;
+            crate::sync_path::UserLocks::Table(table)
+        }
+    };
+    let sync = SyncPath::new(
+        db.clone(),
+        user_locks,
+        OrderIdGenerator::new(redis.clone(), 1000)?,
+        // A double click waits this long for the first click's purchase,
+        // then is a 409.
+        Duration::from_secs(1),
+    )
+    .with_prefix(config.prefix.clone());
+    Ok(PurchasePath::Sync(Arc::new(sync)))
 }

@@ -126,6 +126,9 @@ impl Endpoint {
 /// move it by the same rule. Waiting for `READONLY` is not enough: a
 /// sentinel reconfigures the old master only when it next polls it, and
 /// until then the old master takes writes the new one never sees.
+///
+/// # Cancel safety
+/// Cancel safe: it only listens; dropping it stops the listening.
 pub async fn follow_master_switches<T>(
     owner: Weak<T>,
     sentinels: Vec<redis::Client>,
