@@ -7,7 +7,8 @@
 //! `seckill-tools demo` and `seckill-tools chaos` run on them; the test suites too
 //! (through `testkit`). A server can also be paused (`SIGSTOP`), resumed,
 //! killed (`SIGKILL`) and restarted on the same address and data: the
-//! faults a chaos run or a fault test needs.
+//! faults a chaos run or a fault test needs. For the pages' tests it also
+//! starts a private `chromedriver` ([`ChromeDriver`]).
 //!
 //! The `try_*` constructors return a [`LaunchError`]; the short ones
 //! (`start`, `restart`) panic with the same message, for tests.
@@ -22,11 +23,13 @@
 
 #![warn(missing_docs)]
 
+mod browser;
 mod cluster;
 mod redis;
 mod sentinel;
 mod sql;
 
+pub use browser::ChromeDriver;
 pub use cluster::RedisCluster;
 pub use redis::{free_tcp_port, RedisServer, ServerOptions, Transport};
 pub use sentinel::{Sentinel, SentinelGroup, SERVICE as SENTINEL_SERVICE};

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use crate::auth::Tokens;
 use crate::db::Database;
 use crate::http::{router, AppState, RateLimits};
+use crate::live::Live;
 use crate::order_life::OrderLife;
 use crate::payments::StandIn;
 use crate::pipeline::{OrderPipeline, PipelineSettings};
@@ -30,6 +31,7 @@ pub struct Service {
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     worker: tokio::task::JoinHandle<()>,
     sweeper: tokio::task::JoinHandle<()>,
+    ticker: tokio::task::JoinHandle<()>,
     pipeline: Arc<OrderPipeline>,
 }
 
@@ -40,6 +42,11 @@ impl Service {
     /// If Redis or the database is unreachable, a migration fails, or the
     /// address cannot be bound.
     pub async fn start(config: Settings) -> anyhow::Result<Self> {
+        if config.demo_sign_in && !config.listen.ip().is_loopback() {
+            anyhow::bail!(
+                "demo_sign_in hands anyone any token: only with a loopback listen address"
+            );
+        }
         let db = Database::connect(&config.database_url).await?;
         db.migrate().await?;
         let redis = Redis::new(
@@ -70,6 +77,8 @@ impl Service {
             Arc::new(StandIn::default()),
             metrics.clone(),
         ));
+        let (shutdown, stop) = watch::channel(false);
+        let live = Live::new(stop.clone());
         let state = AppState {
             db: db.clone(),
             sales,
@@ -78,7 +87,15 @@ impl Service {
             tokens: Tokens::new(config.token_secret.expose_secret().as_bytes())?,
             limits: RateLimits::new(config.user_limit, config.ip_limit),
             metrics: metrics.clone(),
+            live: live.clone(),
+            demo_sign_in: config.demo_sign_in,
         };
+        let ticker = tokio::spawn(crate::live::tick_until_stopped(
+            live,
+            db.clone(),
+            state.sales.clone(),
+            metrics.clone(),
+        ));
         let pipeline = Arc::new(OrderPipeline::new(
             redis.clone(),
             db.clone(),
@@ -89,7 +106,6 @@ impl Service {
         )?);
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
-        let (shutdown, stop) = watch::channel(false);
         let server = tokio::spawn(crate::http::server::serve(
             listener,
             router(state),
@@ -126,6 +142,7 @@ impl Service {
             server,
             worker,
             sweeper,
+            ticker,
             pipeline,
         })
     }
@@ -152,6 +169,7 @@ impl Service {
         let served = started.elapsed();
         self.worker.await?;
         self.sweeper.await?;
+        self.ticker.await?;
         tracing::info!(
             requests_finished_in = ?served,
             pipeline_drained_in = ?(started.elapsed() - served),

@@ -105,6 +105,10 @@ pub struct Settings {
     /// How often the expiry sweep looks for due orders (one indexed query
     /// when none is due).
     pub sweep_every: Duration,
+    /// For a demo on one machine only: `POST /api/demo/sign-in` hands a
+    /// token for any user id, or the operator's, to whoever asks. Refused
+    /// unless `listen` is a loopback address.
+    pub demo_sign_in: bool,
 }
 
 impl Settings {
@@ -201,6 +205,9 @@ pub struct Layer {
     /// How often the expiry sweep looks for due orders [default: 1000].
     #[arg(long, env = "SECKILL_SWEEP_EVERY_MS")]
     pub sweep_every_ms: Option<u64>,
+    /// Demo only: the pages may sign anyone in as any user or the operator (refused unless listening on loopback) [default: false].
+    #[arg(long, env = "SECKILL_DEMO_SIGN_IN")]
+    pub demo_sign_in: Option<bool>,
 }
 
 /// A secret from the command line or the environment (a clap value
@@ -249,6 +256,7 @@ impl Layer {
             body_timeout_ms: Some(connections.body_timeout.as_millis() as u64),
             pay_within_ms: Some(DEFAULT_PAY_WITHIN.as_millis() as u64),
             sweep_every_ms: Some(1_000),
+            demo_sign_in: Some(false),
         }
     }
 
@@ -289,6 +297,7 @@ impl Layer {
             body_timeout_ms: self.body_timeout_ms.or(lower.body_timeout_ms),
             pay_within_ms: self.pay_within_ms.or(lower.pay_within_ms),
             sweep_every_ms: self.sweep_every_ms.or(lower.sweep_every_ms),
+            demo_sign_in: self.demo_sign_in.or(lower.demo_sign_in),
         }
     }
 
@@ -366,11 +375,19 @@ impl Layer {
         if consumer.is_empty() {
             return Err(Error::invalid("consumer", "must not be empty"));
         }
+        let listen = set(all.listen, "listen")?;
+        let demo_sign_in = set(all.demo_sign_in, "demo_sign_in")?;
+        if demo_sign_in && !listen.ip().is_loopback() {
+            return Err(Error::invalid(
+                "demo_sign_in",
+                "hands anyone any token: only with a loopback listen address",
+            ));
+        }
         Ok(Settings {
             redis_url: storage.redis_url,
             database_url: storage.database_url,
             prefix: storage.prefix,
-            listen: set(all.listen, "listen")?,
+            listen,
             token_secret,
             mode: set(all.mode, "mode")?,
             user_locks: set(all.user_locks, "user_locks")?,
@@ -390,6 +407,7 @@ impl Layer {
                 }
             },
             sweep_every: ms(all.sweep_every_ms, "sweep_every_ms")?,
+            demo_sign_in,
         })
     }
 }

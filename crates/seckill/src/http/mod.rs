@@ -6,6 +6,12 @@
 //! | `GET /readyz` | anyone | readiness: Redis and the database answer (503 if not) |
 //! | `GET /metrics` | anyone | Prometheus metrics |
 //! | `GET /openapi.json` | anyone | the OpenAPI 3.0 document of these routes |
+//! | `GET /` | anyone | the storefront page |
+//! | `GET /admin` | anyone (its data: admin) | the operator console page |
+//! | `GET /assets/{file}` | anyone | the pages' script and style sheet |
+//! | `GET /api/live` | anyone | the sales and their stock as server-sent events |
+//! | `GET /api/admin/live` | admin | the same with the instance's figures and health |
+//! | `POST /api/demo/sign-in` | anyone, when enabled on loopback | a token for a user id or the operator (demo only) |
 //! | `POST /api/vouchers` | admin | create a voucher and put its stock on sale |
 //! | `GET /api/vouchers` | anyone | the newest 100 vouchers with live stock |
 //! | `GET /api/vouchers/{id}` | anyone | a voucher with its live remaining stock |
@@ -19,7 +25,9 @@
 mod error;
 mod extract;
 mod limits;
+mod live;
 mod orders;
+mod pages;
 pub(crate) mod server;
 mod vouchers;
 
@@ -55,6 +63,11 @@ pub struct AppState {
     pub limits: Arc<RateLimits>,
     /// Metrics.
     pub metrics: crate::metrics::Metrics,
+    /// The live figures the pages watch and voucher reads answer from.
+    pub live: Arc<crate::live::Live>,
+    /// Whether `POST /api/demo/sign-in` hands out tokens (a loopback demo
+    /// only; see [`Settings::demo_sign_in`](crate::settings::Settings::demo_sign_in)).
+    pub demo_sign_in: bool,
 }
 
 /// The API's OpenAPI document (kept beside the routes; a test checks that
@@ -86,6 +99,12 @@ pub fn router(state: AppState) -> Router {
                     "/metrics",
                     get(|State(state): State<AppState>| async move { state.metrics.render() }),
                 )
+                .route("/", get(pages::storefront))
+                .route("/admin", get(pages::console))
+                .route("/assets/{file}", get(pages::asset))
+                .route("/api/live", get(live::storefront))
+                .route("/api/admin/live", get(live::console))
+                .route("/api/demo/sign-in", post(pages::demo_sign_in))
                 .route("/api/vouchers", post(vouchers::create).get(vouchers::list))
                 .route("/api/vouchers/{id}", get(vouchers::show))
                 .route(

@@ -12,6 +12,7 @@ use crate::domain::voucher::{SaleTerms, Title};
 use crate::http::error::ApiError;
 use crate::http::extract::{Admin, ApiJson, PathId, User};
 use crate::http::AppState;
+use crate::live::{now_ms, SaleView};
 
 /// Body of `POST /api/vouchers`.
 #[derive(Debug, Deserialize)]
@@ -28,30 +29,16 @@ pub struct NewVoucher {
     rebuy_after_cancel: Option<bool>,
 }
 
-/// A voucher as the API shows it.
+/// A voucher as the API shows it: its terms, its stock left, and when
+/// that stock was read (`as_of_ms`, the server's clock: the answer reflects
+/// every change committed before; at most
+/// [`FRESH_FOR`](crate::live::FRESH_FOR) before it was
+/// given).
 #[derive(Debug, Serialize)]
 pub struct VoucherView {
-    id: i64,
-    title: String,
-    stock_left: i64,
-    begin_ms: i64,
-    end_ms: i64,
-    pay_within_ms: i64,
-    rebuy_after_cancel: bool,
-}
-
-impl VoucherView {
-    fn new(row: crate::db::VoucherRow, stock_left: i64) -> Self {
-        Self {
-            id: row.id,
-            title: row.title,
-            stock_left,
-            begin_ms: row.begin_ms,
-            end_ms: row.end_ms,
-            pay_within_ms: row.pay_within_ms,
-            rebuy_after_cancel: row.rebuy_after_cancel,
-        }
-    }
+    #[serde(flatten)]
+    sale: SaleView,
+    as_of_ms: i64,
 }
 
 #[tracing::instrument(name = "create_voucher", skip_all)]
@@ -78,13 +65,16 @@ pub(crate) async fn create(
     Ok((
         StatusCode::CREATED,
         Json(VoucherView {
-            id,
-            title: body.title,
-            stock_left: terms.stock(),
-            begin_ms: terms.begin_ms(),
-            end_ms: terms.end_ms(),
-            pay_within_ms: terms.pay_within_ms(),
-            rebuy_after_cancel: terms.rebuy_after_cancel(),
+            sale: SaleView {
+                id,
+                title: body.title,
+                stock_left: terms.stock(),
+                begin_ms: terms.begin_ms(),
+                end_ms: terms.end_ms(),
+                pay_within_ms: terms.pay_within_ms(),
+                rebuy_after_cancel: terms.rebuy_after_cancel(),
+            },
+            as_of_ms: now_ms(),
         }),
     ))
 }
@@ -92,16 +82,36 @@ pub(crate) async fn create(
 /// Vouchers listed at most.
 const LIST_LIMIT: i64 = 100;
 
+/// The newest vouchers: from the live figures while they are fresh (one
+/// read per tick for every reader), else from the stores.
 pub(crate) async fn list(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<VoucherView>>, ApiError> {
+    if let Some(snapshot) = state.live.fresh() {
+        let as_of_ms = snapshot.as_of_ms;
+        return Ok(Json(
+            snapshot
+                .sales
+                .iter()
+                .take(LIST_LIMIT as usize)
+                .map(|sale| VoucherView {
+                    sale: sale.clone(),
+                    as_of_ms,
+                })
+                .collect(),
+        ));
+    }
+    let as_of_ms = now_ms();
     let rows = state.db.vouchers(LIST_LIMIT).await?;
     let stocks: Vec<(i64, i64)> = rows.iter().map(|r| (r.id, r.stock)).collect();
     let left = state.sales.stock_left(&stocks).await?;
     Ok(Json(
         rows.into_iter()
             .zip(left)
-            .map(|(row, stock_left)| VoucherView::new(row, stock_left))
+            .map(|(row, stock_left)| VoucherView {
+                sale: SaleView::new(row, stock_left),
+                as_of_ms,
+            })
             .collect(),
     ))
 }
@@ -112,13 +122,26 @@ pub(crate) async fn show(
     PathId(id): PathId,
 ) -> Result<Json<VoucherView>, ApiError> {
     tracing::Span::current().record("voucher", id);
+    if let Some(snapshot) = state.live.fresh() {
+        if let Some(sale) = snapshot.sales.iter().find(|s| s.id == id) {
+            return Ok(Json(VoucherView {
+                sale: sale.clone(),
+                as_of_ms: snapshot.as_of_ms,
+            }));
+        }
+    }
+    // Not among the newest, or the figures are not fresh: the stores.
+    let as_of_ms = now_ms();
     let row = state
         .db
         .voucher(id)
         .await?
         .ok_or(ApiError::NotFound("voucher"))?;
     let stock_left = state.sales.stock_left(&[(id, row.stock)]).await?[0];
-    Ok(Json(VoucherView::new(row, stock_left)))
+    Ok(Json(VoucherView {
+        sale: SaleView::new(row, stock_left),
+        as_of_ms,
+    }))
 }
 
 /// Answer to an accepted purchase.

@@ -1,0 +1,384 @@
+// The storefront's and the console's script: plain browser JavaScript, no
+// build step. Both pages read one event stream of the service's live
+// figures and call the JSON API with the bearer token kept in this tab.
+"use strict";
+
+const $ = (selector, root = document) => root.querySelector(selector);
+const TOKEN_KEY = "seckill-token";
+
+// The server's clock as this page knows it: countdowns are judged by it,
+// not by the browser's clock.
+let clockOffsetMs = 0;
+const serverNow = () => Date.now() + clockOffsetMs;
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+async function api(method, path, { body, headers = {} } = {}) {
+  const init = { method, headers: { ...headers } };
+  if (token()) init.headers.Authorization = "Bearer " + token();
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (e) {
+    return { status: 0, body: { code: "unreachable", message: "the service did not answer" } };
+  }
+  let parsed = null;
+  try { parsed = await response.json(); } catch (e) { parsed = null; }
+  return { status: response.status, body: parsed, retryAfter: response.headers.get("Retry-After") };
+}
+
+// Reads a server-sent-event stream with fetch (so that it can carry the
+// bearer token) and calls onFigures with each event's JSON; reconnects
+// after a pause when the stream ends. onRefused gets a 401/403 and ends it.
+function follow(path, { onFigures, onState, onRefused }) {
+  let stopped = false;
+  async function run() {
+    while (!stopped) {
+      try {
+        const headers = token() ? { Authorization: "Bearer " + token() } : {};
+        const response = await fetch(path, { headers });
+        if (response.status === 401 || response.status === 403) {
+          const body = await response.json().catch(() => ({}));
+          onRefused(response.status, body);
+          return;
+        }
+        if (!response.ok || !response.body) throw new Error("status " + response.status);
+        onState("live");
+        const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += value;
+          let end;
+          while ((end = buffer.indexOf("\n\n")) >= 0) {
+            const block = buffer.slice(0, end);
+            buffer = buffer.slice(end + 2);
+            const data = block.split("\n").filter((l) => l.startsWith("data:"))
+              .map((l) => l.slice(5).replace(/^ /, "")).join("\n");
+            if (data) onFigures(JSON.parse(data));
+          }
+        }
+      } catch (e) {
+        // fall through to the pause
+      }
+      onState("reconnecting");
+      await new Promise((r) => setTimeout(r, 1000));
+    }
+  }
+  run();
+  return () => { stopped = true; };
+}
+
+function fmtDuration(ms) {
+  const s = Math.max(0, Math.ceil(ms / 1000));
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  const two = (n) => String(n).padStart(2, "0");
+  return (h ? h + ":" + two(m) : String(m)) + ":" + two(sec);
+}
+
+function saleStatus(sale, now) {
+  if (now < sale.begin_ms) return "coming";
+  if (now >= sale.end_ms) return "ended";
+  if (sale.stock_left <= 0) return "sold out";
+  return "open";
+}
+
+function setMessage(el, text, kind) {
+  el.textContent = text;
+  el.className = el.className.replace(/\b(ok|error)\b/g, "").trim() + (kind ? " " + kind : "");
+}
+
+function whoIsSignedIn() {
+  const t = token();
+  if (!t) return null;
+  const parts = t.split(".");
+  if (parts[0] !== "v1") return "a token";
+  return parts[1] === "a" ? "the operator" : "user " + parts[2];
+}
+
+function setUpSignIn(onChange) {
+  const show = () => {
+    const who = whoIsSignedIn();
+    $("#who").textContent = who ? "Signed in as " + who + "." : $("#who").dataset.anonymous;
+  };
+  $("#who").dataset.anonymous = $("#who").textContent;
+  $("#token-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, $("#token").value.trim());
+    $("#token").value = "";
+    show();
+    onChange();
+  });
+  $("#demo-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const user = $("#demo-user");
+    const body = user ? { user_id: Number(user.value) } : { operator: true };
+    const answer = await api("POST", "/api/demo/sign-in", { body });
+    if (answer.status === 200) {
+      sessionStorage.setItem(TOKEN_KEY, answer.body.token);
+      setMessage($("#sign-in-message"), "", null);
+      show();
+      onChange();
+    } else if (answer.status === 404) {
+      setMessage($("#sign-in-message"), "Demo sign-in is not enabled on this server: paste a token.", "error");
+    } else {
+      setMessage($("#sign-in-message"), (answer.body && answer.body.message) || "sign-in failed", "error");
+    }
+  });
+  show();
+}
+
+// ---------------------------------------------------------------- storefront
+
+const REFUSALS = {
+  sold_out: "Sold out.",
+  already_bought: "You already bought this.",
+  sale_not_started: "Not started yet.",
+  sale_ended: "The sale has ended.",
+  purchase_in_progress: "Your purchase is in progress.",
+  unknown_voucher: "No such sale.",
+};
+
+function storefront() {
+  const cards = new Map(); // voucher id -> { el, sale, clicked, order }
+  let latest = [];
+
+  function card(sale) {
+    let entry = cards.get(sale.id);
+    if (!entry) {
+      const el = $("#sale-card").content.firstElementChild.cloneNode(true);
+      el.dataset.id = sale.id;
+      $(".buy", el).addEventListener("click", () => buy(entry));
+      $(".pay", el).addEventListener("click", () => act(entry, "pay"));
+      $(".cancel", el).addEventListener("click", () => act(entry, "cancel"));
+      entry = { el, sale, clicked: false, order: null, busy: false };
+      cards.set(sale.id, entry);
+      if (token()) loadOrder(entry);
+    }
+    entry.sale = sale;
+    return entry;
+  }
+
+  function render() {
+    const now = serverNow();
+    const shown = latest.filter((s) => now < s.end_ms);
+    const container = $("#sales");
+    const wanted = shown.map((s) => card(s).el);
+    if (wanted.length !== container.children.length || wanted.some((el, i) => container.children[i] !== el)) {
+      container.replaceChildren(...wanted);
+    }
+    if (!shown.length) container.textContent = "No sale is open or coming.";
+    for (const sale of shown) paint(cards.get(sale.id), now);
+  }
+
+  function paint(entry, now) {
+    const { el, sale } = entry;
+    const status = saleStatus(sale, now);
+    $(".title", el).textContent = sale.title;
+    $(".stock", el).textContent = sale.stock_left > 0 ? sale.stock_left + " left" : "Sold out";
+    el.classList.toggle("sold-out", sale.stock_left <= 0);
+    el.dataset.status = status;
+    $(".countdown", el).textContent =
+      status === "coming" ? "Starts in " + fmtDuration(sale.begin_ms - now)
+        : status === "ended" ? "Ended"
+          : "Ends in " + fmtDuration(sale.end_ms - now);
+    const button = $(".buy", el);
+    const holds = entry.order && !["cancelled", "expired", "failed"].includes(entry.order.state);
+    button.disabled = entry.clicked || entry.busy || holds || status !== "open";
+    button.textContent = status === "sold out" ? "Sold out" : holds ? "Bought" : "Buy";
+    const order = $(".order", el);
+    order.hidden = !entry.order;
+    if (entry.order) {
+      $(".order-id", el).textContent = entry.order.order_id;
+      $(".order-state", el).textContent = entry.order.state;
+      $(".order-deadline", el).textContent = entry.order.state === "reserved" && entry.order.pay_by_ms
+        ? "(pay within " + fmtDuration(entry.order.pay_by_ms - now) + ")" : "";
+      const reserved = entry.order.state === "reserved";
+      $(".pay", el).hidden = !reserved;
+      $(".cancel", el).hidden = !reserved;
+      $(".pay", el).disabled = entry.busy;
+      $(".cancel", el).disabled = entry.busy;
+    }
+  }
+
+  async function buy(entry) {
+    if (entry.clicked) return;
+    entry.clicked = true; // pressed once: the answer decides whether it comes back
+    paint(entry, serverNow());
+    const outcome = $(".outcome", entry.el);
+    if (!token()) {
+      setMessage(outcome, "Sign in first.", "error");
+      entry.clicked = false;
+      return paint(entry, serverNow());
+    }
+    setMessage(outcome, "Buying…", null);
+    const answer = await api("POST", "/api/vouchers/" + entry.sale.id + "/seckill");
+    const code = answer.body && answer.body.code;
+    if (answer.status === 200) {
+      setMessage(outcome, "Accepted: your order is " + answer.body.state + ".", "ok");
+      entry.order = { order_id: answer.body.order_id, state: answer.body.state };
+      watchOrder(entry);
+    } else if (answer.status === 409 && REFUSALS[code]) {
+      setMessage(outcome, REFUSALS[code], "error");
+      if (code === "already_bought" || code === "purchase_in_progress") loadOrder(entry);
+    } else if (answer.status === 429) {
+      const wait = Number(answer.retryAfter || 1);
+      setMessage(outcome, "Too many requests: try again in " + wait + " s.", "error");
+      setTimeout(() => { entry.clicked = false; paint(entry, serverNow()); }, wait * 1000);
+    } else if (answer.status === 401) {
+      setMessage(outcome, "Your token was refused: sign in again.", "error");
+      entry.clicked = false;
+    } else {
+      // 503, a lost answer: the purchase may or may not have happened.
+      setMessage(outcome, "Unavailable: try again. (If it went through, your order shows here.)", "error");
+      entry.clicked = false;
+      loadOrder(entry);
+    }
+    paint(entry, serverNow());
+  }
+
+  async function loadOrder(entry) {
+    const answer = await api("GET", "/api/vouchers/" + entry.sale.id + "/order");
+    if (answer.status === 200) {
+      entry.order = answer.body;
+      paint(entry, serverNow());
+      if (entry.order.state === "pending") watchOrder(entry);
+    }
+  }
+
+  // An accepted order is on its way to the database: ask until it is there.
+  async function watchOrder(entry) {
+    for (let i = 0; i < 120 && entry.order && entry.order.state === "pending"; i++) {
+      await new Promise((r) => setTimeout(r, 500));
+      const answer = await api("GET", "/api/vouchers/" + entry.sale.id + "/order");
+      if (answer.status === 200) entry.order = answer.body;
+      paint(entry, serverNow());
+    }
+  }
+
+  async function act(entry, what) {
+    entry.busy = true;
+    paint(entry, serverNow());
+    const headers = what === "pay" ? { "Idempotency-Key": entry.payKey || (entry.payKey = crypto.randomUUID()) } : {};
+    const answer = await api("POST", "/api/orders/" + entry.order.order_id + "/" + what, { headers });
+    const outcome = $(".outcome", entry.el);
+    if (answer.status === 200) {
+      entry.order = answer.body;
+      setMessage(outcome, what === "pay" ? "Paid." : "Cancelled: the unit is back on sale.", "ok");
+    } else {
+      setMessage(outcome, (answer.body && answer.body.message) || "Unavailable: try again.", "error");
+      if (answer.status === 409) loadOrder(entry);
+    }
+    entry.busy = false;
+    paint(entry, serverNow());
+  }
+
+  setUpSignIn(() => {
+    for (const entry of cards.values()) { entry.order = null; entry.clicked = false; loadOrder(entry); }
+    render();
+  });
+  follow("/api/live", {
+    onFigures(snapshot) {
+      clockOffsetMs = snapshot.now_ms - Date.now();
+      latest = snapshot.sales;
+      render();
+    },
+    onState(state) {
+      setMessage($("#connection"), state === "live" ? "" : "Reconnecting…", state === "live" ? null : "error");
+    },
+    onRefused() {},
+  });
+  setInterval(render, 250);
+}
+
+// ------------------------------------------------------------------ console
+
+function consolePage() {
+  let stop = null;
+  let latest = [];
+
+  function start() {
+    if (stop) stop();
+    $("#denied").hidden = true;
+    if (!token()) return;
+    stop = follow("/api/admin/live", {
+      onFigures(snapshot) {
+        clockOffsetMs = snapshot.now_ms - Date.now();
+        $("#console").hidden = false;
+        paintFigures(snapshot);
+        latest = snapshot.sales;
+        paintSales();
+      },
+      onState(state) {
+        setMessage($("#connection"), state === "live" ? "Live." : "Reconnecting…", state === "live" ? "ok" : "error");
+      },
+      onRefused(status, body) {
+        $("#console").hidden = true;
+        $("#denied").hidden = false;
+        $("#denied").textContent = status === 403
+          ? "This token is not an operator's: the console needs an operator's token."
+          : "Token refused (" + ((body && body.message) || status) + "): sign in again.";
+      },
+    });
+  }
+
+  function paintFigures(snapshot) {
+    $("#h-redis").textContent = snapshot.redis;
+    $("#h-database").textContent = snapshot.database;
+    for (const [name, value] of Object.entries(snapshot.instance)) {
+      const el = document.getElementById("f-" + name);
+      if (el) el.textContent = String(value);
+    }
+  }
+
+  function paintSales() {
+    const now = serverNow();
+    const rows = latest.map((sale) => {
+      const tr = document.createElement("tr");
+      tr.dataset.id = sale.id;
+      const cells = [sale.id, sale.title, sale.stock_left, saleStatus(sale, now),
+        new Date(sale.begin_ms).toLocaleTimeString() + " – " + new Date(sale.end_ms).toLocaleTimeString()];
+      const classes = ["id", "title", "stock-left", "status", "window"];
+      cells.forEach((text, i) => {
+        const td = document.createElement("td");
+        td.className = classes[i];
+        td.textContent = String(text);
+        tr.appendChild(td);
+      });
+      return tr;
+    });
+    $("#console-sales").replaceChildren(...rows);
+  }
+
+  $("#create-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const begin = serverNow() + Number($("#new-starts-in").value) * 1000;
+    const body = {
+      title: $("#new-title").value,
+      stock: Number($("#new-stock").value),
+      begin_ms: Math.round(begin),
+      end_ms: Math.round(begin + Number($("#new-lasts").value) * 60000),
+      pay_within_ms: Number($("#new-pay-within").value) * 60000,
+    };
+    const answer = await api("POST", "/api/vouchers", { body });
+    if (answer.status === 201) {
+      setMessage($("#created"), "Created sale " + answer.body.id + ".", "ok");
+    } else {
+      setMessage($("#created"), (answer.body && answer.body.message) || "Not created (" + answer.status + ").", "error");
+    }
+  });
+
+  setUpSignIn(start);
+  start();
+  setInterval(paintSales, 1000);
+}
+
+if (document.body.dataset.page === "storefront") storefront();
+else if (document.body.dataset.page === "console") consolePage();

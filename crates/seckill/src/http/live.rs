@@ -1,0 +1,58 @@
+//! The pages' event streams: the instance's live figures as server-sent
+//! events, one stream per page, all fed by the one read per tick of
+//! [`crate::live`].
+//!
+//! An event is sent when the figures change (at most once per tick) and a
+//! comment every 15 s keeps idle proxies from closing the stream. Each
+//! stream holds one connection for as long as the page is open, counted
+//! against the server's connection caps like any other; the streams end
+//! when the service stops, so a graceful shutdown is not held up by them.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::{Stream, StreamExt};
+use tokio_stream::wrappers::WatchStream;
+
+use crate::http::extract::Admin;
+use crate::http::AppState;
+use crate::live::Snapshot;
+
+/// `GET /api/live`: open and coming sales with their stock, and the
+/// server's clock.
+pub(crate) async fn storefront(
+    State(state): State<AppState>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    events(&state, |s| serde_json::to_string(&s.public()))
+}
+
+/// `GET /api/admin/live`: the same, with the instance's counters and the
+/// health of its stores.
+pub(crate) async fn console(
+    State(state): State<AppState>,
+    _: Admin,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    events(&state, serde_json::to_string)
+}
+
+fn events(
+    state: &AppState,
+    render: fn(&Snapshot) -> serde_json::Result<String>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let live = state.live.clone();
+    let stopped = async move { live.stopped().await };
+    let stream = WatchStream::new(state.live.watch())
+        .filter_map(move |snapshot| async move {
+            match render(&snapshot) {
+                Ok(json) => Some(Ok(Event::default().event("figures").data(json))),
+                Err(e) => {
+                    tracing::warn!(error = %e, "live figures not serialisable");
+                    None
+                }
+            }
+        })
+        .take_until(Box::pin(stopped));
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}

@@ -1,0 +1,396 @@
+//! The storefront and the operator console in a real headless Chromium,
+//! driven through chromedriver (WebDriver), against the shipped service.
+//!
+//! Set `SECKILL_SCREENSHOTS=<dir>` to keep the screenshots the tests take
+//! (the README's come from here).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use seckill::auth::{Principal, Tokens};
+use seckill::service::Service;
+use serde_json::{json, Value};
+use testkit::{ChromeDriver, RedisServer};
+
+const SECRET: &str = "pages-test-secret-0001";
+
+/// How long a page may take to show what the test waits for: the live
+/// stream updates within a quarter of a second here; this allows a machine
+/// many times slower.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+struct Shop {
+    _redis: RedisServer,
+    service: Option<Service>,
+    base: String,
+    tokens: Tokens,
+    http: reqwest::Client,
+    _dir: std::path::PathBuf,
+}
+
+impl Shop {
+    async fn start(what: &str) -> Self {
+        let redis = RedisServer::start();
+        let dir = std::env::temp_dir().join(format!("seckill-pages-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let service = Service::start(support::settings(
+            redis.url(),
+            format!("sqlite://{}/shop.db", dir.display()),
+            SECRET,
+        ))
+        .await
+        .unwrap();
+        Self {
+            base: format!("http://{}", service.addr()),
+            service: Some(service),
+            _redis: redis,
+            tokens: Tokens::new(SECRET.as_bytes()).unwrap(),
+            http: reqwest::Client::new(),
+            _dir: dir,
+        }
+    }
+
+    fn token(&self, who: Principal) -> String {
+        self.tokens.mint(who, Duration::from_secs(3600))
+    }
+
+    /// A voucher of `stock` units opening `opens_in` from now, for an hour.
+    async fn voucher(&self, title: &str, stock: i64, opens_in: Duration) -> i64 {
+        let begin = support::now_ms() + opens_in.as_millis() as i64;
+        let answer: Value = self
+            .http
+            .post(format!("{}/api/vouchers", self.base))
+            .bearer_auth(self.token(Principal::Admin))
+            .json(&json!({"title": title, "stock": stock, "begin_ms": begin, "end_ms": begin + 3_600_000}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        answer["id"].as_i64().expect("created")
+    }
+
+    async fn stop(mut self) {
+        if let Some(service) = self.service.take() {
+            service.stop().await.unwrap();
+        }
+    }
+}
+
+/// A headless Chromium session of `width` × `height`.
+async fn browser(driver: &ChromeDriver, width: u32, height: u32) -> Client {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": driver.chromium(),
+            "args": [
+                "--headless=new",
+                // Tests run as root in containers, where the sandbox cannot start.
+                "--no-sandbox",
+                "--disable-dev-shm-usage",
+                "--disable-gpu",
+                format!("--window-size={width},{height}"),
+            ],
+        }),
+    );
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&driver.url())
+        .await
+        .expect("a Chromium session")
+}
+
+/// The text of the first element matching `css`, if any.
+async fn text(page: &Client, css: &str) -> Option<String> {
+    let value = page
+        .execute(
+            "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;",
+            vec![json!(css)],
+        )
+        .await
+        .unwrap();
+    value.as_str().map(str::to_owned)
+}
+
+/// Whether the first element matching `css` exists and `property` of it is true.
+async fn flag(page: &Client, css: &str, property: &str) -> bool {
+    page.execute(
+        "const e = document.querySelector(arguments[0]); return !!(e && e[arguments[1]]);",
+        vec![json!(css), json!(property)],
+    )
+    .await
+    .unwrap()
+    .as_bool()
+    .unwrap_or(false)
+}
+
+/// Waits until `css`'s text satisfies `wanted`; the last text seen if it
+/// never does within [`PATIENCE`] (the caller's assertion then fails).
+async fn until_text(page: &Client, css: &str, wanted: impl Fn(&str) -> bool) -> Option<String> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let seen = text(page, css).await;
+        if seen.as_deref().is_some_and(&wanted) || Instant::now() > deadline {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until `property` of `css` is `value`; whether it became so.
+async fn until_flag(page: &Client, css: &str, property: &str, value: bool) -> bool {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if flag(page, css, property).await == value {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn sign_in(page: &Client, token: &str) {
+    page.find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(token)
+        .await
+        .unwrap();
+    page.find(Locator::Css("#use-token"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+async fn screenshot(page: &Client, name: &str) {
+    let png = page.screenshot().await.unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    if let Some(dir) = std::env::var_os("SECKILL_SCREENSHOTS") {
+        let dir = std::path::PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), png).unwrap();
+    }
+}
+
+/// Service guarantees 14 and 15 (docs/guarantees.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_storefront_counts_down_sells_once_and_shows_the_stock_fall_on_another_page() {
+    let driver = ChromeDriver::start();
+    let shop = Shop::start("store").await;
+    let buyer = browser(&driver, 1100, 800).await;
+    let watcher = browser(&driver, 390, 844).await; // a phone's screen
+    for page in [&buyer, &watcher] {
+        page.goto(&shop.base).await.unwrap();
+    }
+    sign_in(&buyer, &shop.token(Principal::User(7))).await;
+    assert_eq!(
+        until_text(&buyer, "#who", |t| t.contains("user 7"))
+            .await
+            .as_deref(),
+        Some("Signed in as user 7.")
+    );
+
+    // A sale opening in 6 s, created while the pages are open: it appears
+    // on both without a reload, counting down, its button disabled.
+    let voucher = shop.voucher("One teapot", 1, Duration::from_secs(6)).await;
+    let card = format!(".sale[data-id='{voucher}']");
+    let countdown = until_text(&buyer, &format!("{card} .countdown"), |t| {
+        t.starts_with("Starts in")
+    })
+    .await;
+    assert!(
+        countdown
+            .as_deref()
+            .is_some_and(|t| t.starts_with("Starts in")),
+        "{countdown:?}"
+    );
+    assert!(
+        flag(&buyer, &format!("{card} .buy"), "disabled").await,
+        "disabled before the start"
+    );
+    screenshot(&buyer, "storefront-countdown.png").await;
+
+    // The countdown reaches zero (by the server's clock) and the button
+    // enables by itself.
+    assert!(until_flag(&buyer, &format!("{card} .buy"), "disabled", false).await);
+    let open = text(&buyer, &format!("{card} .countdown")).await.unwrap();
+    assert!(open.starts_with("Ends in"), "{open}");
+    assert_eq!(
+        text(&watcher, &format!("{card} .stock")).await.as_deref(),
+        Some("1 left")
+    );
+
+    // One press buys; the button stays disabled; the order becomes stored.
+    buyer
+        .find(Locator::Css(&format!("{card} .buy")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let outcome = until_text(&buyer, &format!("{card} .outcome"), |t| {
+        t.starts_with("Accepted")
+    })
+    .await;
+    assert!(
+        outcome
+            .as_deref()
+            .is_some_and(|t| t.starts_with("Accepted")),
+        "{outcome:?}"
+    );
+    assert!(
+        flag(&buyer, &format!("{card} .buy"), "disabled").await,
+        "pressed once"
+    );
+    let state = until_text(&buyer, &format!("{card} .order-state"), |t| t == "reserved").await;
+    assert_eq!(state.as_deref(), Some("reserved"));
+
+    // The other page sees the stock fall to nothing without reloading, and
+    // says the sale is sold out.
+    let stock = until_text(&watcher, &format!("{card} .stock"), |t| t == "Sold out").await;
+    assert_eq!(stock.as_deref(), Some("Sold out"));
+    assert!(flag(&watcher, &format!("{card} .buy"), "disabled").await);
+    assert_eq!(
+        text(&watcher, &format!("{card} .buy")).await.as_deref(),
+        Some("Sold out")
+    );
+    screenshot(&watcher, "storefront-phone-sold-out.png").await;
+
+    // Paying from the page.
+    buyer
+        .find(Locator::Css(&format!("{card} .pay")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let paid = until_text(&buyer, &format!("{card} .order-state"), |t| t == "paid").await;
+    assert_eq!(paid.as_deref(), Some("paid"));
+    screenshot(&buyer, "storefront-paid.png").await;
+
+    // A second buyer on the sold-out sale: the page says so.
+    let late = shop
+        .voucher("Sold before you came", 1, Duration::ZERO)
+        .await;
+    support::purchase(&shop.http, &shop.base, &shop.tokens, late, 1).await;
+    let late_card = format!(".sale[data-id='{late}']");
+    let late_stock = until_text(&watcher, &format!("{late_card} .stock"), |t| {
+        t == "Sold out"
+    })
+    .await;
+    assert_eq!(late_stock.as_deref(), Some("Sold out"));
+
+    for page in [buyer, watcher] {
+        page.close().await.unwrap();
+    }
+    shop.stop().await; // the pages' streams end with the service
+}
+
+/// Service guarantees 15 and 16 (docs/guarantees.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_creates_a_sale_and_watches_it_and_a_user_token_cannot_open_the_console() {
+    let driver = ChromeDriver::start();
+    let shop = Shop::start("console").await;
+    let console = browser(&driver, 1100, 900).await;
+
+    // A buyer's token: the console refuses to show anything.
+    console.goto(&format!("{}/admin", shop.base)).await.unwrap();
+    sign_in(&console, &shop.token(Principal::User(3))).await;
+    let denied = until_text(&console, "#denied", |t| t.contains("not an operator")).await;
+    assert!(
+        denied
+            .as_deref()
+            .is_some_and(|t| t.contains("not an operator")),
+        "{denied:?}"
+    );
+    assert!(
+        flag(&console, "#console", "hidden").await,
+        "the console stays hidden"
+    );
+
+    // The operator's token: the console opens, with the instance's health.
+    sign_in(&console, &shop.token(Principal::Admin)).await;
+    assert!(until_flag(&console, "#console", "hidden", false).await);
+    assert_eq!(
+        until_text(&console, "#h-redis", |t| t == "ok")
+            .await
+            .as_deref(),
+        Some("ok")
+    );
+    assert_eq!(
+        until_text(&console, "#h-database", |t| t == "ok")
+            .await
+            .as_deref(),
+        Some("ok")
+    );
+
+    // Create a sale from the form; it shows in the list, live.
+    let title = console.find(Locator::Css("#new-title")).await.unwrap();
+    title.clear().await.unwrap();
+    title.send_keys("Console sale").await.unwrap();
+    let stock = console.find(Locator::Css("#new-stock")).await.unwrap();
+    stock.clear().await.unwrap();
+    stock.send_keys("5").await.unwrap();
+    let starts = console.find(Locator::Css("#new-starts-in")).await.unwrap();
+    starts.clear().await.unwrap();
+    starts.send_keys("0").await.unwrap();
+    console
+        .find(Locator::Css("#create"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let created = until_text(&console, "#created", |t| t.starts_with("Created sale"))
+        .await
+        .unwrap();
+    let id: i64 = created
+        .trim_start_matches("Created sale ")
+        .trim_end_matches('.')
+        .parse()
+        .expect("the new sale's id");
+    let row = format!("#console-sales tr[data-id='{id}']");
+    assert_eq!(
+        until_text(&console, &format!("{row} .title"), |t| t == "Console sale")
+            .await
+            .as_deref(),
+        Some("Console sale")
+    );
+    assert_eq!(
+        until_text(&console, &format!("{row} .stock-left"), |t| t == "5")
+            .await
+            .as_deref(),
+        Some("5")
+    );
+
+    // Two purchases through the API: the console shows the stock fall and
+    // counts them, without a reload.
+    for user in [1, 2] {
+        let answer = support::purchase(&shop.http, &shop.base, &shop.tokens, id, user).await;
+        assert_eq!(answer.status(), 200);
+    }
+    assert_eq!(
+        until_text(&console, &format!("{row} .stock-left"), |t| t == "3")
+            .await
+            .as_deref(),
+        Some("3")
+    );
+    assert_eq!(
+        until_text(&console, "#f-accepted", |t| t == "2")
+            .await
+            .as_deref(),
+        Some("2")
+    );
+    screenshot(&console, "console.png").await;
+
+    console.close().await.unwrap();
+    shop.stop().await;
+}
