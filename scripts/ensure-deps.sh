@@ -5,6 +5,7 @@
 #   redis-server, redis-cli, redis-benchmark  <- redis-server, redis-tools
 #   PostgreSQL (initdb, postgres, psql)        <- postgresql
 #   MariaDB (mariadbd, mariadb-install-db)     <- mariadb-server, mariadb-client
+#   chromium, chromedriver (the pages' tests)  <- chromium, chromium-driver
 # The tests start private instances of each (unix sockets in temporary
 # directories); they never use the system services these packages start.
 set -euo pipefail
@@ -18,6 +19,10 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v psql >/
 fi
 for bin in mariadbd mariadb-install-db mariadb; do
   command -v "$bin" >/dev/null 2>&1 || { packages+=(mariadb-server mariadb-client); break; }
+done
+
+for bin in chromium chromedriver; do
+  [ -x "/usr/bin/$bin" ] || command -v "$bin" >/dev/null 2>&1 || { packages+=(chromium chromium-driver); break; }
 done
 
 if ((${#packages[@]})); then

@@ -10,10 +10,12 @@
 //! cancel, some never pay; the units that come back are sold again until
 //! every unit is paid), stops the service (which drains), checks the
 //! invariants of the orders' whole life and prints a report. Returns
-//! `false` if any invariant fails.
+//! `false` if any invariant fails. The storefront and the operator console
+//! are open throughout (their addresses are printed; the demo sign-in is on,
+//! on loopback); `--watch` keeps them up after the run.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use seckill::auth::{Principal, Tokens};
 use seckill::service::Service;
@@ -64,6 +66,10 @@ pub struct DemoArgs {
     /// Rounds of the buyer model at most (the last one's buyers all pay).
     #[arg(long, default_value_t = 4)]
     pub rounds: u32,
+    /// After the run, keep the service up (until Ctrl-C) with a new sale
+    /// opening in 30 s, for a person to watch and buy in the storefront.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 const PREFIX: &str = "seckill";
@@ -132,10 +138,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
             max_per_address: seckill::http::ConnectionLimits::default().max_connections,
             ..seckill::http::ConnectionLimits::default()
         },
+        // Loopback only: a person watching may sign in as anyone.
+        demo_sign_in: true,
         ..Settings::new(&redis_url, &database_url, &secret)
     })
     .await?;
     let base = format!("http://{}", service.addr());
+    println!("storefront: {base}/   operator console: {base}/admin   (demo sign-in on: pick a user id, or the operator)");
     let tokens = Tokens::new(secret.as_bytes())?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
@@ -210,6 +219,18 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     all.extend(life.checks);
     differences.extend(life.differences);
 
+    if args.watch {
+        let ok = checks::print(&all, &differences);
+        let begin = SystemTime::now() + Duration::from_secs(30);
+        let next = crate::bench::create_voucher_at(&http, &base, &tokens, 100, begin, None).await?;
+        println!(
+            "\nwatching: voucher {next} (100 units) opens in 30 s.\n  storefront: {base}/\n  console:    {base}/admin\nCtrl-C stops the service."
+        );
+        tokio::signal::ctrl_c().await?;
+        service.stop().await?;
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Ok(ok);
+    }
     // A graceful stop finishes the requests in flight and drains the order
     // pipeline.
     let drain_started = Instant::now();

@@ -142,7 +142,22 @@ impl TestApp {
         .await
     }
 
+    /// The voucher as read after everything done before this call: a read
+    /// may answer from figures up to a second old (`as_of_ms` says when
+    /// they were read), so this asks again until they are from after the
+    /// call.
     async fn show(&self, voucher: i64) -> (StatusCode, Value) {
+        let since = now_ms();
+        loop {
+            let (status, view) = self.show_once(voucher).await;
+            if status != StatusCode::OK || view["as_of_ms"].as_u64().is_some_and(|t| t >= since) {
+                return (status, view);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn show_once(&self, voucher: i64) -> (StatusCode, Value) {
         let r = self
             .http
             .get(format!("{}/api/vouchers/{voucher}", self.base))
@@ -244,6 +259,69 @@ async fn a_voucher_is_created_shown_and_bought_once_per_user() {
         (StatusCode::NOT_FOUND, Some("unknown_voucher"))
     );
     assert_eq!(app.show(id + 100).await.0, StatusCode::NOT_FOUND);
+}
+
+/// Service guarantee 17: a voucher read reflects every purchase committed
+/// a second or more before it was answered (and never one not yet made),
+/// and says as of when; reads share the instance's live figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn voucher_reads_are_at_most_a_second_stale_and_say_as_of_when() {
+    let app = Arc::new(spawn_app().await);
+    let (_, v) = app.create_voucher(open_voucher(40)).await;
+    let id = v["id"].as_i64().unwrap();
+    let buying = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let reader = {
+        let (app, buying) = (app.clone(), buying.clone());
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let mut reads = Vec::new();
+            while buying.load(std::sync::atomic::Ordering::Acquire)
+                || started.elapsed() < Duration::from_millis(1_500)
+            {
+                let sent = now_ms();
+                let (status, view) = app.show_once(id).await;
+                assert_eq!(status, StatusCode::OK, "{view}");
+                let as_of = view["as_of_ms"].as_u64().expect("as_of_ms");
+                let left = view["stock_left"].as_i64().unwrap();
+                reads.push((sent, now_ms(), as_of, left));
+            }
+            reads
+        })
+    };
+    let mut purchases = Vec::new(); // (sent, answered)
+    for user in 1..=30 {
+        let sent = now_ms();
+        assert_eq!(app.buy(id, user).await.0, StatusCode::OK);
+        purchases.push((sent, now_ms()));
+    }
+    buying.store(false, std::sync::atomic::Ordering::Release);
+    let reads = reader.await.unwrap();
+    let mut shared = 0;
+    for &(sent, received, as_of, left) in &reads {
+        assert!(
+            as_of + 1_000 >= sent,
+            "read sent at {sent} answered as of {as_of}"
+        );
+        let committed = purchases.iter().filter(|&&(_, done)| done <= as_of).count() as i64;
+        let begun = purchases
+            .iter()
+            .filter(|&&(start, _)| start <= received)
+            .count() as i64;
+        assert!(
+            left <= 40 - committed,
+            "as of {as_of}: {left} left, {committed} bought before"
+        );
+        assert!(
+            left >= 40 - begun,
+            "{left} left with only {begun} purchases begun"
+        );
+        shared += usize::from(as_of < sent);
+    }
+    assert!(
+        shared > 0,
+        "no read of {} answered from the shared figures",
+        reads.len()
+    );
 }
 
 #[tokio::test]

@@ -427,10 +427,26 @@ pub async fn create_voucher(
     stock: i64,
     pay_within: Option<Duration>,
 ) -> anyhow::Result<i64> {
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+    let opened = SystemTime::now() - Duration::from_secs(1);
+    create_voucher_at(http, base, tokens, stock, opened, pay_within).await
+}
+
+/// As [`create_voucher`], opening at `begin` (for a day).
+///
+/// # Errors
+/// If the service refuses or cannot be reached.
+pub async fn create_voucher_at(
+    http: &reqwest::Client,
+    base: &str,
+    tokens: &Tokens,
+    stock: i64,
+    begin: SystemTime,
+    pay_within: Option<Duration>,
+) -> anyhow::Result<i64> {
+    let begin_ms = begin.duration_since(UNIX_EPOCH)?.as_millis() as u64;
     let mut body = json!({
-        "title": format!("bench {now_ms}"), "stock": stock,
-        "begin_ms": now_ms - 1_000, "end_ms": now_ms + 24 * 3_600_000
+        "title": format!("sale {begin_ms}"), "stock": stock,
+        "begin_ms": begin_ms, "end_ms": begin_ms + 24 * 3_600_000
     });
     if let Some(window) = pay_within {
         body["pay_within_ms"] = json!(window.as_millis() as u64);
