@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus::core::Collector;
+use axum::body::Bytes;
 use serde::Serialize;
 use tokio::sync::{watch, Notify};
 
@@ -130,6 +131,28 @@ pub struct Snapshot {
     pub database: Health,
     /// The instance's counters.
     pub instance: InstanceFigures,
+    /// Each sale as a voucher read answers it (its view with `as_of_ms`),
+    /// serialised once per tick rather than once per read.
+    #[serde(skip)]
+    pub answers: std::collections::HashMap<i64, Bytes>,
+}
+
+/// A sale as a voucher read answers it: its view and when it was read.
+#[derive(Debug, Serialize)]
+pub struct SaleAnswer<'a> {
+    /// The sale.
+    #[serde(flatten)]
+    pub sale: &'a SaleView,
+    /// When the figures were read (Unix ms, the server's clock).
+    pub as_of_ms: i64,
+}
+
+impl SaleAnswer<'_> {
+    /// The answer as JSON (cheap to clone: one buffer shared by every
+    /// read).
+    pub fn to_json(&self) -> Bytes {
+        serde_json::to_vec(self).map_or_else(|_| Bytes::new(), Bytes::from)
+    }
 }
 
 /// What the storefront sees of a snapshot (no instance figures).
@@ -152,6 +175,7 @@ impl Snapshot {
             redis: Health::Unknown,
             database: Health::Unknown,
             instance: InstanceFigures::default(),
+            answers: std::collections::HashMap::new(),
         }
     }
 
@@ -307,18 +331,26 @@ async fn read(
     };
     let stocks: Vec<(i64, i64)> = rows.iter().map(|r| (r.id, r.stock)).collect();
     match sales.stock_left(&stocks).await {
-        Ok(left) => Snapshot {
-            as_of_ms,
-            now_ms: now_ms(),
-            sales: rows
+        Ok(left) => {
+            let sales: Vec<SaleView> = rows
                 .into_iter()
                 .zip(left)
                 .map(|(row, left)| SaleView::new(row, left))
-                .collect(),
-            redis: Health::Ok,
-            database: Health::Ok,
-            instance,
-        },
+                .collect();
+            let answers = sales
+                .iter()
+                .map(|sale| (sale.id, SaleAnswer { sale, as_of_ms }.to_json()))
+                .collect();
+            Snapshot {
+                as_of_ms,
+                now_ms: now_ms(),
+                sales,
+                redis: Health::Ok,
+                database: Health::Ok,
+                instance,
+                answers,
+            }
+        }
         Err(e) => {
             tracing::debug!(error = %e, "live figures: Redis read failed");
             Snapshot {

@@ -4,6 +4,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
@@ -120,14 +121,16 @@ pub(crate) async fn list(
 pub(crate) async fn show(
     State(state): State<AppState>,
     PathId(id): PathId,
-) -> Result<Json<VoucherView>, ApiError> {
+) -> Result<Response, ApiError> {
     tracing::Span::current().record("voucher", id);
     if let Some(snapshot) = state.live.fresh() {
-        if let Some(sale) = snapshot.sales.iter().find(|s| s.id == id) {
-            return Ok(Json(VoucherView {
-                sale: sale.clone(),
-                as_of_ms: snapshot.as_of_ms,
-            }));
+        if let Some(answer) = snapshot.answers.get(&id) {
+            // Serialised once per tick for every reader.
+            return Ok((
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                answer.clone(),
+            )
+                .into_response());
         }
     }
     // Not among the newest, or the figures are not fresh: the stores.
@@ -141,7 +144,8 @@ pub(crate) async fn show(
     Ok(Json(VoucherView {
         sale: SaleView::new(row, stock_left),
         as_of_ms,
-    }))
+    })
+    .into_response())
 }
 
 /// Answer to an accepted purchase.
