@@ -8,11 +8,12 @@ mod bench;
 mod chaos;
 mod demo;
 mod lab;
+mod watch;
 
 #[derive(Parser)]
 #[command(
     version,
-    about = "Demo, load tester, chaos run and oversell lab of the seckill service"
+    about = "Demo, load tester, chaos run, oversell lab and watchers of the seckill service"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -31,6 +32,8 @@ enum Command {
     Chaos(chaos::ChaosArgs),
     /// The oversell walk: the same sale against eight strategies, from the naive to the safe.
     Lab(lab::LabArgs),
+    /// Many pages watching an instance's live stream at once.
+    Watch(watch::WatchArgs),
 }
 
 #[tokio::main]
@@ -48,6 +51,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(*args).await?,
         Command::Chaos(args) => chaos::run(args).await?,
         Command::Lab(args) => lab::run(args).await?,
+        Command::Watch(args) => watch::run(args).await?,
     };
     if !passed {
         // The report says which invariant failed.

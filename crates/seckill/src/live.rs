@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use prometheus::core::Collector;
 use axum::body::Bytes;
+use prometheus::core::Collector;
 use serde::Serialize;
 use tokio::sync::{watch, Notify};
 

@@ -261,7 +261,7 @@ async fn a_voucher_is_created_shown_and_bought_once_per_user() {
     assert_eq!(app.show(id + 100).await.0, StatusCode::NOT_FOUND);
 }
 
-/// Service guarantee 17: a voucher read reflects every purchase committed
+/// Service 17: a voucher read reflects every purchase committed
 /// a second or more before it was answered (and never one not yet made),
 /// and says as of when; reads share the instance's live figures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -180,7 +180,7 @@ async fn screenshot(page: &Client, name: &str) {
     }
 }
 
-/// Service guarantees 14 and 15 (docs/guarantees.md).
+/// Service 14 and 15 (`docs/guarantees.md`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_storefront_counts_down_sells_once_and_shows_the_stock_fall_on_another_page() {
     let driver = ChromeDriver::start();
@@ -294,7 +294,7 @@ async fn the_storefront_counts_down_sells_once_and_shows_the_stock_fall_on_anoth
     shop.stop().await; // the pages' streams end with the service
 }
 
-/// Service guarantees 15 and 16 (docs/guarantees.md).
+/// Service 15 and 16 (`docs/guarantees.md`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_creates_a_sale_and_watches_it_and_a_user_token_cannot_open_the_console() {
     let driver = ChromeDriver::start();

@@ -1,0 +1,113 @@
+//! The live figures' streams (`docs/guarantees.md`, service 15): many
+//! watchers share one read of the stores per tick, and the streams end when
+//! the service stops.
+
+mod support;
+
+use std::time::Duration;
+
+use seckill::auth::Tokens;
+use seckill::service::Service;
+use testkit::RedisServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SECRET: &str = "live-test-secret-00001";
+
+async fn service(what: &str, redis: &RedisServer) -> (Service, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("seckill-live-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let service = Service::start(support::settings(
+        redis.url(),
+        format!("sqlite://{}/shop.db", dir.display()),
+        SECRET,
+    ))
+    .await
+    .unwrap();
+    (service, dir)
+}
+
+/// A watcher: the request sent, and its first event read.
+async fn watcher(addr: std::net::SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /api/live HTTP/1.1\r\nhost: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !seen.windows(7).any(|w| w == b"figures") {
+        let n = stream.read(&mut buffer).await.unwrap();
+        assert!(n > 0, "the stream ended before its first event");
+        seen.extend_from_slice(&buffer[..n]);
+    }
+    assert!(seen.starts_with(b"HTTP/1.1 200"));
+    stream
+}
+
+fn commands(redis: &RedisServer) -> u64 {
+    redis
+        .cli(&["INFO", "stats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats")
+}
+
+/// Redis commands over `window` with the watchers already open.
+async fn commands_over(redis: &RedisServer, window: Duration) -> u64 {
+    let before = commands(redis);
+    tokio::time::sleep(window).await;
+    commands(redis) - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_watchers_cost_the_stores_what_one_does() {
+    let redis = RedisServer::start();
+    let (service, dir) = service("share", &redis).await;
+    let http = reqwest::Client::new();
+    let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
+    let base = format!("http://{}", service.addr());
+    support::open_voucher(&http, &base, &tokens, "Watched", 10).await;
+
+    // Time is the subject here: the same window with 1 and with 100
+    // watchers, each long enough for several ticks on a slow machine.
+    let window = Duration::from_secs(2);
+    let one = watcher(service.addr()).await;
+    let with_one = commands_over(&redis, window).await;
+    let mut many = vec![one];
+    for _ in 1..100 {
+        many.push(watcher(service.addr()).await);
+    }
+    let with_hundred = commands_over(&redis, window).await;
+    assert!(with_one > 0, "one watcher's figures are read from Redis");
+    assert!(
+        with_hundred <= 2 * with_one + 20,
+        "Redis commands in {window:?}: {with_one} with one watcher, {with_hundred} with 100"
+    );
+    drop(many);
+    service.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_streams_end_when_the_service_stops() {
+    let redis = RedisServer::start();
+    let (service, dir) = service("stop", &redis).await;
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        streams.push(watcher(service.addr()).await);
+    }
+    // A graceful stop waits for responses in flight: the streams must end
+    // for it to finish at all.
+    tokio::time::timeout(Duration::from_secs(60), service.stop())
+        .await
+        .expect("the service stops with streams open")
+        .unwrap();
+    for mut stream in streams {
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut rest));
+        assert!(read.await.expect("the stream ends").is_ok());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

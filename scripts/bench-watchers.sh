@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Many watchers on one instance: WATCHERS (default 5,000) open live streams
+# (`seckill-tools watch`) on one `seckill serve` of a private deployment (one
+# redis-server, a SQLite file, one open sale). Four phases of SECONDS_EACH
+# (default 15) seconds:
+#   1. idle, no watcher          2. idle, WATCHERS watchers
+#   3. purchases, no watcher     4. purchases, WATCHERS watchers
+# For each: Redis commands/s, the instance's CPU (% of one core) and
+# resident memory at the end; for 3 and 4 the purchase throughput of
+# `seckill-tools bench` (closed loop, 64 in flight, a fresh sale of 200,000
+# units, so the stock the watchers see moves every tick). Raises the open-files
+# limit for the watchers' sockets.
+#   scripts/bench-watchers.sh
+#   WATCHERS=2000 SECONDS_EACH=10 scripts/bench-watchers.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/ensure-deps.sh
+cargo build --release --locked -p seckill -p seckill-tools
+seckill=target/release/seckill
+tools=target/release/seckill-tools
+watchers=${WATCHERS:-5000}
+seconds=${SECONDS_EACH:-15}
+ulimit -n "$(ulimit -Hn)"
+(( $(ulimit -n) > watchers * 2 + 1000 )) || { echo "open-files limit $(ulimit -n) is too low for $watchers watchers" >&2; exit 1; }
+
+# shellcheck source=scripts/private-deployment.sh
+. scripts/private-deployment.sh
+database_url="sqlite://$work/seckill.db"
+"$seckill" migrate --database-url "$database_url" 2>/dev/null
+base=$(serve_instance watched --database-url "$database_url" --user-rate 0 \
+  --max-connections $((watchers + 2000)))
+pid=${pids[-1]}
+
+admin=$("$seckill" token --admin)
+now=$(date +%s%3N)
+curl -sf -X POST "$base/api/vouchers" -H "authorization: Bearer $admin" -H 'content-type: application/json' \
+  -d "{\"title\":\"Watched sale\",\"stock\":100000000,\"begin_ms\":$((now - 1000)),\"end_ms\":$((now + 3600000))}" >/dev/null
+
+commands() { redis-cli -s "$work/redis.sock" info stats | sed -n 's/^total_commands_processed:\([0-9]*\).*/\1/p'; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+rss_mib() { awk '/^VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status"; }
+hz=$(getconf CLK_TCK)
+
+# phase NAME WATCHERS LOAD: prints one table row.
+phase() {
+  local name=$1 count=$2 load=$3 watch_pid="" c0 t0 c1 t1 rate="-"
+  if ((count > 0)); then
+    "$tools" watch --url "$base" --count "$count" --duration "$((seconds + 20))s" > "$work/watch-$name.log" &
+    watch_pid=$!
+    sleep 8 # the watchers connect (a few hundred a second) before measuring
+  fi
+  c0=$(commands); t0=$(cpu_ticks)
+  if [ "$load" = load ]; then
+    "$tools" bench --url "$base" --duration "${seconds}s" --concurrency 64 --users 1000000 --stock 200000 \
+      --out "$work/bench-$name" >"$work/bench-$name.log" 2>&1 || true
+    rate=$(sed -n 's/.*"throughput_rps": *\([0-9]*\).*/\1/p' "$work/bench-$name/report.json" | head -1)
+  else
+    sleep "$seconds"
+  fi
+  c1=$(commands); t1=$(cpu_ticks)
+  printf '| %s | %s | %d | %.0f%% | %s MiB | %s |\n' "$name" "$count" $(((c1 - c0) / seconds)) \
+    "$(awk -v d=$((t1 - t0)) -v hz="$hz" -v s="$seconds" 'BEGIN {print 100 * d / hz / s}')" "$(rss_mib)" "${rate:-?}"
+  if [ -n "$watch_pid" ]; then wait "$watch_pid" || true; cat "$work/watch-$name.log" >&2; fi
+}
+
+echo "| phase | watchers | Redis commands/s | instance CPU | instance RSS | purchases/s |"
+echo "|---|---:|---:|---:|---:|---:|"
+phase idle 0 idle
+phase idle-watched "$watchers" idle
+phase load 0 load
+phase load-watched "$watchers" load
