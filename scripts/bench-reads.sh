@@ -21,7 +21,8 @@ seckill=target/release/seckill
 . scripts/private-deployment.sh
 database_url="sqlite://$work/seckill.db"
 "$seckill" migrate --database-url "$database_url" 2>/dev/null
-base=$(serve_instance reads --database-url "$database_url")
+serve_instance reads --database-url "$database_url" > "$work/url"
+base=$(cat "$work/url")
 
 admin=$("$seckill" token --admin)
 now=$(date +%s%3N)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Many watchers on one instance: WATCHERS (default 5,000) open live streams
 # (`seckill-tools watch`) on one `seckill serve` of a private deployment (one
-# redis-server, a SQLite file, one open sale). Four phases of SECONDS_EACH
+# redis-server, a SQLite file, one open sale). Five phases of SECONDS_EACH
 # (default 15) seconds:
-#   1. idle, no watcher          2. idle, WATCHERS watchers
-#   3. purchases, no watcher     4. purchases, WATCHERS watchers
+#   1. idle, no watcher   2. idle, one watcher   3. idle, WATCHERS watchers
+#   4. purchases, no watcher                     5. purchases, WATCHERS watchers
 # For each: Redis commands/s, the instance's CPU (% of one core) and
 # resident memory at the end; for 3 and 4 the purchase throughput of
 # `seckill-tools bench` (closed loop, 64 in flight, a fresh sale of 200,000
@@ -27,8 +27,10 @@ ulimit -n "$(ulimit -Hn)"
 . scripts/private-deployment.sh
 database_url="sqlite://$work/seckill.db"
 "$seckill" migrate --database-url "$database_url" 2>/dev/null
-base=$(serve_instance watched --database-url "$database_url" --user-rate 0 \
-  --max-connections $((watchers + 2000)))
+# serve_instance runs in this shell (not a subshell) so its pid is kept.
+serve_instance watched --database-url "$database_url" --user-rate 0 \
+  --max-connections $((watchers + 2000)) > "$work/url"
+base=$(cat "$work/url")
 pid=${pids[-1]}
 
 admin=$("$seckill" token --admin)
@@ -66,6 +68,7 @@ phase() {
 echo "| phase | watchers | Redis commands/s | instance CPU | instance RSS | purchases/s |"
 echo "|---|---:|---:|---:|---:|---:|"
 phase idle 0 idle
+phase idle-one-watcher 1 idle
 phase idle-watched "$watchers" idle
 phase load 0 load
 phase load-watched "$watchers" load

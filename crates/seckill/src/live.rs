@@ -135,6 +135,19 @@ pub struct Snapshot {
     /// serialised once per tick rather than once per read.
     #[serde(skip)]
     pub answers: std::collections::HashMap<i64, Bytes>,
+    /// The snapshot as the pages' events carry it, serialised once per
+    /// tick rather than once per watcher.
+    #[serde(skip)]
+    pub events: Events,
+}
+
+/// A snapshot's event payloads (JSON).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Events {
+    /// The storefront's: [`Snapshot::public`].
+    pub storefront: Arc<str>,
+    /// The console's: the whole snapshot.
+    pub console: Arc<str>,
 }
 
 /// A sale as a voucher read answers it: its view and when it was read.
@@ -176,7 +189,19 @@ impl Snapshot {
             database: Health::Unknown,
             instance: InstanceFigures::default(),
             answers: std::collections::HashMap::new(),
+            events: Events::default(),
         }
+    }
+
+    /// This snapshot with its event payloads serialised.
+    fn rendered(mut self) -> Self {
+        let json =
+            |value: serde_json::Result<String>| value.map_or_else(|_| Arc::from("{}"), Arc::from);
+        self.events = Events {
+            storefront: json(serde_json::to_string(&self.public())),
+            console: json(serde_json::to_string(&self)),
+        };
+        self
     }
 
     /// The storefront's part.
@@ -285,7 +310,9 @@ pub async fn tick_until_stopped(
         }
         let next = tokio::time::Instant::now() + TICK;
         let previous = live.snapshot.borrow().clone();
-        let snapshot = read(&db, &sales, &metrics, &mut counters, &previous).await;
+        let snapshot = read(&db, &sales, &metrics, &mut counters, &previous)
+            .await
+            .rendered();
         live.snapshot.send_if_modified(|current| {
             let changed = !current.same_figures(&snapshot) || current.as_of_ms == i64::MIN;
             // A reader needs the new time even when nothing else moved.
@@ -349,6 +376,7 @@ async fn read(
                 database: Health::Ok,
                 instance,
                 answers,
+                events: Events::default(),
             }
         }
         Err(e) => {

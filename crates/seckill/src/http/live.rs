@@ -9,6 +9,7 @@
 //! when the service stops, so a graceful shutdown is not held up by them.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -25,7 +26,7 @@ use crate::live::Snapshot;
 pub(crate) async fn storefront(
     State(state): State<AppState>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    events(&state, |s| serde_json::to_string(&s.public()))
+    events(&state, |s| s.events.storefront.clone())
 }
 
 /// `GET /api/admin/live`: the same, with the instance's counters and the
@@ -34,25 +35,17 @@ pub(crate) async fn console(
     State(state): State<AppState>,
     _: Admin,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    events(&state, serde_json::to_string)
+    events(&state, |s| s.events.console.clone())
 }
 
 fn events(
     state: &AppState,
-    render: fn(&Snapshot) -> serde_json::Result<String>,
+    payload: fn(&Snapshot) -> Arc<str>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let live = state.live.clone();
     let stopped = async move { live.stopped().await };
     let stream = WatchStream::new(state.live.watch())
-        .filter_map(move |snapshot| async move {
-            match render(&snapshot) {
-                Ok(json) => Some(Ok(Event::default().event("figures").data(json))),
-                Err(e) => {
-                    tracing::warn!(error = %e, "live figures not serialisable");
-                    None
-                }
-            }
-        })
+        .map(move |snapshot| Ok(Event::default().event("figures").data(&*payload(&snapshot))))
         .take_until(Box::pin(stopped));
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
