@@ -6,7 +6,8 @@
 #   1. idle, no watcher   2. idle, one watcher   3. idle, WATCHERS watchers
 #   4. purchases, no watcher                     5. purchases, WATCHERS watchers
 # For each: Redis commands/s, the instance's CPU (% of one core) and
-# resident memory at the end; for 3 and 4 the purchase throughput of
+# resident memory at the end, the watchers' client's CPU (it shares the
+# machine); for 3 and 4 the purchase throughput of
 # `seckill-tools bench` (closed loop, 64 in flight, a fresh sale of 200,000
 # units, so the stock the watchers see moves every tick). Raises the open-files
 # limit for the watchers' sockets.
@@ -39,19 +40,20 @@ curl -sf -X POST "$base/api/vouchers" -H "authorization: Bearer $admin" -H 'cont
   -d "{\"title\":\"Watched sale\",\"stock\":100000000,\"begin_ms\":$((now - 1000)),\"end_ms\":$((now + 3600000))}" >/dev/null
 
 commands() { redis-cli -s "$work/redis.sock" info stats | sed -n 's/^total_commands_processed:\([0-9]*\).*/\1/p'; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/${1:-$pid}/stat" 2>/dev/null || echo 0; }
 rss_mib() { awk '/^VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status"; }
 hz=$(getconf CLK_TCK)
 
 # phase NAME WATCHERS LOAD: prints one table row.
 phase() {
-  local name=$1 count=$2 load=$3 watch_pid="" c0 t0 c1 t1 rate="-"
+  local name=$1 count=$2 load=$3 watch_pid="" c0 t0 c1 t1 w0=0 w1=0 rate="-"
   if ((count > 0)); then
     "$tools" watch --url "$base" --count "$count" --duration "$((seconds + 20))s" > "$work/watch-$name.log" &
     watch_pid=$!
     sleep 8 # the watchers connect (a few hundred a second) before measuring
   fi
   c0=$(commands); t0=$(cpu_ticks)
+  [ -z "$watch_pid" ] || w0=$(cpu_ticks "$watch_pid")
   if [ "$load" = load ]; then
     "$tools" bench --url "$base" --duration "${seconds}s" --concurrency 64 --users 1000000 --stock 200000 \
       --out "$work/bench-$name" >"$work/bench-$name.log" 2>&1 || true
@@ -60,13 +62,15 @@ phase() {
     sleep "$seconds"
   fi
   c1=$(commands); t1=$(cpu_ticks)
-  printf '| %s | %s | %d | %.0f%% | %s MiB | %s |\n' "$name" "$count" $(((c1 - c0) / seconds)) \
-    "$(awk -v d=$((t1 - t0)) -v hz="$hz" -v s="$seconds" 'BEGIN {print 100 * d / hz / s}')" "$(rss_mib)" "${rate:-?}"
+  [ -z "$watch_pid" ] || w1=$(cpu_ticks "$watch_pid")
+  percent() { awk -v d="$1" -v hz="$hz" -v s="$seconds" 'BEGIN {print 100 * d / hz / s}'; }
+  printf '| %s | %s | %d | %.0f%% | %s MiB | %.0f%% | %s |\n' "$name" "$count" $(((c1 - c0) / seconds)) \
+    "$(percent $((t1 - t0)))" "$(rss_mib)" "$(percent $((w1 - w0)))" "${rate:-?}"
   if [ -n "$watch_pid" ]; then wait "$watch_pid" || true; cat "$work/watch-$name.log" >&2; fi
 }
 
-echo "| phase | watchers | Redis commands/s | instance CPU | instance RSS | purchases/s |"
-echo "|---|---:|---:|---:|---:|---:|"
+echo "| phase | watchers | Redis commands/s | instance CPU | instance RSS | watchers' client CPU | purchases/s |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
 phase idle 0 idle
 phase idle-one-watcher 1 idle
 phase idle-watched "$watchers" idle
