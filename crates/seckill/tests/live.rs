@@ -15,16 +15,7 @@ use tokio::net::TcpStream;
 const SECRET: &str = "live-test-secret-00001";
 
 async fn service(what: &str, redis: &RedisServer) -> (Service, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("seckill-live-{what}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let service = Service::start(support::settings(
-        redis.url(),
-        format!("sqlite://{}/shop.db", dir.display()),
-        SECRET,
-    ))
-    .await
-    .unwrap();
-    (service, dir)
+    support::start_on_sqlite(&format!("live-{what}"), redis, SECRET).await
 }
 
 /// A watcher: the request sent, and its first event read.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder, Locator};
 use seckill::auth::{Principal, Tokens};
 use seckill::service::Service;
-use serde_json::{json, Value};
+use serde_json::json;
 use testkit::{ChromeDriver, RedisServer};
 
 const SECRET: &str = "pages-test-secret-0001";
@@ -33,15 +33,8 @@ struct Shop {
 impl Shop {
     async fn start(what: &str) -> Self {
         let redis = RedisServer::start();
-        let dir = std::env::temp_dir().join(format!("seckill-pages-{what}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let service = Service::start(support::settings(
-            redis.url(),
-            format!("sqlite://{}/shop.db", dir.display()),
-            SECRET,
-        ))
-        .await
-        .unwrap();
+        let (service, dir) =
+            support::start_on_sqlite(&format!("pages-{what}"), &redis, SECRET).await;
         Self {
             base: format!("http://{}", service.addr()),
             service: Some(service),
@@ -59,18 +52,8 @@ impl Shop {
     /// A voucher of `stock` units opening `opens_in` from now, for an hour.
     async fn voucher(&self, title: &str, stock: i64, opens_in: Duration) -> i64 {
         let begin = support::now_ms() + opens_in.as_millis() as i64;
-        let answer: Value = self
-            .http
-            .post(format!("{}/api/vouchers", self.base))
-            .bearer_auth(self.token(Principal::Admin))
-            .json(&json!({"title": title, "stock": stock, "begin_ms": begin, "end_ms": begin + 3_600_000}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        answer["id"].as_i64().expect("created")
+        let window = begin..begin + 3_600_000;
+        support::create_voucher(&self.http, &self.base, &self.tokens, title, stock, window).await
     }
 
     async fn stop(mut self) {

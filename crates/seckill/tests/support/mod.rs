@@ -45,6 +45,23 @@ pub fn settings(redis: impl Into<String>, database: impl Into<String>, secret: &
     }
 }
 
+/// The shipped service with [`settings`] on `redis` and a fresh SQLite file
+/// in a directory of its own (`seckill-<what>-<pid>`, emptied first), and
+/// that directory.
+pub async fn start_on_sqlite(
+    what: &str,
+    redis: &testkit::RedisServer,
+    secret: &str,
+) -> (seckill::service::Service, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("seckill-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let database = format!("sqlite://{}/shop.db", dir.display());
+    let service = seckill::service::Service::start(settings(redis.url(), database, secret))
+        .await
+        .unwrap();
+    (service, dir)
+}
+
 /// Creates a voucher with `stock` units, on sale from a second ago for an
 /// hour, through `base`'s API with an admin token; returns its id.
 pub async fn open_voucher(
