@@ -222,7 +222,16 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     if args.watch {
         let ok = checks::print(&all, &differences);
         let begin = SystemTime::now() + Duration::from_secs(30);
-        let next = crate::bench::create_voucher_at(&http, &base, &tokens, 100, begin, None).await?;
+        let next = crate::bench::create_voucher_at(
+            &http,
+            &base,
+            &tokens,
+            "Watch me: 100 vouchers",
+            100,
+            begin,
+            None,
+        )
+        .await?;
         println!(
             "\nwatching: voucher {next} (100 units) opens in 30 s.\n  storefront: {base}/\n  console:    {base}/admin\nCtrl-C stops the service."
         );

@@ -428,10 +428,11 @@ pub async fn create_voucher(
     pay_within: Option<Duration>,
 ) -> anyhow::Result<i64> {
     let opened = SystemTime::now() - Duration::from_secs(1);
-    create_voucher_at(http, base, tokens, stock, opened, pay_within).await
+    let title = format!("bench {}", opened.duration_since(UNIX_EPOCH)?.as_millis());
+    create_voucher_at(http, base, tokens, &title, stock, opened, pay_within).await
 }
 
-/// As [`create_voucher`], opening at `begin` (for a day).
+/// As [`create_voucher`], titled `title`, opening at `begin` (for a day).
 ///
 /// # Errors
 /// If the service refuses or cannot be reached.
@@ -439,13 +440,14 @@ pub async fn create_voucher_at(
     http: &reqwest::Client,
     base: &str,
     tokens: &Tokens,
+    title: &str,
     stock: i64,
     begin: SystemTime,
     pay_within: Option<Duration>,
 ) -> anyhow::Result<i64> {
     let begin_ms = begin.duration_since(UNIX_EPOCH)?.as_millis() as u64;
     let mut body = json!({
-        "title": format!("sale {begin_ms}"), "stock": stock,
+        "title": title, "stock": stock,
         "begin_ms": begin_ms, "end_ms": begin_ms + 24 * 3_600_000
     });
     if let Some(window) = pay_within {
