@@ -316,15 +316,15 @@ async fn an_operator_creates_a_sale_and_watches_it_and_a_user_token_cannot_open_
     );
 
     // Create a sale from the form; it shows in the list, live.
-    let title = console.find(Locator::Css("#new-title")).await.unwrap();
-    title.clear().await.unwrap();
-    title.send_keys("Console sale").await.unwrap();
-    let stock = console.find(Locator::Css("#new-stock")).await.unwrap();
-    stock.clear().await.unwrap();
-    stock.send_keys("5").await.unwrap();
-    let starts = console.find(Locator::Css("#new-starts-in")).await.unwrap();
-    starts.clear().await.unwrap();
-    starts.send_keys("0").await.unwrap();
+    for (field, value) in [
+        ("#new-title", "Console sale"),
+        ("#new-stock", "5"),
+        ("#new-starts-in", "0"),
+    ] {
+        let input = console.find(Locator::Css(field)).await.unwrap();
+        input.clear().await.unwrap();
+        input.send_keys(value).await.unwrap();
+    }
     console
         .find(Locator::Css("#create"))
         .await
