@@ -252,8 +252,15 @@ impl Live {
     /// either way the task is asked to keep reading.
     pub fn fresh(&self) -> Option<Arc<Snapshot>> {
         let now = now_ms();
-        if self.last_read_ms.swap(now, Ordering::Relaxed) < now - IDLE_AFTER.as_millis() as i64 {
-            self.wake.notify_one();
+        // Idleness is judged in seconds: a read writes the shared time only
+        // when it moved by a tenth of a second, so concurrent reads do not
+        // contend on it.
+        let last = self.last_read_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 100 {
+            self.last_read_ms.store(now, Ordering::Relaxed);
+            if last < now - IDLE_AFTER.as_millis() as i64 {
+                self.wake.notify_one();
+            }
         }
         let snapshot = self.snapshot.borrow().clone();
         snapshot.fresh_at(now).then_some(snapshot)

@@ -130,14 +130,9 @@ impl Sale {
 
     /// Both stores agree (nothing in flight: every order is stored).
     async fn assert_consistent(&self) {
-        let conn = self.fast.redis().connection();
-        let found = reconcile(
-            &seckill::store::Redis::new(conn.clone(), "shop"),
-            &self.db,
-            self.voucher,
-        )
-        .await
-        .unwrap();
+        let found = reconcile(self.fast.redis(), &self.db, self.voucher)
+            .await
+            .unwrap();
         assert!(found.is_consistent(), "{:?}", found.differences());
     }
 }

@@ -299,15 +299,9 @@ async fn reconcile_sees_agreement_mid_pipeline_and_repairs_what_is_safe() {
     use seckill::reconcile::{reconcile, repair};
     let sale = sale(10).await;
     buy(&sale, 0..6).await;
-    let c = conn(&sale.server).await;
+    let store = seckill::store::Redis::new(conn(&sale.server).await, "seckill");
     // Orders still in the stream count as on their way: consistent.
-    let before = reconcile(
-        &seckill::store::Redis::new(c.clone(), "seckill"),
-        &sale.db,
-        sale.voucher,
-    )
-    .await
-    .unwrap();
+    let before = reconcile(&store, &sale.db, sale.voucher).await.unwrap();
     assert!(before.is_consistent(), "{:?}", before.differences());
     assert_eq!(
         (before.in_stream, before.db_orders, before.redis_buyers),
@@ -315,13 +309,7 @@ async fn reconcile_sees_agreement_mid_pipeline_and_repairs_what_is_safe() {
     );
     let p = pipeline(&sale, "p", Duration::from_secs(30)).await;
     drain(&p, sale.voucher).await;
-    let after = reconcile(
-        &seckill::store::Redis::new(c.clone(), "seckill"),
-        &sale.db,
-        sale.voucher,
-    )
-    .await
-    .unwrap();
+    let after = reconcile(&store, &sale.db, sale.voucher).await.unwrap();
     assert!(after.is_consistent(), "{:?}", after.differences());
     assert_eq!((after.redis_stock, after.db_stock), (Some(4), Some(4)));
 
@@ -347,13 +335,7 @@ async fn reconcile_sees_agreement_mid_pipeline_and_repairs_what_is_safe() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    let broken = reconcile(
-        &seckill::store::Redis::new(c.clone(), "seckill"),
-        &sale.db,
-        sale.voucher,
-    )
-    .await
-    .unwrap();
+    let broken = reconcile(&store, &sale.db, sale.voucher).await.unwrap();
     assert_eq!(broken.missing_buyers, vec![3]);
     assert_eq!(broken.lost_orders, vec![77]);
     assert_eq!(
@@ -362,19 +344,8 @@ async fn reconcile_sees_agreement_mid_pipeline_and_repairs_what_is_safe() {
     );
     assert_eq!(broken.differences().len(), 3);
 
-    assert_eq!(
-        repair(&seckill::store::Redis::new(c.clone(), "seckill"), &broken)
-            .await
-            .unwrap(),
-        2
-    );
-    let repaired = reconcile(
-        &seckill::store::Redis::new(c.clone(), "seckill"),
-        &sale.db,
-        sale.voucher,
-    )
-    .await
-    .unwrap();
+    assert_eq!(repair(&store, &broken).await.unwrap(), 2);
+    let repaired = reconcile(&store, &sale.db, sale.voucher).await.unwrap();
     assert!(repaired.missing_buyers.is_empty());
     assert_eq!(repaired.redis_stock, Some(4));
     assert_eq!(
