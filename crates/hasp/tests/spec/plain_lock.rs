@@ -135,6 +135,23 @@ enum Held {
 }
 
 impl Held {
+    /// One try by a fresh owner; released at once if it got the lock.
+    async fn try_take(client: &hasp::Client, plain: bool, name: &str) -> bool {
+        if plain {
+            let lock = client.plain_lock(name).unwrap();
+            match lock.try_lock().await.unwrap() {
+                Some(guard) => guard.unlock().await.is_ok(),
+                None => false,
+            }
+        } else {
+            let lock = client.lock(name).unwrap();
+            match lock.try_lock().await.unwrap() {
+                Some(guard) => guard.unlock().await.is_ok(),
+                None => false,
+            }
+        }
+    }
+
     async fn take(client: &hasp::Client, plain: bool, name: &str, owner: Owner) -> Self {
         let wait = Duration::from_secs(20);
         if plain {
@@ -147,10 +164,109 @@ impl Held {
     }
 
     async fn unlock(self) {
+        self.release().await.unwrap();
+    }
+
+    async fn release(self) -> hasp::Result<()> {
         match self {
-            Held::Plain(guard) => guard.unlock().await.unwrap(),
-            Held::Fenced(guard) => guard.unlock().await.unwrap(),
+            Held::Plain(guard) => guard.unlock().await,
+            Held::Fenced(guard) => guard.unlock().await,
         }
+    }
+}
+
+/// The key of either kind's lock called `name`.
+fn key_of(plain: bool, name: &str) -> String {
+    if plain {
+        plain_key(name)
+    } else {
+        lock_key(name)
+    }
+}
+
+#[tokio::test]
+async fn a_release_that_finds_the_hold_re_entered_through_another_client_falls_back_and_keeps_that_hold(
+) {
+    let ctx = Ctx::new();
+    let first = ctx.client().await;
+    let second = ctx.client().await;
+    let stranger = ctx.client().await;
+    let mut raw = ctx.raw().await;
+    for plain in [true, false] {
+        let name = format!("re-entered-{plain}");
+        let owner = Owner::new();
+        // Once first, so that the next hold's release may go native.
+        Held::take(&first, plain, &name, owner.clone())
+            .await
+            .unlock()
+            .await;
+        let mine = Held::take(&first, plain, &name, owner.clone()).await;
+        // The same owner through another client: Redis counts two holds,
+        // so the value is no longer the one `first` wrote.
+        let theirs = Held::take(&second, plain, &name, owner.clone()).await;
+        let value: String = query(&mut raw, &["GET", &key_of(plain, &name)]).await;
+        assert!(value.starts_with("2 "), "plain {plain}: two holds: {value}");
+        let fallbacks = first.stats().native_fallbacks;
+        mine.unlock().await;
+        if !on_cluster() {
+            assert_eq!(
+                first.stats().native_fallbacks - fallbacks,
+                1,
+                "plain {plain}: the native release found two holds, and the function released one"
+            );
+        }
+        let value: String = query(&mut raw, &["GET", &key_of(plain, &name)]).await;
+        assert!(
+            value.starts_with("1 "),
+            "plain {plain}: one hold left: {value}"
+        );
+        let other = Held::try_take(&stranger, plain, &name).await;
+        assert!(
+            !other,
+            "plain {plain}: still held by the other client's hold"
+        );
+        theirs.unlock().await;
+        assert!(
+            Held::try_take(&stranger, plain, &name).await,
+            "plain {plain}: free once both holds are given back"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_release_that_finds_the_lock_taken_over_falls_back_and_touches_nothing() {
+    let ctx = Ctx::new();
+    let holder = ctx.client().await;
+    let usurper = ctx.client().await;
+    let mut raw = ctx.raw().await;
+    for plain in [true, false] {
+        let name = format!("taken-over-{plain}");
+        Held::take(&holder, plain, &name, Owner::new())
+            .await
+            .unlock()
+            .await;
+        // Held in the watchdog's mode: the holder's own belief lasts, so
+        // only Redis can tell it the lock is no longer its.
+        let mine = Held::take(&holder, plain, &name, Owner::new()).await;
+        let key = key_of(plain, &name);
+        let _: i64 = query(&mut raw, &["DEL", &key]).await;
+        let theirs = Held::take(&usurper, plain, &name, Owner::new()).await;
+        let value: String = query(&mut raw, &["GET", &key]).await;
+        let fallbacks = holder.stats().native_fallbacks;
+        assert_not_held(mine.release().await.unwrap_err());
+        if !on_cluster() {
+            assert_eq!(
+                holder.stats().native_fallbacks - fallbacks,
+                1,
+                "plain {plain}: the native release found another owner's hold, and the function said so"
+            );
+        }
+        let after: String = query(&mut raw, &["GET", &key]).await;
+        assert_eq!(
+            after, value,
+            "plain {plain}: the new holder's lock untouched"
+        );
+        theirs.unlock().await;
     }
 }
 
@@ -254,4 +370,39 @@ async fn a_release_finding_its_script_gone_falls_back_to_the_function() {
             "NOSCRIPT, then the function"
         );
     }
+}
+
+#[tokio::test]
+async fn a_renewal_that_finds_the_plain_lock_taken_over_falls_back_and_the_hold_is_lost() {
+    let ctx = Ctx::new();
+    let client = ctx.fast_watchdog_client(Duration::from_millis(600)).await;
+    let usurper = ctx.client().await;
+    let mut raw = ctx.raw().await;
+    let conditional = !on_cluster() && has_conditional_commands(&mut raw).await;
+    let lock = client.plain_lock("renewal-taken-over").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let _: i64 = query(&mut raw, &["DEL", &plain_key("renewal-taken-over")]).await;
+    let theirs = usurper
+        .plain_lock("renewal-taken-over")
+        .unwrap()
+        .lock_within(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let fallbacks = client.stats().native_fallbacks;
+    // The next renewal (a third of 600 ms from now) finds the lock another
+    // owner's: the hold is lost, and nothing of the new holder's changes.
+    tokio::time::timeout(Duration::from_secs(20), guard.lost())
+        .await
+        .expect("the renewal finds the hold gone");
+    if conditional {
+        assert!(
+            client.stats().native_fallbacks > fallbacks,
+            "the SET … IFEQ found another value, and the function said so"
+        );
+    }
+    assert!(!theirs.is_lost());
+    theirs
+        .unlock()
+        .await
+        .expect("the new holder's hold untouched");
 }
