@@ -59,8 +59,10 @@ pub struct Client {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Script calls that carried lease renewals since the client started
-    /// (renewals share the calls of the client's other lock operations).
+    /// Calls that carried lease renewals since the client started: calls of
+    /// the batch function, or pipelines of native conditional `SET`s on a
+    /// server that has them (renewals share the calls of the client's
+    /// other lock operations).
     pub renew_calls: u64,
     /// Operations applied by one native command instead of the batch
     /// function (a plain lock's acquisition on any server; on a server with

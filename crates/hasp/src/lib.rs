@@ -82,14 +82,13 @@
 //!   before anything else the client sends; a release whose reply was lost
 //!   is completed. No hold is left that nobody tracks.
 //! * **Tokens never go back** for a name: a fresh token is the counter's
-//!   next value, re-seeded from the server's `TIME` in µs when the counter
-//!   is missing and raised to `TIME`'s 100 ms floor when it is behind. So a
-//!   token never exceeds its issue time in µs, and after the counter
-//!   expired (it lives as long as the lock's lease, so an idle name keeps
-//!   no key), a restart without persistence, or a failover (taking ≥ 100 ms) to a replica that missed
-//!   the last increments, new tokens are still greater — as long as the
-//!   server's clock is not stepped back and a name is not taken more than
-//!   once a microsecond.
+//!   next value; the counter is seeded from the server's `TIME` in µs when
+//!   it is missing and lives 100 ms from then (so an idle name keeps no
+//!   key). So a token never exceeds its issue time in µs, and after the
+//!   counter expired, a restart without persistence, or a failover (taking
+//!   ≥ 100 ms) to a replica that missed the last increments, new tokens are
+//!   still greater — as long as the server's clock is not stepped back. A
+//!   hold keeps its token in the lock's value.
 //! * **Replication is asynchronous**: a master that dies right after an
 //!   acquisition its replicas did not get leaves the promoted replica
 //!   without the lock. [`Settings::set_replica_ack`] makes acquisitions
@@ -110,8 +109,8 @@
 //!
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
-//! | `P:{E}`                    | string  | `<count> <nonce> <flag> <owner id>` with the lease as expiry: hold count; nonce of the last operation that changed it; the id of the client waiting, `*` if several, `-` if none; the holder |
-//! | `P:{E}:fence`              | string  | last fencing token issued: the holder's while held (expires with the lock's lease; see "Tokens never go back") |
+//! | `P:{E}`                    | string  | `<count> <nonce> <flag> <owner id> <token>` with the lease as expiry: hold count; nonce of the last operation that changed it; the id of the client waiting, `*` if several, `-` if none; the holder; the hold's fencing token |
+//! | `P:{E}:fence`              | string  | last fencing token issued (lives 100 ms from its seeding; see "Tokens never go back") |
 //! | `P:{E}:released`           | channel | release notifications                     |
 //!
 //! `{E}` is the hash tag of all three, so one lock lives in one Redis

@@ -16,9 +16,11 @@ use crate::lock::Lock;
 /// waiter, loss signal, cancel safety, settlement of lost replies) except
 /// that its holds have no fencing token, which makes it cheaper for Redis:
 /// acquiring a free plain lock is one `SET … NX PX` (no script) on every
-/// server; releasing it is one batched function call on Redis 7.0 and, on
+/// server; releasing it is one call of a small compare-and-delete script
+/// on Redis 7.0 and, on
 /// a server with conditional commands (Valkey 9: `DELIFEQ`, `SET … IFEQ`),
-/// one `DELIFEQ`, as is a renewal one `SET … IFEQ … PX`. Whenever the
+/// one `DELIFEQ`, and a renewal one `SET … IFEQ … PX` (as for a [`Lock`],
+/// whose acquisition alone needs the function). Whenever the
 /// native command finds the lock not exactly as this client left it (a
 /// waiter of another client flagged itself, or a hold through another
 /// client re-entered it), the client falls back to the function, which

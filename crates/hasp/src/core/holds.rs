@@ -75,6 +75,14 @@ pub(crate) enum Lease {
     Adaptive(u32),
 }
 
+/// What an acquisition of a free lock wrote into the lock's value: its
+/// operation's nonce and the hold's token (`lock.lua`, "lock").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Written {
+    pub(crate) nonce: Nonce,
+    pub(crate) token: u64,
+}
+
 /// What every guard of one hold shares.
 #[derive(Debug)]
 pub(crate) struct HoldState {
@@ -84,10 +92,10 @@ pub(crate) struct HoldState {
     pub(crate) token: u64,
     pub(crate) lease: Lease,
     /// The acquisition that made this hold, if it was one that writes the
-    /// lock's value whole (`1 <nonce> - <owner>`): while Redis still holds
-    /// exactly that value, a release or renewal can be one conditional
-    /// command (`wire::native`).
-    pub(crate) written: Option<Nonce>,
+    /// lock's value whole (`1 <nonce> - <owner> <token>`): while Redis
+    /// still holds exactly that value, a release or renewal can be one
+    /// conditional command (`wire::native`).
+    pub(crate) written: Option<Written>,
     /// Redis said the hold is gone (renewal or re-entry found another owner
     /// or no lock).
     gone: AtomicBool,
@@ -304,7 +312,7 @@ impl Holds {
         token: u64,
         lease: Lease,
         (sent_at, lease_ms): (Instant, u64),
-        written: Option<Nonce>,
+        written: Option<Written>,
     ) -> Arc<HoldState> {
         Arc::new(HoldState {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -332,7 +340,7 @@ impl Holds {
         token: u64,
         lease: Lease,
         confirmed: (Instant, u64),
-        written: Option<Nonce>,
+        written: Option<Written>,
     ) -> Arc<HoldState> {
         // Two tasks sharing an owner raced past the local check: Redis
         // counted a re-entry of the same hold (same token). A plain lock's
@@ -373,7 +381,7 @@ impl Holds {
         (sent_at, lease_ms): (Instant, u64),
         units: u32,
         joins: impl Fn(&HoldState) -> bool,
-        written: Option<Nonce>,
+        written: Option<Written>,
     ) -> Arc<HoldState> {
         let mut map = self.map(keys);
         let key = Self::key(keys, owner);

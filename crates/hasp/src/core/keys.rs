@@ -4,8 +4,8 @@
 //!
 //! | key / channel              | type    | content                                   |
 //! |----------------------------|---------|-------------------------------------------|
-//! | `P:{E}`                    | string  | `<count> <nonce> <flag> <owner id>`, expiring with the lease: the hold count; the nonce of the last operation that changed it; the id of the client whose tasks wait, `*` if several (since the lock was last free), `-` if none; the holder (last: it may hold spaces) |
-//! | `P:{E}:fence`              | string  | last fencing token issued for `N`, which is the holder's while the lock is held (expires with the lock's lease) |
+//! | `P:{E}`                    | string  | `<count> <nonce> <flag> <owner id> <token>`, expiring with the lease: the hold count; the nonce of the last operation that changed it; the id of the client whose tasks wait, `*` if several (since the lock was last free), `-` if none; the holder (it may hold spaces); the hold's fencing token |
+//! | `P:{E}:fence`              | string  | last fencing token issued for `N` (lives 100 ms from its seeding with the server's clock) |
 //! | `P:{E}:released` (channel) | pub/sub | a release message, payload = releasing client id or `*` |
 //!
 //! A semaphore named `N` lives beside a lock of that name, in the same slot:
@@ -66,14 +66,18 @@ pub(crate) enum Kind {
     LeaseHistory,
 }
 
-/// The holder's id in a lock's value (`<count> <nonce> <flag> <owner>`,
-/// see the layout above); `None` for a value hasp did not write.
+/// The holder's id in a lock's value (`<count> <nonce> <flag> <owner>
+/// <token>`, see the layout above); `None` for a value hasp did not write.
 pub(crate) fn holder_of(value: &[u8]) -> Option<&[u8]> {
+    let digits = |field: &[u8]| !field.is_empty() && field.iter().all(u8::is_ascii_digit);
     let mut fields = value.splitn(4, |&b| b == b' ');
     let count = fields.next()?;
     let (_nonce, _flag) = (fields.next()?, fields.next()?);
-    let owner = fields.next()?;
-    (!count.is_empty() && count.iter().all(u8::is_ascii_digit)).then_some(owner)
+    // The owner may hold spaces; the token is the last field.
+    let rest = fields.next()?;
+    let space = rest.iter().rposition(|&b| b == b' ')?;
+    let (owner, token) = (&rest[..space], &rest[space + 1..]);
+    (digits(count) && digits(token)).then_some(owner)
 }
 
 /// The precomputed keys of one object (a lock, by default) of one name.
@@ -191,10 +195,11 @@ mod tests {
 
     #[test]
     fn the_holder_is_read_from_a_locks_value() {
-        let value = b"2 0123456789abcdef - worker one";
+        let value = b"2 0123456789abcdef - worker one 1764201234567890";
         assert_eq!(holder_of(value), Some(&b"worker one"[..]));
-        assert_eq!(holder_of(b"1 n c:x o"), Some(&b"o"[..]));
+        assert_eq!(holder_of(b"1 n c:x o 1"), Some(&b"o"[..]));
         assert_eq!(holder_of(b"not a lock"), None);
+        assert_eq!(holder_of(b"1 n - o"), None, "no token");
         assert_eq!(holder_of(b"1 n -"), None);
         assert_eq!(holder_of(b""), None);
     }

@@ -87,9 +87,8 @@ pub(crate) mod wire;
 use batcher::{Batcher, CallStats, Queue, Target};
 use commands::Commands;
 use endpoint::Endpoint;
-use holds::{Found, HoldState, Holds, Lease, ReleaseStep};
+use holds::{Found, HoldState, Holds, Lease, ReleaseStep, Written};
 use keys::{Kind, LockKeys};
-use nonce::Nonce;
 use pubsub::{Listener, PubSub};
 use reply::{HoldReply, Undo};
 use waiters::Waiters;
@@ -399,6 +398,7 @@ impl Core {
         match reply.await.ok_or_else(closed)?? {
             Reply::Acquired { token } => {
                 let confirmed = (sent_at, lease_ms);
+                let written = written.map(|nonce| Written { nonce, token });
                 let hold = self
                     .holds
                     .insert(keys, owner, token, lease, confirmed, written);
@@ -455,7 +455,7 @@ impl Core {
         keys: &Arc<LockKeys>,
         owner: &Owner,
         holds: u32,
-        written: Option<Nonce>,
+        written: Option<Written>,
     ) {
         let name = keys.name.clone();
         let log = Box::new(move |reply: Result<Reply>| {
@@ -475,7 +475,7 @@ impl Core {
         keys: &Arc<LockKeys>,
         owner: &Owner,
         holds: u32,
-        written: Option<Nonce>,
+        written: Option<Written>,
         then: batcher::Completion,
     ) -> (Op, batcher::Completion) {
         match keys.kind {

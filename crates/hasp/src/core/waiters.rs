@@ -45,11 +45,12 @@ use futures_util::FutureExt;
 use tokio::sync::{oneshot, watch, Notify};
 
 use super::batcher::{Completion, Queue};
+use super::holds::Written;
 use super::keys::LockKeys;
 use super::pubsub::PubSub;
 use super::reply::{HoldReply, Undo};
 use super::wire::lock::LockOp;
-use super::wire::{Nonce, Op, Reply};
+use super::wire::{Op, Reply};
 use crate::error::Error;
 use hasp_owner::Owner;
 
@@ -312,7 +313,7 @@ impl Waiters {
         keys: &Arc<LockKeys>,
         owner: &Owner,
         holds: u32,
-        written: Option<Nonce>,
+        written: Option<Written>,
         then: Completion,
     ) -> (Op, Completion) {
         let nonce = batch.nonce();

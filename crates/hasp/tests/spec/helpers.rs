@@ -250,7 +250,12 @@ pub async fn hold_in_redis(raw: &mut Raw, name: &str) -> Option<Hold> {
     let value = value?;
     let mut fields = value.splitn(4, ' ');
     let count = fields.next().and_then(|c| c.parse().ok());
-    let (_nonce, flag, owner) = (fields.next(), fields.next(), fields.next());
+    let (_nonce, flag) = (fields.next(), fields.next());
+    // The owner may hold spaces; the token comes last.
+    let owner = fields
+        .next()
+        .and_then(|rest| rest.rsplit_once(' '))
+        .map(|(owner, _token)| owner);
     match (count, flag, owner) {
         (Some(count), Some(flag), Some(owner)) => Some(Hold {
             count,
@@ -294,4 +299,15 @@ pub async fn lockable_within(lock: &hasp::Lock, limit: Duration) -> bool {
         }
     })
     .await
+}
+
+/// Whether the server offers conditional commands (`DELIFEQ`: Valkey 9).
+pub async fn has_conditional_commands(raw: &mut Raw) -> bool {
+    let reply: redis::Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("DELIFEQ")
+        .query_async(raw)
+        .await
+        .unwrap();
+    matches!(reply, redis::Value::Array(entries) if entries.first().is_some_and(|e| *e != redis::Value::Nil))
 }

@@ -6,17 +6,6 @@ use hasp::{Owner, Settings};
 
 use crate::helpers::*;
 
-/// Whether the server offers conditional commands (`DELIFEQ`: Valkey 9).
-async fn has_conditional_commands(raw: &mut Raw) -> bool {
-    let reply: redis::Value = redis::cmd("COMMAND")
-        .arg("INFO")
-        .arg("DELIFEQ")
-        .query_async(raw)
-        .await
-        .unwrap();
-    matches!(reply, redis::Value::Array(entries) if entries.first().is_some_and(|e| *e != redis::Value::Nil))
-}
-
 fn plain_key(name: &str) -> String {
     format!("{}:plain", lock_key(name))
 }

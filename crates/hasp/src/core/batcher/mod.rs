@@ -595,6 +595,14 @@ impl Task {
             batch,
             native,
         } = call;
+        // A call that carries renewals counts once, whether they go
+        // through the function or as native commands.
+        let renews = settle.iter().any(Op::is_extend)
+            || batch.iter().any(|r| r.op.is_extend())
+            || native.iter().any(|(r, _)| r.op.is_extend());
+        if renews {
+            self.stats.renew_calls.fetch_add(1, Ordering::Relaxed);
+        }
         let scripted = self.call_script(conn.clone(), route, settle, batch);
         let stats = self.stats.clone();
         let nonces = self.nonces.clone();
@@ -657,9 +665,6 @@ impl Task {
             Some(_) => wire::encode_spread(script, &self.client_id, ops()),
             None => wire::encode(script, &self.client_id, ops()),
         });
-        if ops().any(Op::is_extend) {
-            self.stats.renew_calls.fetch_add(1, Ordering::Relaxed);
-        }
         let ack = self.replica_ack.filter(|_| ops().any(Op::needs_replicas));
         let nonces = self.nonces.clone();
         let requeue = self.requeue.clone();

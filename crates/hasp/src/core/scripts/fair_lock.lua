@@ -42,18 +42,17 @@ end
 local function fair_acquire(lock, fence, queue, due, owner, lease, nonce, waiter, wttl)
   local now = clock_ms()
   fair_tidy(lock, queue, due, now)
-  local count, _, flag, holder = read_hold(lock)
+  local count, _, flag, holder, kept = read_hold(lock)
   if holder == owner then
-    local token = held_token(fence, lease)
-    call('set', lock, hold_value(tonumber(count) + 1, nonce, flag, owner), 'PX', lease)
-    return token
+    call('set', lock, hold_value(tonumber(count) + 1, nonce, flag, owner, kept), 'PX', lease)
+    return tonumber(kept)
   end
   local member = waiter ~= '' and ('1|' .. waiter) or nil
   if not count then
     local rank = member and call('zrank', queue, member)
     if rank == 0 or call('zcard', queue) == 0 then
-      local token = next_token(fence, lease)
-      call('set', lock, hold_value('1', nonce, '-', owner), 'PX', lease)
+      local token, digits = fresh_token(fence)
+      call('set', lock, hold_value('1', nonce, '-', owner, digits), 'PX', lease)
       if rank then
         leave_line(queue, due, member)
       end

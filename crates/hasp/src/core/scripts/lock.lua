@@ -24,31 +24,32 @@
 --                                                   was applied already
 --   f   lock          f                             free the lock, whoever holds it
 --
--- lock    a string, '<count> <nonce> <flag> <owner>', with the lease as its
---         expiry: the holder's hold count; the nonce of the last operation
---         that changed it; the id of the client whose tasks wait, '*' once
---         two clients did (since the lock was last free), '-' while none
---         did; and the holder's id, last (it may hold spaces). A string
---         rather than a hash: an acquisition of a free lock is one
---         SET NX PX GET, where a hash took EXISTS, HSET and PEXPIRE.
+-- lock    a string, '<count> <nonce> <flag> <owner> <token>', with the
+--         lease as its expiry: the holder's hold count; the nonce of the
+--         last operation that changed it; the id of the client whose tasks
+--         wait, '*' once two clients did (since the lock was last free),
+--         '-' while none did; the holder's id (it may hold spaces); and the
+--         hold's fencing token, last (a plain lock's is 1). A string rather
+--         than a hash: an acquisition of a free lock is one SET NX PX GET,
+--         where a hash took EXISTS, HSET and PEXPIRE. The token is in the
+--         value, not only in the counter, so that a re-entry and a renewal
+--         read it from the key they touch anyway, and a renewal of a hold
+--         nobody re-entered or waits for can be one conditional SET of the
+--         whole value (Valkey 9).
 -- fence   the fencing counter: a string in the lock's slot, the last token
---         issued for the name (the holder's, while it is held). It expires
---         with the lock: every operation that sets the lock's lease sets
---         the counter's too, so a name nobody holds leaves no key once its
---         last lease has run out (a release leaves the counter to run out
---         its lease). A missing counter restarts at the server's clock (see
---         "Tokens"), so its expiry never lets a token go back.
+--         issued for the name; it lives 100 ms from the moment it was
+--         seeded with the server's clock (see "Tokens"), so a name nobody
+--         takes leaves no key, and no acquisition re-arms its expiry.
 -- owner   owner id
--- hold    the value a free lock takes: '1 <nonce> - <owner>' (see "lock").
---         An acquisition sends it whole rather than owner and nonce apart,
---         and no fence key (it is the lock's key and ':fence', keys.rs, in
---         the same slot): at one operation per call each argument costs
---         Redis ~1,600 instructions before the function runs, and taking
---         a free lock now stores an argument as it came instead of
---         building the value in Lua (3,200 fewer instructions per
---         lock/unlock pair at 25 operations per call, 5,200 at one;
---         benches/README.md). The other paths take the owner and nonce out
---         of it.
+-- hold    the value a free lock takes, but its token: '1 <nonce> - <owner>'
+--         (see "lock"). An acquisition sends it whole rather than owner and
+--         nonce apart, and no fence key (it is the lock's key and ':fence',
+--         keys.rs, in the same slot): at one operation per call each
+--         argument costs Redis ~1,600 instructions before the function
+--         runs, and taking a free lock appends the token to an argument as
+--         it came instead of building the value from its fields
+--         (benches/README.md). The other paths take the owner and nonce
+--         out of it.
 -- lease   milliseconds, >= 1 (the client never sends more than Redis takes)
 -- holds   how many holds to give back (1, or more when tasks sharing an owner
 --         both reached Redis). A release of one hold, nearly every release,
@@ -69,21 +70,25 @@
 --
 -- The release channel is not a key: it is <lock>:released (see keys.rs).
 --
--- Tokens. A fresh token is last + 1, raised to the server's TIME in
--- microseconds when the counter is missing and to that time's 100 ms floor
--- when the counter is behind it. So a token never exceeds its issue time in
--- microseconds (while a name is taken at most once a microsecond), and
--- tokens for a name never repeat or go back: not after Redis lost the
--- counter (it expired with the lock, or a restart without persistence:
--- the next token is the time now),
--- nor after a failover to a replica that missed the last increments, if
--- the failover took 100 ms or more (Sentinel and Cluster take seconds) —
--- provided the server's clock is not stepped back.
+-- Tokens. A fresh token is last + 1 (one INCR); when the counter is
+-- missing it is seeded with the server's TIME in microseconds and lives
+-- 100 ms. So the counter, while it exists, was seeded at most 100 ms ago
+-- and has been raised by one per token since; a token never exceeds its
+-- issue time in microseconds (a name cannot be taken more than once a
+-- microsecond: every acquisition costs the server more than that), and
+-- tokens for a name never repeat or go back: not after the counter
+-- expired or Redis lost it (a restart without persistence: the next token
+-- is the time now), nor after a failover to a replica that missed the last
+-- increments, if the failover took 100 ms or more (Sentinel and Cluster
+-- take seconds: the replica's copy of the counter has expired by then) —
+-- provided the server's clock is not stepped back. The clock is read only
+-- to seed the counter: at most once per 100 ms per name taken often, and
+-- an acquisition of a free lock is otherwise one INCR and one SET.
 --
 -- Each operation answers an integer:
 --   a, w  token >= 1   acquired: a free lock gets a fresh token; a hold of
 --                      the owner (through another client) is re-entered and
---                      keeps its token, the counter's value
+--                      keeps its token (the value's)
 --         -ttl (< 0)   held by another owner for ttl more milliseconds (-1
 --                      in its last millisecond)
 --         0            held by another owner and the key has no expiry
@@ -98,55 +103,51 @@
 --   u     as r
 --   f     1 a lock was freed, 0 there was none
 
--- Fresh tokens (see "Tokens" above). The common case is one INCR and the
--- counter's expiry: the counter is written again only when it is missing
--- (it expired, or its data was lost: seeded with the exact microseconds) or
--- behind the clock's 100 ms floor (a replica that missed the last
--- increments: at most once per 100 ms per name). lease: the counter's
--- expiry in ms, that of the hold the token is for; nil for a caller that
--- sets the counter's expiry itself (rw_lock.lua).
-local function next_token(fence, lease)
+-- A fresh token for the lock (or fair lock) whose counter is `fence`
+-- (see "Tokens" above), as a number and as digits (Lua would write a
+-- number this large with an exponent). Taken before the lock is known to
+-- be free, so a try that finds it held used one up: harmless, tokens only
+-- need to grow.
+local function fresh_token(fence)
+  local token = call('incr', fence)
+  if token == 1 then
+    token = clock_us()
+    local digits = string.format('%d', token)
+    call('set', fence, digits, 'PX', 100)
+    return token, digits
+  end
+  return token, string.format('%d', token)
+end
+
+-- A fresh token for a read-write lock's counter, which lives as long as
+-- the lock (rw_lock.lua sets its expiry): last + 1, raised to the server's
+-- TIME in microseconds when the counter is missing and to that time's
+-- 100 ms floor when it is behind it (a replica that missed the last
+-- increments), with the same bounds as above.
+local function next_token(fence)
   local now = clock_us()
   local token = call('incr', fence)
   local least = token == 1 and now or now - now % 100000
   if token < least then
     token = least
-    if lease then
-      call('set', fence, string.format('%d', token), 'PX', lease)
-    else
-      call('set', fence, string.format('%d', token))
-    end
-  elseif lease then
-    call('pexpire', fence, lease)
+    call('set', fence, string.format('%d', token))
   end
-  return token
-end
-
--- The token of the hold a re-entry joins: the counter's value, its expiry
--- re-armed with the lease the re-entry sets on the lock.
-local function held_token(fence, lease)
-  local token = tonumber(call('get', fence))
-  if not token then
-    -- A counter deleted behind our back still yields a valid token.
-    return next_token(fence, lease)
-  end
-  call('pexpire', fence, lease)
   return token
 end
 
 -- A lock's value (see "lock" above).
-local function hold_value(count, nonce, flag, owner)
-  return count .. ' ' .. nonce .. ' ' .. flag .. ' ' .. owner
+local function hold_value(count, nonce, flag, owner, token)
+  return count .. ' ' .. nonce .. ' ' .. flag .. ' ' .. owner .. ' ' .. token
 end
 
--- The fields of a lock's value: count (a string), nonce, flag, owner; an
--- error for a string hasp did not write.
+-- The fields of a lock's value: count (a string), nonce, flag, owner,
+-- token (a string); an error for a string hasp did not write.
 local function parse_hold(lock, value)
-  local count, nonce, flag, owner = string.match(value, '^(%d+) (%S+) (%S+) (.*)$')
+  local count, nonce, flag, owner, token = string.match(value, '^(%d+) (%S+) (%S+) (.*) (%d+)$')
   if not count then
     error('hasp: ' .. lock .. ' holds a value that is not a lock')
   end
-  return count, nonce, flag, owner
+  return count, nonce, flag, owner, token
 end
 
 -- The fields of a lock's value, or nothing if the lock is free.
@@ -165,23 +166,26 @@ local function free(lock, message, flag)
 end
 
 -- Takes the lock for hold's owner, or flags the caller as waiting. A
--- plain lock (`fenced` false, plain_lock.lua) has no counter: a hold
--- answers 1 for its token.
+-- plain lock (`fenced` false, plain_lock.lua) has no counter: its holds'
+-- token is 1.
 local function acquire(lock, hold, lease, flag_waiting, fenced)
-  local held = call('set', lock, hold, 'NX', 'PX', lease, 'GET')
-  if not held then
-    return fenced and next_token(lock .. ':fence', lease) or 1
+  local token, digits = 1, '1'
+  if fenced then
+    token, digits = fresh_token(lock .. ':fence')
   end
-  local _, nonce, _, owner = parse_hold(lock, hold)
-  local count, last, flag, holder = parse_hold(lock, held)
-  if holder == owner then
-    local token = fenced and held_token(lock .. ':fence', lease) or 1
-    call('set', lock, hold_value(tonumber(count) + 1, nonce, flag, owner), 'PX', lease)
+  local held = call('set', lock, hold .. ' ' .. digits, 'NX', 'PX', lease, 'GET')
+  if not held then
     return token
+  end
+  local nonce, owner = string.match(hold, '^%d+ (%S+) %S+ (.*)$')
+  local count, last, flag, holder, kept = parse_hold(lock, held)
+  if holder == owner then
+    call('set', lock, hold_value(tonumber(count) + 1, nonce, flag, owner, kept), 'PX', lease)
+    return tonumber(kept)
   end
   if flag_waiting and flag ~= client and flag ~= '*' then
     flag = flag == '-' and client or '*'
-    call('set', lock, hold_value(count, last, flag, holder), 'KEEPTTL')
+    call('set', lock, hold_value(count, last, flag, holder, kept), 'KEEPTTL')
   end
   local ttl = call('pttl', lock)
   if ttl > 0 then
@@ -193,17 +197,17 @@ local function acquire(lock, hold, lease, flag_waiting, fenced)
 end
 
 -- Gives back holds of a lock whose fields (read_hold's: count, nonce,
--- flag, holder; nothing for a free lock) the caller read; returns -1
--- (owner does not hold it), the holds left, or 0 and the waiting flag when
--- none are left (the key is left for the caller to delete).
-local function give_back_held(lock, owner, holds, nonce, count, _, flag, holder)
+-- flag, holder, token; nothing for a free lock) the caller read; returns
+-- -1 (owner does not hold it), the holds left, or 0 and the waiting flag
+-- when none are left (the key is left for the caller to delete).
+local function give_back_held(lock, owner, holds, nonce, count, _, flag, holder, token)
   if not count or holder ~= owner then
     return -1
   end
   -- Compared as strings first: a release usually gives back every hold.
   if count ~= holds and tonumber(count) > tonumber(holds) then
     local left = tonumber(count) - tonumber(holds)
-    call('set', lock, hold_value(left, nonce, flag, owner), 'KEEPTTL')
+    call('set', lock, hold_value(left, nonce, flag, owner, token), 'KEEPTTL')
     return left
   end
   return 0, flag
@@ -238,37 +242,39 @@ local function hand_off(lock, fence, owner, holds, nonce, heir, lease)
     free(lock, client, flagged)
     return -2
   end
-  local token = fence and next_token(fence, lease) or 1
-  call('set', lock, hold_value('1', nonce, flagged, heir), 'PX', lease)
+  local token, digits = 1, '1'
+  if fence then
+    token, digits = fresh_token(fence)
+  end
+  call('set', lock, hold_value('1', nonce, flagged, heir, digits), 'PX', lease)
   return token
 end
 
 local function extend(lock, owner, lease, token)
-  local count, _, _, holder = read_hold(lock)
-  if holder ~= owner or call('get', lock .. ':fence') ~= token then
+  local _, _, _, holder, held = read_hold(lock)
+  if holder ~= owner or held ~= token then
     return 0
   end
   if lease ~= '0' then
     call('pexpire', lock, lease)
-    call('pexpire', lock .. ':fence', lease)
   end
   return 1
 end
 
 local function undo(lock, owner, nonce)
-  local count, last, flag, holder = read_hold(lock)
+  local count, last, flag, holder, token = read_hold(lock)
   if last ~= nonce then
     return -1
   end
-  return release_held(lock, owner, '1', nonce, count, last, flag, holder)
+  return release_held(lock, owner, '1', nonce, count, last, flag, holder, token)
 end
 
 local function settle(lock, owner, holds, nonce)
-  local count, last, flag, holder = read_hold(lock)
+  local count, last, flag, holder, token = read_hold(lock)
   if last == nonce then
     return -1
   end
-  return release_held(lock, owner, holds, nonce, count, last, flag, holder)
+  return release_held(lock, owner, holds, nonce, count, last, flag, holder, token)
 end
 
 local function force(lock)

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use redis::Cmd;
 
 use super::{acquired_or_busy, Nonce, Op, Reply};
+use crate::core::holds::Written;
 use crate::core::keys::{Kind, LockKeys};
 use hasp_owner::Owner;
 
@@ -26,14 +27,15 @@ pub(crate) enum LockOp {
         flag_waiting: bool,
         nonce: Nonce,
     },
-    /// Give back `holds` holds of `owner`. `written`: the acquisition that
-    /// wrote the hold's value, if known (then a last release can be native).
+    /// Give back `holds` holds of `owner`. `written`: what the acquisition
+    /// that took the lock free wrote, if known (then a last release can be
+    /// native).
     Release {
         keys: Arc<LockKeys>,
         owner: Owner,
         holds: u32,
         nonce: Nonce,
-        written: Option<Nonce>,
+        written: Option<Written>,
     },
     /// Release, and if that frees the lock, take it for `heir` at once.
     HandOff {
@@ -47,15 +49,15 @@ pub(crate) enum LockOp {
     /// Re-arm the lease of `owner`'s hold (`None`: only check it is held),
     /// if it is still the hold of fencing token `token`: a renewal that
     /// reaches Redis after its hold was released and the owner took the
-    /// lock again is not applied to the new hold. (A plain lock has no
-    /// token: its renewal checks the owner, or natively the whole value
-    /// its acquisition `written`.)
+    /// lock again is not applied to the new hold. (A plain lock's holds
+    /// all have token 1: its renewal checks the owner.) Natively, a renewal
+    /// checks the whole value its acquisition `written`.
     Extend {
         keys: Arc<LockKeys>,
         owner: Owner,
         token: u64,
         lease_ms: Option<u64>,
-        written: Option<Nonce>,
+        written: Option<Written>,
     },
     /// Undo the acquisition or hand-off `nonce` if it was applied.
     Undo {
@@ -187,20 +189,16 @@ impl LockOp {
         }
     }
 
-    /// See [`Op::give_back`].
+    /// See [`Op::give_back`]. (Its token is not known yet: the release goes
+    /// through the function.)
     pub(super) fn give_back(&self, nonce: Nonce) -> Option<Op> {
         match self {
-            LockOp::Acquire {
-                keys,
-                owner,
-                nonce: written,
-                ..
-            } => Some(Op::Lock(LockOp::Release {
+            LockOp::Acquire { keys, owner, .. } => Some(Op::Lock(LockOp::Release {
                 keys: keys.clone(),
                 owner: owner.clone(),
                 holds: 1,
                 nonce,
-                written: Some(*written),
+                written: None,
             })),
             _ => None,
         }
@@ -340,13 +338,24 @@ impl LockOp {
     }
 }
 
-/// The value a free lock takes when `owner` acquires it with the operation
-/// `nonce`: one hold, no waiter flagged (`lock.lua`, "lock" and "hold").
+/// What an acquisition by `owner` with the operation `nonce` sends: the
+/// value a free lock takes but its token (`lock.lua`, "hold").
 pub(super) fn free_hold(owner: &Owner, nonce: Nonce) -> Vec<u8> {
-    let mut hold = Vec::with_capacity(owner.id().len() + 21);
+    let mut hold = Vec::with_capacity(owner.id().len() + 42);
     hold.extend_from_slice(b"1 ");
     hold.extend_from_slice(&nonce.hex());
     hold.extend_from_slice(b" - ");
     hold.extend_from_slice(owner.id().as_bytes());
     hold
+}
+
+/// The value a free lock takes when `owner` acquires it with the operation
+/// `nonce` and gets fencing token `token` (a plain lock's: 1): one hold,
+/// no waiter flagged (`lock.lua`, "lock").
+pub(super) fn free_value(owner: &Owner, nonce: Nonce, token: u64) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut value = free_hold(owner, nonce);
+    // Writing to a Vec cannot fail.
+    let _ = write!(value, " {token}");
+    value
 }

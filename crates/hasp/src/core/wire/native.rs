@@ -11,13 +11,15 @@
 //! | a plain lock's acquisition | `SET <lock> <hold> NX PX <lease>` | always (Redis 7.0) |
 //! | the last release of a hold | `DELIFEQ <lock> <hold>` | the server has `DELIFEQ` (Valkey 9.0) |
 //! | the last release of a hold | `EVALSHA <delete_if_equal.lua> 1 <lock> <hold>` | otherwise (Redis 7.0), the script loaded when the connection was made |
-//! | a plain lock's renewal | `SET <lock> <hold> IFEQ <hold> PX <lease>` | the server has `DELIFEQ` (so `SET … IFEQ`, Valkey 8.1) |
+//! | a renewal | `SET <lock> <hold> IFEQ <hold> PX <lease>` | the server has `DELIFEQ` (so `SET … IFEQ`, Valkey 8.1) |
 //!
 //! `<hold>` is the value an acquisition of a free lock writes
-//! (`1 <nonce> - <owner>`, `lock.lua`): while Redis holds exactly that, the
-//! hold has one count, no waiter of another client flagged itself (so no
-//! release message is owed) and it is this acquisition's (the nonce is
-//! unique). When the command finds anything else it changes nothing and
+//! (`1 <nonce> - <owner> <token>`, `lock.lua`): while Redis holds exactly
+//! that, the hold has one count, no waiter of another client flagged
+//! itself (so no release message is owed) and it is this acquisition's
+//! (the nonce is unique). A fenced lock's acquisition is never native: its
+//! token comes from the counter, which only the function can read and
+//! write in the same step. When the command finds anything else it changes nothing and
 //! answers 0 or nil, and the operation goes through the function after all
 //! (the batcher sends it first in the lane's next call): the function then
 //! does what the command could not (publishes the release, counts the
@@ -33,7 +35,7 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, Value};
 
-use super::lock::{free_hold, LockOp};
+use super::lock::{free_value, LockOp};
 use super::{Op, Reply};
 use crate::core::keys::Kind;
 use crate::error::Error;
@@ -96,7 +98,7 @@ impl Op {
             }) if keys.kind == Kind::PlainLock => {
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(&*keys.lock)
-                    .arg(free_hold(owner, *nonce))
+                    .arg(free_value(owner, *nonce, 1))
                     .arg("NX")
                     .arg("PX")
                     .arg(*lease_ms);
@@ -109,7 +111,7 @@ impl Op {
                 written: Some(written),
                 ..
             }) if matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
-                let hold = free_hold(owner, *written);
+                let hold = free_value(owner, written.nonce, written.token);
                 if native.conditional {
                     let mut cmd = redis::cmd("DELIFEQ");
                     cmd.arg(&*keys.lock).arg(hold);
@@ -131,8 +133,8 @@ impl Op {
                 lease_ms: Some(lease_ms),
                 written: Some(written),
                 ..
-            }) if native.conditional && keys.kind == Kind::PlainLock => {
-                let hold = free_hold(owner, *written);
+            }) if native.conditional && matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
+                let hold = free_value(owner, written.nonce, written.token);
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(&*keys.lock)
                     .arg(&hold)
@@ -168,6 +170,7 @@ mod tests {
 
     use super::super::tests::args;
     use super::*;
+    use crate::core::holds::Written;
     use crate::core::keys::LockKeys;
     use crate::core::nonce::Nonces;
     use hasp_owner::Owner;
@@ -181,7 +184,10 @@ mod tests {
             owner: Owner::from_id("o1").unwrap(),
             holds: 1,
             nonce: nonces.next(),
-            written: Some(written),
+            written: Some(Written {
+                nonce: written,
+                token: 7,
+            }),
         });
         assert!(
             release.native(Native::default()).is_none(),
@@ -203,7 +209,7 @@ mod tests {
         let cmd = release.native(valkey).expect("native on Valkey 9");
         assert_eq!(
             args(&cmd),
-            ["DELIFEQ", "hasp:{a}", &format!("1 {written} - o1")]
+            ["DELIFEQ", "hasp:{a}", &format!("1 {written} - o1 7")]
         );
         assert_eq!(
             release.decode_native(&Value::Int(1)).unwrap(),
@@ -231,7 +237,7 @@ mod tests {
             [
                 "SET",
                 "hasp:{a}:plain",
-                &format!("1 {nonce} - o1"),
+                &format!("1 {nonce} - o1 1"),
                 "NX",
                 "PX",
                 "500"
