@@ -126,6 +126,14 @@ impl Link {
         }
     }
 
+    /// The server lost the native scripts (`SCRIPT FLUSH`): they are
+    /// loaded again before the next call.
+    pub(super) fn scripts_lost(&mut self) {
+        if let Link::Node(c) = self {
+            c.reload = true;
+        }
+    }
+
     /// An operation reached a cluster node that does not serve its slot.
     pub(super) fn misrouted(&mut self) {
         if let Link::Cluster { slots, .. } = self {
@@ -168,6 +176,8 @@ pub(super) struct Connection {
     live: Option<(MultiplexedConnection, Driver)>,
     /// What the live connection's server offers (asked at each connect).
     native: Native,
+    /// Ask again (load the scripts) before the next call.
+    reload: bool,
     /// True from the moment a live connection breaks until one is made again.
     broken: bool,
 }
@@ -186,6 +196,7 @@ impl Connection {
             response_timeout,
             live: None,
             native: Native::default(),
+            reload: false,
             broken: false,
         }
     }
@@ -199,8 +210,17 @@ impl Connection {
     /// A handle to send calls on, connecting first if there is none.
     pub(super) async fn get(&mut self) -> RedisResult<MultiplexedConnection> {
         let generation = self.endpoint.generation();
-        if let Some((conn, _)) = &self.live {
+        if let Some((conn, driver)) = &mut self.live {
             if generation == self.generation {
+                if std::mem::take(&mut self.reload) {
+                    // Until the scripts are back, their operations go
+                    // through the function.
+                    let asked = tokio::time::timeout(self.response_timeout, probe(conn, driver));
+                    self.native = match asked.await {
+                        Ok(Ok(native)) => native,
+                        _ => Native::default(),
+                    };
+                }
                 return Ok(conn.clone());
             }
             // The master changed: this server is no longer the one.
@@ -281,16 +301,25 @@ async fn probe(conn: &mut MultiplexedConnection, driver: &mut Driver) -> RedisRe
         Err(_) => Native::default(),
     };
     if !native.conditional {
-        native.script = match driven(conn.req_packed_command(&Native::load_script()), driver).await
-        {
-            Ok(value) => value.extract_error().is_ok(),
-            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => {
-                return Err(e)
-            }
-            Err(_) => false,
-        };
+        native.script = load(conn, driver, &Native::load_script()).await?;
     }
+    native.acquire = load(conn, driver, &Native::load_acquire()).await?;
     Ok(native)
+}
+
+/// Loads a script (`SCRIPT LOAD`): whether the server took it. A server
+/// that refuses (an ACL without `SCRIPT`) leaves the operation to the
+/// function.
+async fn load(
+    conn: &mut MultiplexedConnection,
+    driver: &mut Driver,
+    cmd: &Cmd,
+) -> RedisResult<bool> {
+    match driven(conn.req_packed_command(cmd), driver).await {
+        Ok(value) => Ok(value.extract_error().is_ok()),
+        Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => Err(e),
+        Err(_) => Ok(false),
+    }
 }
 
 /// Awaits `query` on a connection nobody drives yet, driving it meanwhile.

@@ -480,6 +480,8 @@ struct Sent {
     stale: bool,
     /// Some operation reached a cluster node that does not serve its slot.
     misrouted: bool,
+    /// The server answered `NOSCRIPT` to a native script.
+    scripts_lost: bool,
 }
 
 impl Task {
@@ -717,6 +719,9 @@ impl Task {
         if sent.misrouted {
             self.connection.misrouted();
         }
+        if sent.scripts_lost {
+            self.connection.scripts_lost();
+        }
         self.retries.extend(sent.retries);
         self.schedule_settlements(sent.error.is_none());
         if !sent.unsettled.is_empty() {
@@ -759,6 +764,7 @@ impl Sent {
         self.retries.extend(other.retries);
         self.stale |= other.stale;
         self.misrouted |= other.misrouted;
+        self.scripts_lost |= other.scripts_lost;
     }
 }
 
@@ -797,12 +803,14 @@ fn native_answered(
         Err(e) if is_redirect(&e) || connection::is_read_only(&e) => {
             redirected(e, Vec::new(), vec![request], requeue.clone())
         }
-        // The server lost the script (`SCRIPT FLUSH`): nothing was applied.
+        // The server lost the script (`SCRIPT FLUSH`): nothing was applied;
+        // the scripts are loaded again before the next call.
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
             stats.native_fallbacks.fetch_add(1, Ordering::Relaxed);
             request.scripted = true;
             Sent {
                 retries: vec![request],
+                scripts_lost: true,
                 ..Sent::default()
             }
         }
@@ -866,6 +874,7 @@ fn answered(
         unsettled,
         retries: Vec::new(),
         stale,
+        scripts_lost: false,
     };
     (sent, misrouted)
 }
@@ -891,6 +900,7 @@ fn failed(error: &Error, settle: Vec<Op>, batch: Vec<Request>, nonces: &Nonces) 
         retries: Vec::new(),
         stale: false,
         misrouted: false,
+        scripts_lost: false,
     };
     for request in batch {
         if unknown {
@@ -923,6 +933,7 @@ fn redirected(
         retries: Vec::new(),
         stale: connection::is_read_only(&error),
         misrouted: true,
+        scripts_lost: false,
     }
 }
 

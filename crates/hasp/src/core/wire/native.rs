@@ -3,12 +3,13 @@
 //!
 //! A function call costs Redis its dispatch and the call's set-up whatever
 //! it carries (at one operation per call, most of the work of a lock/unlock
-//! pair; `benches/README.md`). Three operations need no branch when the
-//! lock is exactly as this client left it:
+//! pair; `benches/README.md`). These operations need no branch when the
+//! lock is free, or exactly as this client left it:
 //!
 //! | operation | native command | when |
 //! |---|---|---|
 //! | a plain lock's acquisition | `SET <lock> <hold> NX PX <lease>` | always (Redis 7.0) |
+//! | a lock's acquisition | `EVALSHA <acquire_free.lua> 1 <lock> <hold> <lease>` | the script loaded when the connection was made (every server) |
 //! | the last release of a hold | `DELIFEQ <lock> <hold>` | the server has `DELIFEQ` (Valkey 9.0) |
 //! | the last release of a hold | `EVALSHA <delete_if_equal.lua> 1 <lock> <hold>` | otherwise (Redis 7.0), the script loaded when the connection was made |
 //! | a renewal | `SET <lock> <hold> IFEQ <hold> PX <lease>` | the server has `DELIFEQ` (so `SET … IFEQ`, Valkey 8.1) |
@@ -17,9 +18,11 @@
 //! (`1 <nonce> - <owner> <token>`, `lock.lua`): while Redis holds exactly
 //! that, the hold has one count, no waiter of another client flagged
 //! itself (so no release message is owed) and it is this acquisition's
-//! (the nonce is unique). A fenced lock's acquisition is never native: its
-//! token comes from the counter, which only the function can read and
-//! write in the same step. When the command finds anything else it changes nothing and
+//! (the nonce is unique). A fenced lock's acquisition needs its token from
+//! the counter in the same step, so it is a script, not a command: a small
+//! one of its own for a free lock, in the server's scripting state rather
+//! than the function library's (its garbage collector walks less), with no
+//! dispatch; a lock found held answers 0 and goes through the function. When the command finds anything else it changes nothing and
 //! answers 0 or nil, and the operation goes through the function after all
 //! (the batcher sends it first in the lane's next call): the function then
 //! does what the command could not (publishes the release, counts the
@@ -35,7 +38,7 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, Value};
 
-use super::lock::{free_value, LockOp};
+use super::lock::{free_hold, free_value, LockOp};
 use super::{Op, Reply};
 use crate::core::keys::Kind;
 use crate::error::Error;
@@ -44,6 +47,10 @@ use crate::error::Error;
 const DELETE_IF_EQUAL_SOURCE: &str = include_str!("../scripts/delete_if_equal.lua");
 pub(crate) static DELETE_IF_EQUAL: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(DELETE_IF_EQUAL_SOURCE));
+/// A fenced lock's acquisition when it is free.
+const ACQUIRE_FREE_SOURCE: &str = include_str!("../scripts/acquire_free.lua");
+pub(crate) static ACQUIRE_FREE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(ACQUIRE_FREE_SOURCE));
 
 /// What a server offers beyond Redis 7.0, learned when a connection is made
 /// (again after each reconnect: a promoted replica may run another version).
@@ -54,6 +61,9 @@ pub(crate) struct Native {
     /// Without them, [`DELETE_IF_EQUAL`] is loaded (`SCRIPT LOAD`), so a
     /// last release is one `EVALSHA` of it.
     pub(crate) script: bool,
+    /// [`ACQUIRE_FREE`] is loaded, so a lock's acquisition is one
+    /// `EVALSHA` of it.
+    pub(crate) acquire: bool,
 }
 
 impl Native {
@@ -71,6 +81,13 @@ impl Native {
         cmd
     }
 
+    /// The command that loads [`ACQUIRE_FREE`].
+    pub(crate) fn load_acquire() -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(ACQUIRE_FREE_SOURCE);
+        cmd
+    }
+
     /// What a server's answer to [`probe`](Self::probe) says it offers.
     pub(crate) fn from_probe(reply: &Value) -> Self {
         let known = match reply {
@@ -80,6 +97,7 @@ impl Native {
         Self {
             conditional: known,
             script: false,
+            acquire: false,
         }
     }
 }
@@ -101,6 +119,21 @@ impl Op {
                     .arg(free_value(owner, *nonce, 1))
                     .arg("NX")
                     .arg("PX")
+                    .arg(*lease_ms);
+                Some(cmd)
+            }
+            Op::Lock(LockOp::Acquire {
+                keys,
+                owner,
+                lease_ms,
+                nonce,
+                ..
+            }) if native.acquire && keys.kind == Kind::Lock => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(ACQUIRE_FREE.get_hash())
+                    .arg(1)
+                    .arg(&*keys.lock)
+                    .arg(free_hold(owner, *nonce))
                     .arg(*lease_ms);
                 Some(cmd)
             }
@@ -154,10 +187,18 @@ impl Op {
     pub(crate) fn decode_native(&self, value: &Value) -> Result<Option<Reply>, Error> {
         let reply = match (self, value) {
             (Op::Lock(LockOp::Acquire { .. }), Value::Okay) => Some(Reply::Acquired { token: 1 }),
+            (Op::Lock(LockOp::Acquire { .. }), Value::Int(token)) if *token > 0 => {
+                Some(Reply::Acquired {
+                    token: token.unsigned_abs(),
+                })
+            }
             (Op::Lock(LockOp::Release { .. }), Value::Int(1)) => Some(Reply::Released),
             (Op::Lock(LockOp::Extend { .. }), Value::Okay) => Some(Reply::Extended),
             (Op::Lock(LockOp::Acquire { .. }) | Op::Lock(LockOp::Extend { .. }), Value::Nil)
-            | (Op::Lock(LockOp::Release { .. }), Value::Int(0)) => None,
+            | (
+                Op::Lock(LockOp::Acquire { .. }) | Op::Lock(LockOp::Release { .. }),
+                Value::Int(0),
+            ) => None,
             (_, other) => return Err(self.unexpected(other)),
         };
         Ok(reply)
@@ -196,6 +237,7 @@ mod tests {
         let script = Native {
             conditional: false,
             script: true,
+            acquire: false,
         };
         let cmd = release.native(script).expect("a script on Redis 7.0");
         assert_eq!(
@@ -205,6 +247,7 @@ mod tests {
         let valkey = Native {
             conditional: true,
             script: false,
+            acquire: false,
         };
         let cmd = release.native(valkey).expect("native on Valkey 9");
         assert_eq!(
@@ -247,6 +290,7 @@ mod tests {
         let valkey = Native {
             conditional: true,
             script: true,
+            acquire: false,
         };
         assert!(acquire(LockKeys::new("hasp", "a")).native(valkey).is_none());
     }
