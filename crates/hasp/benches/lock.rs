@@ -726,7 +726,14 @@ async fn w1_over_link(
 }
 
 async fn w1_hasp(url: &str, concurrency: usize, until: Until, plain: bool) -> f64 {
-    let client = Client::open(url).await.unwrap();
+    let mut settings = hasp::Settings::default();
+    if let Some(lanes) = std::env::var("HASP_BENCH_LANES")
+        .ok()
+        .and_then(|l| l.parse().ok())
+    {
+        settings = settings.set_lanes(lanes);
+    }
+    let client = Client::open_with(url, settings).await.unwrap();
     let started = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
         .map(|i| {

@@ -112,18 +112,13 @@ async fn ten_thousand_locks_cost_one_script_call_per_hundred_per_period() {
     assert_eq!(client.stats().held_locks, 10_000);
     let acquired_at = std::time::Instant::now();
     let acquire_calls = ctx.batch_calls().await - server_start;
-    if on_cluster() {
-        // Concurrent acquisitions are batched: far fewer calls than locks.
-        assert!(
-            (100..=2_000 * nodes).contains(&acquire_calls),
-            "{acquire_calls} script calls for 10,000 concurrent acquisitions"
-        );
-    } else {
-        // On one server each free lock is taken by the acquisition script,
-        // pipelined: the batch function is not called.
-        assert_eq!(acquire_calls, 0, "function calls for free locks");
-        assert!(client.stats().native_ops >= 10_000);
-    }
+    // Concurrent acquisitions are batched (on one server, those of a call
+    // that carries few operations go as the acquisition script instead):
+    // far fewer function calls than locks.
+    assert!(
+        acquire_calls <= 2_000 * nodes,
+        "{acquire_calls} script calls for 10,000 concurrent acquisitions"
+    );
     let server_start = server_start + acquire_calls;
     let native_before = client.stats().native_ops;
     let conditional = !on_cluster() && has_conditional_commands(&mut raw).await;

@@ -99,6 +99,9 @@ const MAX_BATCH: usize = 100;
 const GATHER: usize = 16;
 /// Script calls on the wire at once.
 const MAX_IN_FLIGHT: usize = 8;
+/// A call of this many operations sends a lock's acquisitions through the
+/// function rather than as its acquisition script (`wire::native`).
+const CROWDED: usize = 16;
 /// Settlements kept while Redis cannot be reached; past this the oldest
 /// are dropped (their holds expire with their leases).
 const MAX_SETTLEMENTS: usize = 10_000;
@@ -442,9 +445,17 @@ impl Call {
     /// commands are not ordered among themselves) or its command already
     /// found the lock otherwise.
     fn split(settle: Vec<Op>, batch: Vec<Request>, native: Native) -> Self {
+        // Scripts pay Redis's per-command cost each; in a call that
+        // carries many operations the function's share per operation is
+        // lower (`wire::native`).
+        let crowded = batch.len() >= CROWDED;
         let commands: Vec<Option<redis::Cmd>> = batch
             .iter()
-            .map(|r| (!r.scripted).then(|| r.op.native(native)).flatten())
+            .map(|r| {
+                (!r.scripted)
+                    .then(|| r.op.native(native, crowded))
+                    .flatten()
+            })
             .collect();
         if commands.iter().all(Option::is_none) {
             return Self::scripted(settle, batch);

@@ -9,7 +9,7 @@
 //! | operation | native command | when |
 //! |---|---|---|
 //! | a plain lock's acquisition | `SET <lock> <hold> NX PX <lease>` | always (Redis 7.0) |
-//! | a lock's acquisition | `EVALSHA <acquire_free.lua> 1 <lock> <hold> <lease>` | the script loaded when the connection was made (every server) |
+//! | a lock's acquisition | `EVALSHA <acquire_free.lua> 1 <lock> <hold> <lease>` | the script loaded when the connection was made (every server), in a call of fewer than 16 operations |
 //! | the last release of a hold | `DELIFEQ <lock> <hold>` | the server has `DELIFEQ` (Valkey 9.0) |
 //! | the last release of a hold | `EVALSHA <delete_if_equal.lua> 1 <lock> <hold>` | otherwise (Redis 7.0), the script loaded when the connection was made |
 //! | a renewal | `SET <lock> <hold> IFEQ <hold> PX <lease>` | the server has `DELIFEQ` (so `SET … IFEQ`, Valkey 8.1) |
@@ -104,8 +104,11 @@ impl Native {
 
 impl Op {
     /// This operation as one native command on a server offering `native`,
-    /// or `None` if it needs the function.
-    pub(crate) fn native(&self, native: Native) -> Option<Cmd> {
+    /// or `None` if it needs the function. In a `crowded` call (one that
+    /// carries many operations) a lock's acquisition goes through the
+    /// function: each script call pays Redis's per-command cost, while the
+    /// function's per-call cost is then shared by many operations.
+    pub(crate) fn native(&self, native: Native, crowded: bool) -> Option<Cmd> {
         match self {
             Op::Lock(LockOp::Acquire {
                 keys,
@@ -128,7 +131,7 @@ impl Op {
                 lease_ms,
                 nonce,
                 ..
-            }) if native.acquire && keys.kind == Kind::Lock => {
+            }) if native.acquire && !crowded && keys.kind == Kind::Lock => {
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(ACQUIRE_FREE.get_hash())
                     .arg(1)
@@ -231,7 +234,7 @@ mod tests {
             }),
         });
         assert!(
-            release.native(Native::default()).is_none(),
+            release.native(Native::default(), false).is_none(),
             "no script loaded"
         );
         let script = Native {
@@ -239,7 +242,9 @@ mod tests {
             script: true,
             acquire: false,
         };
-        let cmd = release.native(script).expect("a script on Redis 7.0");
+        let cmd = release
+            .native(script, false)
+            .expect("a script on Redis 7.0");
         assert_eq!(
             args(&cmd)[..3],
             ["EVALSHA", DELETE_IF_EQUAL.get_hash(), "1"]
@@ -249,7 +254,7 @@ mod tests {
             script: false,
             acquire: false,
         };
-        let cmd = release.native(valkey).expect("native on Valkey 9");
+        let cmd = release.native(valkey, false).expect("native on Valkey 9");
         assert_eq!(
             args(&cmd),
             ["DELIFEQ", "hasp:{a}", &format!("1 {written} - o1 7")]
@@ -262,7 +267,8 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_acquisition_is_one_set_nx_on_every_server_and_a_fenced_one_never() {
+    fn a_plain_acquisition_is_one_set_nx_and_a_fenced_one_the_acquisition_script_when_not_crowded()
+    {
         let nonce = Nonces::new().next();
         let acquire = |keys: LockKeys| {
             Op::Lock(LockOp::Acquire {
@@ -274,7 +280,9 @@ mod tests {
             })
         };
         let plain = acquire(LockKeys::plain("hasp", "a"));
-        let cmd = plain.native(Native::default()).expect("native everywhere");
+        let cmd = plain
+            .native(Native::default(), false)
+            .expect("native everywhere");
         assert_eq!(
             args(&cmd),
             [
@@ -287,11 +295,39 @@ mod tests {
             ]
         );
         assert_eq!(plain.decode_native(&Value::Nil).unwrap(), None);
-        let valkey = Native {
+        let fenced = acquire(LockKeys::new("hasp", "a"));
+        let loaded = Native {
             conditional: true,
-            script: true,
-            acquire: false,
+            script: false,
+            acquire: true,
         };
-        assert!(acquire(LockKeys::new("hasp", "a")).native(valkey).is_none());
+        assert!(
+            fenced.native(Native::default(), false).is_none(),
+            "not loaded"
+        );
+        assert!(fenced.native(loaded, true).is_none(), "crowded");
+        let cmd = fenced
+            .native(loaded, false)
+            .expect("the acquisition script");
+        assert_eq!(
+            args(&cmd),
+            [
+                "EVALSHA",
+                ACQUIRE_FREE.get_hash(),
+                "1",
+                "hasp:{a}",
+                &format!("1 {nonce} - o1"),
+                "500"
+            ]
+        );
+        assert_eq!(
+            fenced.decode_native(&Value::Int(42)).unwrap(),
+            Some(Reply::Acquired { token: 42 })
+        );
+        assert_eq!(fenced.decode_native(&Value::Int(0)).unwrap(), None);
+        assert!(
+            plain.native(loaded, true).is_some(),
+            "a SET is never crowded out"
+        );
     }
 }
