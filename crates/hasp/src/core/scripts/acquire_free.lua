@@ -13,16 +13,12 @@
 -- from its seeding with the server's clock ("Tokens" in lock.lua).
 local fence = KEYS[1] .. ':fence'
 local token = redis.call('incr', fence)
-local digits
 if token == 1 then
   local now = redis.call('time')
   token = now[1] * 1000000 + now[2]
-  digits = string.format('%d', token)
-  redis.call('set', fence, digits, 'PX', 100)
-else
-  digits = string.format('%d', token)
+  redis.call('set', fence, string.format('%d', token), 'PX', 100)
 end
-if redis.call('set', KEYS[1], ARGV[1] .. ' ' .. digits, 'NX', 'PX', ARGV[2]) then
+if redis.call('set', KEYS[1], ARGV[1] .. ' ' .. string.format('%d', token), 'NX', 'PX', ARGV[2]) then
   return token
 end
 return 0

@@ -112,9 +112,7 @@ local function fresh_token(fence)
   local token = call('incr', fence)
   if token == 1 then
     token = clock_us()
-    local digits = string.format('%d', token)
-    call('set', fence, digits, 'PX', 100)
-    return token, digits
+    call('set', fence, string.format('%d', token), 'PX', 100)
   end
   return token, string.format('%d', token)
 end
