@@ -73,11 +73,28 @@ impl Owner {
     /// tokio task, or, outside any task (for instance the future passed to
     /// `block_on`), the current thread. Two clients' owners never meet.
     pub fn current(client_id: &str) -> Self {
-        let id = match tokio::task::try_id() {
-            Some(task) => format!("{client_id}:t{task}"),
-            None => format!("{client_id}:th{}", thread_number()),
+        let Some(task) = tokio::task::try_id() else {
+            return Self(format!("{client_id}:th{}", thread_number()).into());
         };
-        Self(id.into())
+        // A task typically asks again and again for the same client's
+        // owner (each lock call does): the last answer on this thread is
+        // kept, with the length of the client id it was made for (an id
+        // of that length that begins the owner's is that client id).
+        thread_local! {
+            static LAST: std::cell::RefCell<Option<(tokio::task::Id, usize, Owner)>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        LAST.with(|last| {
+            let mut last = last.borrow_mut();
+            if let Some((id, len, owner)) = last.as_ref() {
+                if *id == task && *len == client_id.len() && owner.0.starts_with(client_id) {
+                    return owner.clone();
+                }
+            }
+            let owner = Self(format!("{client_id}:t{task}").into());
+            *last = Some((task, client_id.len(), owner.clone()));
+            owner
+        })
     }
 }
 
@@ -118,5 +135,25 @@ mod tests {
         let here = tokio::spawn(async { Owner::current("c") }).await.unwrap();
         let there = tokio::spawn(async { Owner::current("c") }).await.unwrap();
         assert_ne!(here, there);
+    }
+
+    #[tokio::test]
+    async fn one_task_is_one_owner_per_client_whatever_it_asked_before() {
+        let (a, b, a_again, prefix) = tokio::spawn(async {
+            (
+                Owner::current("c:1"),
+                Owner::current("c:2"),
+                Owner::current("c:1"),
+                // A client id that begins another's owner id is another
+                // client.
+                Owner::current("c"),
+            )
+        })
+        .await
+        .unwrap();
+        assert_eq!(a, a_again);
+        assert_ne!(a, b);
+        assert!(a.id().starts_with("c:1:t") && b.id().starts_with("c:2:t"));
+        assert!(prefix.id().starts_with("c:t"), "{prefix:?}");
     }
 }

@@ -87,7 +87,7 @@ mod slots;
 
 use connection::{Conn, Connection, Link};
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use repoll::Repoll;
+use repoll::{Repoll, Wakes};
 use slots::SlotMap;
 
 /// Locks per script call. A call holds Redis for a few microseconds per
@@ -122,6 +122,9 @@ pub(crate) enum Target {
     /// A Redis Cluster.
     Cluster(redis::cluster_async::ClusterConnection),
 }
+
+/// A call on the wire: its future, boxed (see [`Task::execute`]).
+type InFlight = std::pin::Pin<Box<dyn std::future::Future<Output = Sent> + Send>>;
 
 /// What the batcher calls with an operation's reply.
 pub(crate) type Completion = Box<dyn FnOnce(Result<Reply, Error>) + Send>;
@@ -283,7 +286,7 @@ impl Batcher {
             };
             let (connected, done) = oneshot::channel();
             // The task polls its connection and its calls itself: see `repoll`.
-            runtime.spawn(Repoll::new(task.run(rx, connected)));
+            runtime.spawn(Repoll::with(|wakes| task.run(rx, connected, wakes)));
             lanes.push(requests);
             connecting.push(done);
         }
@@ -460,15 +463,8 @@ impl Call {
         if commands.iter().all(Option::is_none) {
             return Self::scripted(settle, batch);
         }
-        let mut uses = std::collections::HashMap::<&str, u32>::new();
-        for op in settle.iter().chain(batch.iter().map(|r| &r.op)) {
-            *uses.entry(&*op.keys().lock).or_default() += 1;
-        }
-        let alone: Vec<bool> = batch
-            .iter()
-            .map(|r| uses[&*r.op.keys().lock] == 1)
-            .collect();
-        let mut call = Self::scripted(settle, Vec::with_capacity(batch.len()));
+        let alone = alone(&settle, &batch);
+        let mut call = Self::scripted(settle, Vec::new());
         for ((request, command), alone) in batch.into_iter().zip(commands).zip(alone) {
             match command.filter(|_| alone) {
                 Some(cmd) => call.native.push((request, cmd)),
@@ -477,6 +473,30 @@ impl Call {
         }
         call
     }
+}
+
+/// For each request of `batch`: whether no other operation of the call
+/// (settlements included) touches its lock.
+fn alone(settle: &[Op], batch: &[Request]) -> Vec<bool> {
+    let locks: Vec<&str> = settle
+        .iter()
+        .chain(batch.iter().map(|r| &r.op))
+        .map(|op| &*op.keys().lock)
+        .collect();
+    let mine = &locks[settle.len()..];
+    // A call carries a few operations unless the client is busy: comparing
+    // each with each is then cheaper than hashing.
+    if locks.len() <= CROWDED {
+        return mine
+            .iter()
+            .map(|lock| locks.iter().filter(|other| *other == lock).count() == 1)
+            .collect();
+    }
+    let mut uses = std::collections::HashMap::<&str, u32>::with_capacity(locks.len());
+    for lock in &locks {
+        *uses.entry(lock).or_default() += 1;
+    }
+    mine.iter().map(|lock| uses[lock] == 1).collect()
 }
 
 /// The result of one call: the error that broke it, the settlements it
@@ -500,6 +520,7 @@ impl Task {
         mut self,
         mut queue: mpsc::UnboundedReceiver<Request>,
         connected: oneshot::Sender<()>,
+        wakes: Wakes,
     ) {
         // Connect now rather than on the first call: that call would wait
         // for the connection, and the client's opening waits for it instead.
@@ -508,13 +529,27 @@ impl Task {
         let _ = connected.send(());
         // The calls on the wire are driven by this task itself: no task is
         // spawned per call, so a reply costs one wake-up, not two.
-        let mut in_flight = FuturesUnordered::new();
+        let mut in_flight = FuturesUnordered::<InFlight>::new();
         // Operations in the last batch: more than one means other tasks are
         // locking too, and a batch is worth gathering.
         let mut last_batch = 0;
         loop {
+            // The `select!` below polls everything this task waits on:
+            // whatever woke it so far is answered there, and polling it
+            // all once more for those wakes would find nothing new.
+            wakes.forget();
             let room = in_flight.len() < MAX_IN_FLIGHT;
+            // In this order, every time: the connection first (it reads
+            // the replies that complete calls), then the calls it completed,
+            // then what to send. A reply is then handled in the poll that
+            // read it, not in one more.
             let batch = tokio::select! {
+                biased;
+                () = std::future::poll_fn(|cx| self.connection.poll_drive(cx)) => continue,
+                Some(sent) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.after(sent);
+                    continue;
+                }
                 // Retries go out first, on their own if nothing else comes.
                 () = std::future::ready(()), if room && !self.retries.is_empty() => {
                     std::mem::take(&mut self.retries)
@@ -532,11 +567,6 @@ impl Task {
                     last_batch = batch.len();
                     batch
                 }
-                Some(sent) = in_flight.next(), if !in_flight.is_empty() => {
-                    self.after(sent);
-                    continue;
-                }
-                () = std::future::poll_fn(|cx| self.connection.poll_drive(cx)) => continue,
             };
             let was_broken = self.connection.was_broken();
             let conn = match self.connection.get().await {
@@ -597,12 +627,7 @@ impl Task {
     /// Sends `call`: its settlements and scripted requests as one call of
     /// the function (to the cluster node `route` names, if any), then its
     /// native commands, all at once; completes each request.
-    fn execute(
-        &self,
-        conn: Conn,
-        route: Option<RoutingInfo>,
-        call: Call,
-    ) -> impl std::future::Future<Output = Sent> + Send + 'static {
+    fn execute(&self, conn: Conn, route: Option<RoutingInfo>, call: Call) -> InFlight {
         let Call {
             settle,
             batch,
@@ -616,43 +641,65 @@ impl Task {
         if renews {
             self.stats.renew_calls.fetch_add(1, Ordering::Relaxed);
         }
-        let scripted = self.call_script(conn.clone(), route, settle, batch);
+        // Boxed: the call's state is a few kilobytes, which the set of
+        // calls in flight would otherwise copy in on every push.
+        if native.is_empty() {
+            return Box::pin(self.call_script(conn, route, settle, batch));
+        }
+        if settle.is_empty() && batch.is_empty() {
+            return Box::pin(self.call_native(conn, native));
+        }
+        let natives = self.call_native(conn.clone(), native);
+        let scripted = self.call_script(conn, route, settle, batch);
+        Box::pin(async move {
+            let (mut sent, natives) = futures_util::future::join(scripted, natives).await;
+            sent.merge(natives);
+            sent
+        })
+    }
+
+    /// Sends `native`'s commands (one, or a pipeline: one request to the
+    /// connection and one write, as the function's call is) and completes
+    /// each request.
+    fn call_native(
+        &self,
+        mut conn: Conn,
+        native: Vec<(Request, redis::Cmd)>,
+    ) -> impl std::future::Future<Output = Sent> + Send + 'static {
         let stats = self.stats.clone();
         let nonces = self.nonces.clone();
         let requeue = self.requeue.clone();
-        // The native commands go as one pipeline: one request to the
-        // connection and one write, as the function's call is.
-        let mut pipe = redis::pipe();
-        let requests: Vec<Request> = native
-            .into_iter()
-            .map(|(request, cmd)| {
-                pipe.add_command(cmd);
-                request
-            })
-            .collect();
         async move {
-            let count = requests.len();
-            let natives = async move {
-                let mut conn = conn;
-                match count {
-                    0 => Ok(Vec::new()),
-                    _ => conn.req_packed_commands(&pipe, 0, count).await,
+            let count = native.len();
+            let mut requests = Vec::with_capacity(count);
+            let replies: Vec<redis::RedisResult<Value>> = if count == 1 {
+                let mut native = native;
+                let Some((request, cmd)) = native.pop() else {
+                    return Sent::default();
+                };
+                requests.push(request);
+                vec![conn.req_packed_command(&cmd).await]
+            } else {
+                let mut pipe = redis::pipe();
+                for (request, cmd) in native {
+                    pipe.add_command(cmd);
+                    requests.push(request);
+                }
+                // Each command's server error is a value of its own slot.
+                match conn.req_packed_commands(&pipe, 0, count).await {
+                    Ok(values) if values.len() == count => values.into_iter().map(Ok).collect(),
+                    Ok(values) => {
+                        let wrong = RedisError::from((
+                            redis::ErrorKind::Client,
+                            "pipeline reply of the wrong length",
+                            format!("{} replies for {count} commands", values.len()),
+                        ));
+                        vec![Err(wrong); count]
+                    }
+                    Err(e) => vec![Err(e); count],
                 }
             };
-            let (mut sent, replies) = futures_util::future::join(scripted, natives).await;
-            // Each command's server error is a value of its own slot.
-            let replies: Vec<redis::RedisResult<Value>> = match replies {
-                Ok(values) if values.len() == count => values.into_iter().map(Ok).collect(),
-                Ok(values) => {
-                    let wrong = RedisError::from((
-                        redis::ErrorKind::Client,
-                        "pipeline reply of the wrong length",
-                        format!("{} replies for {count} commands", values.len()),
-                    ));
-                    vec![Err(wrong); count]
-                }
-                Err(e) => vec![Err(e); count],
-            };
+            let mut sent = Sent::default();
             for (request, reply) in requests.into_iter().zip(replies) {
                 sent.merge(native_answered(request, reply, &stats, &nonces, &requeue));
             }

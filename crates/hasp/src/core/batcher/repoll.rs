@@ -52,16 +52,37 @@ impl Wake for Signal {
 }
 
 impl<F: Future> Repoll<F> {
-    pub(super) fn new(future: F) -> Self {
+    #[cfg(test)]
+    fn new(future: F) -> Self {
+        Self::with(|_| future)
+    }
+
+    /// The future `make` returns, given a handle that lets it forget the
+    /// wakes it has had so far ([`Wakes::forget`]).
+    pub(super) fn with(make: impl FnOnce(Wakes) -> F) -> Self {
         let signal = Arc::new(Signal {
             state: AtomicU8::new(0),
             task: AtomicWaker::new(),
         });
+        let future = make(Wakes(signal.clone()));
         Self {
             future: Box::pin(future),
             waker: Waker::from(signal.clone()),
             signal,
         }
+    }
+}
+
+/// The wakes a [`Repoll`]'s future has had during the current poll.
+pub(super) struct Wakes(Arc<Signal>);
+
+impl Wakes {
+    /// Forgets them, so that they do not make the poll run again: for a
+    /// future about to poll everything it waits on, which answers every
+    /// wake so far (a loop around a `select!`, at its top). A wake from
+    /// then on still counts.
+    pub(super) fn forget(&self) {
+        self.0.state.fetch_and(!WOKEN, Ordering::AcqRel);
     }
 }
 
@@ -147,6 +168,36 @@ mod tests {
             1,
             "woken to run again later"
         );
+    }
+
+    #[test]
+    fn forgotten_wakes_do_not_poll_again_and_later_ones_do() {
+        let count = Arc::new(Count::default());
+        let polls = Arc::new(AtomicUsize::new(0));
+        let seen = polls.clone();
+        let mut future = Repoll::with(|wakes| {
+            std::future::poll_fn(move |cx| {
+                let poll = seen.fetch_add(1, Ordering::SeqCst);
+                cx.waker().wake_by_ref();
+                if poll == 0 {
+                    // Everything is about to be polled again: this wake
+                    // is answered, the next one is not.
+                    wakes.forget();
+                    cx.waker().wake_by_ref();
+                    wakes.forget();
+                }
+                Poll::<()>::Pending
+            })
+        });
+        assert_eq!(poll_once(&mut future, &count), Poll::Pending);
+        assert_eq!(polls.load(Ordering::SeqCst), 1, "the wakes were forgotten");
+        assert_eq!(poll_once(&mut future, &count), Poll::Pending);
+        assert_eq!(
+            polls.load(Ordering::SeqCst),
+            2 + MAX_REPOLLS - 1,
+            "a wake not forgotten polls again"
+        );
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "then yields");
     }
 
     #[test]

@@ -353,9 +353,8 @@ pub(super) fn free_hold(owner: &Owner, nonce: Nonce) -> Vec<u8> {
 /// `nonce` and gets fencing token `token` (a plain lock's: 1): one hold,
 /// no waiter flagged (`lock.lua`, "lock").
 pub(super) fn free_value(owner: &Owner, nonce: Nonce, token: u64) -> Vec<u8> {
-    use std::io::Write as _;
     let mut value = free_hold(owner, nonce);
-    // Writing to a Vec cannot fail.
-    let _ = write!(value, " {token}");
+    value.push(b' ');
+    value.extend_from_slice(itoa::Buffer::new().format(token).as_bytes());
     value
 }

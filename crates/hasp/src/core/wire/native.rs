@@ -117,9 +117,10 @@ impl Op {
                 nonce,
                 ..
             }) if keys.kind == Kind::PlainLock => {
-                let mut cmd = redis::cmd("SET");
+                let value = free_value(owner, *nonce, 1);
+                let mut cmd = command("SET", 6, keys.lock.len() + value.len());
                 cmd.arg(&*keys.lock)
-                    .arg(free_value(owner, *nonce, 1))
+                    .arg(value)
                     .arg("NX")
                     .arg("PX")
                     .arg(*lease_ms);
@@ -132,11 +133,12 @@ impl Op {
                 nonce,
                 ..
             }) if native.acquire && !crowded && keys.kind == Kind::Lock => {
-                let mut cmd = redis::cmd("EVALSHA");
+                let hold = free_hold(owner, *nonce);
+                let mut cmd = command("EVALSHA", 6, keys.lock.len() + hold.len());
                 cmd.arg(ACQUIRE_FREE.get_hash())
                     .arg(1)
                     .arg(&*keys.lock)
-                    .arg(free_hold(owner, *nonce))
+                    .arg(hold)
                     .arg(*lease_ms);
                 Some(cmd)
             }
@@ -149,11 +151,11 @@ impl Op {
             }) if matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
                 let hold = free_value(owner, written.nonce, written.token);
                 if native.conditional {
-                    let mut cmd = redis::cmd("DELIFEQ");
+                    let mut cmd = command("DELIFEQ", 3, keys.lock.len() + hold.len());
                     cmd.arg(&*keys.lock).arg(hold);
                     Some(cmd)
                 } else if native.script {
-                    let mut cmd = redis::cmd("EVALSHA");
+                    let mut cmd = command("EVALSHA", 5, keys.lock.len() + hold.len());
                     cmd.arg(DELETE_IF_EQUAL.get_hash())
                         .arg(1)
                         .arg(&*keys.lock)
@@ -171,7 +173,7 @@ impl Op {
                 ..
             }) if native.conditional && matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
                 let hold = free_value(owner, written.nonce, written.token);
-                let mut cmd = redis::cmd("SET");
+                let mut cmd = command("SET", 7, keys.lock.len() + 2 * hold.len());
                 cmd.arg(&*keys.lock)
                     .arg(&hold)
                     .arg("IFEQ")
@@ -206,6 +208,16 @@ impl Op {
         };
         Ok(reply)
     }
+}
+
+/// A command named `name` with room for `args` arguments (the name
+/// included) and `data` bytes of them besides the name and short ones
+/// (a script's hash, a number, a flag): sized once rather than grown
+/// argument by argument.
+fn command(name: &str, args: usize, data: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(args, name.len() + data + 64);
+    cmd.arg(name);
+    cmd
 }
 
 #[cfg(test)]
