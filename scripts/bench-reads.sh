@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh
 if ! command -v wrk >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends wrk >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends wrk >/dev/null
 fi
 cargo build --release --locked -p seckill
 seckill=target/release/seckill

@@ -33,8 +33,8 @@ if ((${#packages[@]})); then
     sudo="sudo"
   fi
   export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+  $sudo apt-get -o DPkg::Lock::Timeout=300 update -qq
+  $sudo apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
