@@ -57,13 +57,25 @@ const W2_HOLD: Duration = Duration::from_millis(1);
 
 struct Args {
     duration: Duration,
-    /// Sections to run (w1, w1link, rb, ri, w2, wait, m, c, f, a); empty = all.
+    /// Sections to run (w1, w1link, rb, ri, ci, w2, wait, m, c, f, a); empty = all.
     only: Vec<String>,
     /// W1 concurrency levels to run; empty = all of [`W1_CONCURRENCY`].
     levels: Vec<usize>,
     /// W1 rounds over all levels; more than one adds a min–max–median summary
     /// (on a 2-core VM one run is not enough to call a ratio near 1).
     repeat: usize,
+    /// Set when this process is the client that section `ci` measures
+    /// (`--client-pairs LIB URL C PAIRS`): it runs that and nothing else.
+    client_job: Option<ClientJob>,
+}
+
+/// W1 by one library, run by this process under callgrind for section `ci`.
+struct ClientJob {
+    library: Library,
+    url: String,
+    concurrency: usize,
+    /// Pairs per task.
+    pairs: u64,
 }
 
 impl Args {
@@ -77,6 +89,7 @@ fn parse_args() -> Args {
     let mut only = Vec::new();
     let mut levels = Vec::new();
     let mut repeat = 1;
+    let mut client_job = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--duration" {
@@ -89,7 +102,7 @@ fn parse_args() -> Args {
         if a == "--only" {
             only.extend(
                 args.next()
-                    .expect("--only w1,w1link,rb,ri,w2,wait,m,c,f,a")
+                    .expect("--only w1,w1link,rb,ri,ci,w2,wait,m,c,f,a")
                     .split(',')
                     .map(str::to_owned),
             );
@@ -109,6 +122,19 @@ fn parse_args() -> Args {
                 .filter(|&n| n >= 1)
                 .expect("--repeat N (N >= 1)");
         }
+        if a == "--client-pairs" {
+            let mut next = || args.next().expect("--client-pairs LIB URL C PAIRS");
+            let library = Library::named(&next()).expect("LIB: hasp, plain or rslock");
+            let url = next();
+            let concurrency = next().parse().expect("C");
+            let pairs = next().parse().expect("PAIRS");
+            client_job = Some(ClientJob {
+                library,
+                url,
+                concurrency,
+                pairs,
+            });
+        }
         // cargo bench passes `--bench`; ignore anything else.
     }
     Args {
@@ -116,6 +142,7 @@ fn parse_args() -> Args {
         only,
         levels,
         repeat,
+        client_job,
     }
 }
 
@@ -126,7 +153,15 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(run(args));
+    match args.client_job {
+        Some(job) => {
+            rt.block_on(
+                job.library
+                    .pairs(&job.url, job.concurrency, Until::Pairs(job.pairs)),
+            );
+        }
+        None => rt.block_on(run(args)),
+    }
 }
 
 async fn run(args: Args) {
@@ -271,6 +306,31 @@ async fn run(args: Args) {
                      rslock {rslock:.0} (SET NX PX + compare-and-delete script, pipelined {per_call} at a time)"
                 ),
                 None => println!("\nRedis instructions per pair: skipped (needs valgrind)"),
+            }
+        }
+    }
+    if args.runs("ci") {
+        println!("\n## Client instructions per lock/unlock pair (callgrind, this process as the client, {CI_PAIRS} pairs)\n");
+        println!("| server | C | hasp | plain | rslock | hasp / rslock | plain / rslock |");
+        println!("|---|---|---:|---:|---:|---:|---:|");
+        for server in &servers {
+            for c in RI_CLIENT_CONCURRENCY {
+                let measured: Option<Vec<f64>> = [Library::Hasp, Library::Plain, Library::Rslock]
+                    .into_iter()
+                    .map(|library| client_side_instructions(server, library, c))
+                    .collect();
+                match measured.as_deref() {
+                    Some(&[h, p, r]) => println!(
+                        "| {} | {c} | {h:.0} | {p:.0} | {r:.0} | {:.2} | {:.2} |",
+                        server.name,
+                        h / r,
+                        p / r
+                    ),
+                    _ => println!(
+                        "| {} | {c} | skipped (needs valgrind) | | | | |",
+                        server.name
+                    ),
+                }
             }
         }
     }
@@ -597,6 +657,21 @@ enum Library {
 }
 
 impl Library {
+    /// The name `--client-pairs` takes.
+    fn name(self) -> &'static str {
+        match self {
+            Library::Hasp => "hasp",
+            Library::Plain => "plain",
+            Library::Rslock => "rslock",
+        }
+    }
+
+    fn named(name: &str) -> Option<Self> {
+        [Library::Hasp, Library::Plain, Library::Rslock]
+            .into_iter()
+            .find(|l| l.name() == name)
+    }
+
     /// W1 pairs/s of this library against the server at `url`.
     async fn w1(self, url: &str, c: usize, duration: Duration) -> f64 {
         self.pairs(url, c, Until::Time(Instant::now() + duration))
@@ -843,6 +918,59 @@ fn client_instructions(server: &Server, library: Library, c: usize) -> Option<f6
     Some((total as f64 - idle) / pairs as f64)
 }
 
+/// Pairs section `ci` runs per library and concurrency level.
+const CI_PAIRS: u64 = 16_000;
+
+/// Instructions the client process runs per lock/unlock pair by
+/// `library` with `c` tasks against a fresh `server`: this benchmark run
+/// again as that client alone (`--client-pairs`) under callgrind, less the
+/// same run with no pairs (starting the runtime, connecting, loading
+/// scripts). User space only: the kernel's share of a send or a receive is
+/// not counted. `None` without valgrind.
+fn client_side_instructions(server: &Server, library: Library, c: usize) -> Option<f64> {
+    let exe = std::env::current_exe().ok()?;
+    let server = server.start();
+    let per_task = CI_PAIRS / c as u64;
+    let run = |pairs: u64| -> Option<u64> {
+        let out = std::env::temp_dir().join(format!(
+            "hasp-client-callgrind-{}-{}-{c}-{pairs}.out",
+            std::process::id(),
+            library.name()
+        ));
+        let status = std::process::Command::new("valgrind")
+            .arg("--tool=callgrind")
+            .arg(format!("--callgrind-out-file={}", out.display()))
+            .arg(&exe)
+            .arg("--client-pairs")
+            .args([
+                library.name(),
+                &server.url(),
+                &c.to_string(),
+                &pairs.to_string(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .ok()?;
+        let total = status.success().then(|| callgrind_total(&out)).flatten();
+        let _ = std::fs::remove_file(&out);
+        total
+    };
+    let idle = run(0)?;
+    let total = run(per_task)?;
+    Some(total.saturating_sub(idle) as f64 / (per_task * c as u64) as f64)
+}
+
+/// The instructions a callgrind profile counted in all.
+fn callgrind_total(profile: &std::path::Path) -> Option<u64> {
+    let report = std::fs::read_to_string(profile).ok()?;
+    report.lines().find_map(|l| {
+        l.strip_prefix("summary: ")
+            .or_else(|| l.strip_prefix("totals: "))
+            .and_then(|n| n.trim().parse().ok())
+    })
+}
+
 /// Instructions redis-server runs per lock/unlock pair, counted by callgrind
 /// (a count, not a time: the same on a busy or an idle machine), with
 /// `per_call` pairs per call: hasp's batch function with that many
@@ -1023,7 +1151,7 @@ fn callgrind_server(
     // The server exits on SHUTDOWN without answering.
     let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").arg("NOSAVE").query(&mut conn);
     server.wait().ok()?;
-    let report = std::fs::read_to_string(&out).ok()?;
+    let total = callgrind_total(&out);
     // HASP_RI_KEEP=1 keeps the profile, for `callgrind_annotate` to say
     // where the server's instructions went.
     if std::env::var_os("HASP_RI_KEEP").is_some() {
@@ -1031,12 +1159,7 @@ fn callgrind_server(
     } else {
         let _ = std::fs::remove_file(&out);
     }
-    let total = report.lines().find_map(|l| {
-        l.strip_prefix("summary: ")
-            .or_else(|| l.strip_prefix("totals: "))
-            .and_then(|n| n.trim().parse().ok())
-    })?;
-    Some((total, pairs))
+    Some((total?, pairs))
 }
 
 struct RedisBenchmark {

@@ -447,10 +447,24 @@ impl Call {
     /// the call touches the same lock (the function's operations and the
     /// commands are not ordered among themselves) or its command already
     /// found the lock otherwise.
-    fn split(settle: Vec<Op>, batch: Vec<Request>, native: Native) -> Self {
+    fn split(settle: Vec<Op>, mut batch: Vec<Request>, native: Native) -> Self {
         // Scripts pay Redis's per-command cost each; in a call that
         // carries many operations the function's share per operation is
         // lower (`wire::native`).
+        if let ([], [request]) = (settle.as_slice(), batch.as_slice()) {
+            // Alone in its call: the common case of an idle client.
+            let command = (!request.scripted)
+                .then(|| request.op.native(native, false))
+                .flatten();
+            return match (command, batch.pop()) {
+                (Some(cmd), Some(request)) => Self {
+                    settle,
+                    batch,
+                    native: vec![(request, cmd)],
+                },
+                (_, request) => Self::scripted(settle, request.into_iter().collect()),
+            };
+        }
         let crowded = batch.len() >= CROWDED;
         let commands: Vec<Option<redis::Cmd>> = batch
             .iter()
@@ -561,9 +575,15 @@ impl Task {
                 }
                 first = queue.recv(), if room => {
                     let Some(first) = first else { break };
-                    let mut batch = std::mem::take(&mut self.retries);
                     let busy = last_batch > 1 || !in_flight.is_empty();
-                    batch.extend(gather(first, &mut queue, self.max_extends, busy).await);
+                    let gathered = gather(first, &mut queue, self.max_extends, busy).await;
+                    let batch = if self.retries.is_empty() {
+                        gathered
+                    } else {
+                        let mut batch = std::mem::take(&mut self.retries);
+                        batch.extend(gathered);
+                        batch
+                    };
                     last_batch = batch.len();
                     batch
                 }
@@ -664,28 +684,27 @@ impl Task {
     fn call_native(
         &self,
         mut conn: Conn,
-        native: Vec<(Request, redis::Cmd)>,
+        mut native: Vec<(Request, redis::Cmd)>,
     ) -> impl std::future::Future<Output = Sent> + Send + 'static {
         let stats = self.stats.clone();
         let nonces = self.nonces.clone();
         let requeue = self.requeue.clone();
         async move {
             let count = native.len();
-            let mut requests = Vec::with_capacity(count);
-            let replies: Vec<redis::RedisResult<Value>> = if count == 1 {
-                let mut native = native;
-                let Some((request, cmd)) = native.pop() else {
-                    return Sent::default();
-                };
-                requests.push(request);
-                vec![conn.req_packed_command(&cmd).await]
-            } else {
-                let mut pipe = redis::pipe();
-                for (request, cmd) in native {
-                    pipe.add_command(cmd);
-                    requests.push(request);
+            if count == 1 {
+                if let Some((request, cmd)) = native.pop() {
+                    let reply = conn.req_packed_command(&cmd).await;
+                    return native_answered(request, reply, &stats, &nonces, &requeue);
                 }
-                // Each command's server error is a value of its own slot.
+            }
+            let mut requests = Vec::with_capacity(count);
+            let mut pipe = redis::pipe();
+            for (request, cmd) in native {
+                pipe.add_command(cmd);
+                requests.push(request);
+            }
+            // Each command's server error is a value of its own slot.
+            let replies: Vec<redis::RedisResult<Value>> =
                 match conn.req_packed_commands(&pipe, 0, count).await {
                     Ok(values) if values.len() == count => values.into_iter().map(Ok).collect(),
                     Ok(values) => {
@@ -697,8 +716,7 @@ impl Task {
                         vec![Err(wrong); count]
                     }
                     Err(e) => vec![Err(e); count],
-                }
-            };
+                };
             let mut sent = Sent::default();
             for (request, reply) in requests.into_iter().zip(replies) {
                 sent.merge(native_answered(request, reply, &stats, &nonces, &requeue));

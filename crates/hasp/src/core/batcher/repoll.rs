@@ -9,7 +9,11 @@
 //! time that was two to three cross-thread wake-ups per call. [`Repoll`]
 //! gives the inner future a waker of its own: a wake during the poll only
 //! marks the poll to be run again at once; a wake at any other time goes to
-//! the task as usual.
+//! the task as usual. The batching task's loop polls everything it waits
+//! on at its top, and forgets the wakes so far there ([`Wakes::forget`]):
+//! otherwise each call's own hand-over to the connection and each reply
+//! made the poll run once more and find nothing (two extra rounds of the
+//! loop per operation at one operation at a time).
 
 use std::future::Future;
 use std::pin::Pin;
