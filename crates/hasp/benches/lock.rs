@@ -271,28 +271,7 @@ async fn run(args: Args) {
     }
     if args.runs("ri") {
         println!("\n## Redis instructions per lock/unlock pair, as each client sends them (callgrind, {RI_CLIENT_PAIRS} pairs)\n");
-        println!("| server | C | hasp | plain | rslock | hasp / rslock | plain / rslock |");
-        println!("|---|---|---:|---:|---:|---:|---:|");
-        for server in &servers {
-            for c in RI_CLIENT_CONCURRENCY {
-                let measured: Option<Vec<f64>> = [Library::Hasp, Library::Plain, Library::Rslock]
-                    .into_iter()
-                    .map(|library| client_instructions(server, library, c))
-                    .collect();
-                match measured.as_deref() {
-                    Some(&[h, p, r]) => println!(
-                        "| {} | {c} | {h:.0} | {p:.0} | {r:.0} | {:.2} | {:.2} |",
-                        server.name,
-                        h / r,
-                        p / r
-                    ),
-                    _ => println!(
-                        "| {} | {c} | skipped (needs valgrind) | | | | |",
-                        server.name
-                    ),
-                }
-            }
-        }
+        per_pair_table(&servers, client_instructions);
         for per_call in RI_PER_CALL {
             match redis_instructions(per_call) {
                 Some(RedisInstructions {
@@ -311,28 +290,7 @@ async fn run(args: Args) {
     }
     if args.runs("ci") {
         println!("\n## Client instructions per lock/unlock pair (callgrind, this process as the client, {CI_PAIRS} pairs)\n");
-        println!("| server | C | hasp | plain | rslock | hasp / rslock | plain / rslock |");
-        println!("|---|---|---:|---:|---:|---:|---:|");
-        for server in &servers {
-            for c in RI_CLIENT_CONCURRENCY {
-                let measured: Option<Vec<f64>> = [Library::Hasp, Library::Plain, Library::Rslock]
-                    .into_iter()
-                    .map(|library| client_side_instructions(server, library, c))
-                    .collect();
-                match measured.as_deref() {
-                    Some(&[h, p, r]) => println!(
-                        "| {} | {c} | {h:.0} | {p:.0} | {r:.0} | {:.2} | {:.2} |",
-                        server.name,
-                        h / r,
-                        p / r
-                    ),
-                    _ => println!(
-                        "| {} | {c} | skipped (needs valgrind) | | | | |",
-                        server.name
-                    ),
-                }
-            }
-        }
+        per_pair_table(&servers, client_side_instructions);
     }
     if hasp_c1 == 0.0 {
         let server = RedisServer::start_tcp();
@@ -916,6 +874,33 @@ fn client_instructions(server: &Server, library: Library, c: usize) -> Option<f6
         (per_task * c as u64) as usize
     })?;
     Some((total as f64 - idle) / pairs as f64)
+}
+
+/// A table of instructions per pair by each library, per server and
+/// concurrency level, as `measure` counts them (`None`: no valgrind).
+fn per_pair_table(servers: &[Server], measure: impl Fn(&Server, Library, usize) -> Option<f64>) {
+    println!("| server | C | hasp | plain | rslock | hasp / rslock | plain / rslock |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for server in servers {
+        for c in RI_CLIENT_CONCURRENCY {
+            let measured: Option<Vec<f64>> = [Library::Hasp, Library::Plain, Library::Rslock]
+                .into_iter()
+                .map(|library| measure(server, library, c))
+                .collect();
+            match measured.as_deref() {
+                Some(&[h, p, r]) => println!(
+                    "| {} | {c} | {h:.0} | {p:.0} | {r:.0} | {:.2} | {:.2} |",
+                    server.name,
+                    h / r,
+                    p / r
+                ),
+                _ => println!(
+                    "| {} | {c} | skipped (needs valgrind) | | | | |",
+                    server.name
+                ),
+            }
+        }
+    }
 }
 
 /// Pairs section `ci` runs per library and concurrency level.
