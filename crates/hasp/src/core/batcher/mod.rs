@@ -448,9 +448,6 @@ impl Call {
     /// commands are not ordered among themselves) or its command already
     /// found the lock otherwise.
     fn split(settle: Vec<Op>, mut batch: Vec<Request>, native: Native) -> Self {
-        // Scripts pay Redis's per-command cost each; in a call that
-        // carries many operations the function's share per operation is
-        // lower (`wire::native`).
         if let ([], [request]) = (settle.as_slice(), batch.as_slice()) {
             // Alone in its call: the common case of an idle client.
             let command = (!request.scripted)
@@ -465,6 +462,9 @@ impl Call {
                 (_, request) => Self::scripted(settle, request.into_iter().collect()),
             };
         }
+        // Scripts pay Redis's per-command cost each; in a call that
+        // carries many operations the function's share per operation is
+        // lower (`wire::native`).
         let crowded = batch.len() >= CROWDED;
         let commands: Vec<Option<redis::Cmd>> = batch
             .iter()
