@@ -143,6 +143,16 @@ pub(crate) struct Request {
 }
 
 impl Request {
+    /// The native command for this request's operation on a server
+    /// offering `native` (in a call `crowded` with operations), unless its
+    /// command already found the lock otherwise.
+    fn native_command(&self, native: Native, crowded: bool) -> Option<redis::Cmd> {
+        if self.scripted {
+            return None;
+        }
+        self.op.native(native, crowded)
+    }
+
     /// What to send again after this request went out in a call whose
     /// connection broke: settlements first (whatever the call may have
     /// done is undone, or a release completed), then, once, the request
@@ -448,18 +458,19 @@ impl Call {
     /// commands are not ordered among themselves) or its command already
     /// found the lock otherwise.
     fn split(settle: Vec<Op>, mut batch: Vec<Request>, native: Native) -> Self {
-        if let ([], [request]) = (settle.as_slice(), batch.as_slice()) {
+        if settle.is_empty() && batch.len() == 1 {
             // Alone in its call: the common case of an idle client.
-            let command = (!request.scripted)
-                .then(|| request.op.native(native, false))
-                .flatten();
+            let command = batch.first().and_then(|r| r.native_command(native, false));
             return match (command, batch.pop()) {
                 (Some(cmd), Some(request)) => Self {
                     settle,
                     batch,
                     native: vec![(request, cmd)],
                 },
-                (_, request) => Self::scripted(settle, request.into_iter().collect()),
+                (_, request) => {
+                    batch.extend(request);
+                    Self::scripted(settle, batch)
+                }
             };
         }
         // Scripts pay Redis's per-command cost each; in a call that
@@ -468,11 +479,7 @@ impl Call {
         let crowded = batch.len() >= CROWDED;
         let commands: Vec<Option<redis::Cmd>> = batch
             .iter()
-            .map(|r| {
-                (!r.scripted)
-                    .then(|| r.op.native(native, crowded))
-                    .flatten()
-            })
+            .map(|r| r.native_command(native, crowded))
             .collect();
         if commands.iter().all(Option::is_none) {
             return Self::scripted(settle, batch);
