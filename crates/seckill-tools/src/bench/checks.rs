@@ -326,8 +326,11 @@ impl Stores {
         // The async path answers before the database has the order.
         let pipelined = sale.record.orders.iter().any(|o| o.pending);
         // Orders given back meanwhile (their deadline passing) change the
-        // stock between two reads: the stores are read until one reading
-        // is quiet and complete, or the deadline passes.
+        // stock between two reads, and a give-back reaches Redis after the
+        // database (the sweep finishes one a crash or an outage left half
+        // done): the stores are read until one reading is quiet and
+        // complete, with no unit still to go back into Redis, or the
+        // deadline passes.
         let (stored, returned, db_stock, found) = loop {
             let db_stock = db.voucher_stock(sale.voucher).await?;
             let orders = db.voucher_order_states(sale.voucher).await?;
@@ -342,9 +345,9 @@ impl Stores {
                 .filter(|(_, _, state)| state.gave_back())
                 .map(|&(id, _, _)| id)
                 .collect();
-            let settled = found
-                .as_ref()
-                .is_none_or(|f| f.in_stream == 0 && f.is_consistent());
+            let settled = found.as_ref().is_none_or(|f| {
+                f.in_stream == 0 && f.pending_returns.is_empty() && f.is_consistent()
+            });
             let all_in = stored
                 .iter()
                 .filter(|(id, _)| accepted.contains(id))
