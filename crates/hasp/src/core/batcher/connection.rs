@@ -1,11 +1,11 @@
 //! The batcher's own connection to Redis, driven by the batching task.
 //!
-//! redis-rs runs a multiplexed connection from a task of its own: a call
-//! handed to it is written when that task next runs, which under load is
-//! after every task the last replies woke. Here the batcher polls the
-//! connection's driver itself, right after queuing a call, so the call is
-//! on the wire at once and Redis works on it while the client is still
-//! busy with the previous replies.
+//! To one server, the batcher writes and reads its socket itself
+//! (`socket`), right after queuing a call, so the call is on the wire at
+//! once and Redis works on it while the client is still busy with the
+//! previous replies. (A connection run from a task of its own, as redis-rs's
+//! multiplexed connection is, writes a call when that task next runs, which
+//! under load is after every task the last replies woke.)
 //!
 //! The connection is made on first use and again after it breaks; calls in
 //! flight when it breaks fail with the error (their effect in Redis is
@@ -17,30 +17,24 @@
 //! retries a call (a script call sent twice could apply twice): redirects
 //! come back to the batcher, which sends the operations again.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
-use redis::{
-    AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisError, RedisFuture,
-    RedisResult, Value,
-};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use super::slots::SlotMap;
+use super::socket::{Handle, Socket};
 use crate::core::endpoint::Endpoint;
 use crate::core::wire::native::Native;
-
-type Driver = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What a call is sent on.
 #[derive(Clone)]
 pub(crate) enum Conn {
     /// One server's connection, driven by the batcher.
-    Node(MultiplexedConnection),
+    Node(Handle),
     /// A Redis Cluster, routed by slot.
     Cluster(ClusterConnection),
 }
@@ -173,7 +167,7 @@ pub(super) struct Connection {
     generation: u64,
     connect_timeout: Duration,
     response_timeout: Duration,
-    live: Option<(MultiplexedConnection, Driver)>,
+    live: Option<(Handle, Socket)>,
     /// What the live connection's server offers (asked at each connect).
     native: Native,
     /// Ask again (load the scripts) before the next call.
@@ -208,14 +202,14 @@ impl Connection {
     }
 
     /// A handle to send calls on, connecting first if there is none.
-    pub(super) async fn get(&mut self) -> RedisResult<MultiplexedConnection> {
+    pub(super) async fn get(&mut self) -> RedisResult<Handle> {
         let generation = self.endpoint.generation();
-        if let Some((conn, driver)) = &mut self.live {
+        if let Some((conn, socket)) = &mut self.live {
             if generation == self.generation {
                 if std::mem::take(&mut self.reload) {
                     // Until the scripts are back, their operations go
                     // through the function.
-                    let asked = tokio::time::timeout(self.response_timeout, probe(conn, driver));
+                    let asked = tokio::time::timeout(self.response_timeout, probe(socket));
                     self.native = match asked.await {
                         Ok(Ok(native)) => native,
                         _ => Native::default(),
@@ -229,12 +223,13 @@ impl Connection {
         }
         let connect = async {
             let client = self.endpoint.resolve().await?;
-            connect(&client, self.response_timeout).await
+            let info = client.get_connection_info();
+            Socket::connect(info.addr(), info.redis_settings(), self.response_timeout).await
         };
-        let (conn, driver, native) = tokio::time::timeout(self.connect_timeout, async {
-            let (mut conn, mut driver) = connect.await?;
-            let native = probe(&mut conn, &mut driver).await?;
-            Ok::<_, RedisError>((conn, driver, native))
+        let (conn, socket, native) = tokio::time::timeout(self.connect_timeout, async {
+            let (conn, mut socket) = connect.await?;
+            let native = probe(&mut socket).await?;
+            Ok::<_, RedisError>((conn, socket, native))
         })
         .await
         .map_err(|_| RedisError::from((ErrorKind::Io, "connect timed out")))??;
@@ -242,7 +237,7 @@ impl Connection {
             tracing::debug!(?native, "the server's native commands");
         }
         self.native = native;
-        self.live = Some((conn.clone(), driver));
+        self.live = Some((conn.clone(), socket));
         self.generation = generation;
         self.broken = false;
         Ok(conn)
@@ -273,10 +268,10 @@ impl Connection {
     /// connection has closed (and is then forgotten). Pending while there
     /// is none.
     pub(super) fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some((_, driver)) = &mut self.live else {
+        let Some((_, socket)) = &mut self.live else {
             return Poll::Pending;
         };
-        if driver.as_mut().poll(cx).is_pending() {
+        if socket.poll_drive(cx).is_pending() {
             return Poll::Pending;
         }
         tracing::debug!("batch connection closed");
@@ -291,86 +286,29 @@ pub(crate) fn is_read_only(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
-/// Asks the server what it offers (`Native::probe`), driving the new
-/// connection meanwhile (nobody else does yet). A server that refuses the
-/// question (an ACL without `COMMAND`) offers nothing as far as hasp uses.
-async fn probe(conn: &mut MultiplexedConnection, driver: &mut Driver) -> RedisResult<Native> {
-    let mut native = match driven(conn.req_packed_command(&Native::probe()), driver).await {
+/// Asks the server what it offers (`Native::probe`), on a socket nobody
+/// else drives yet. A server that refuses the question (an ACL without
+/// `COMMAND`) offers nothing as far as hasp uses.
+async fn probe(socket: &mut Socket) -> RedisResult<Native> {
+    let mut native = match socket.ask(&Native::probe()).await {
         Ok(value) => Native::from_probe(&value),
         Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => return Err(e),
         Err(_) => Native::default(),
     };
     if !native.conditional {
-        native.script = load(conn, driver, &Native::load_script()).await?;
+        native.script = load(socket, &Native::load_script()).await?;
     }
-    native.acquire = load(conn, driver, &Native::load_acquire()).await?;
+    native.acquire = load(socket, &Native::load_acquire()).await?;
     Ok(native)
 }
 
 /// Loads a script (`SCRIPT LOAD`): whether the server took it. A server
 /// that refuses (an ACL without `SCRIPT`) leaves the operation to the
 /// function.
-async fn load(
-    conn: &mut MultiplexedConnection,
-    driver: &mut Driver,
-    cmd: &Cmd,
-) -> RedisResult<bool> {
-    match driven(conn.req_packed_command(cmd), driver).await {
-        Ok(value) => Ok(value.extract_error().is_ok()),
+async fn load(socket: &mut Socket, cmd: &Cmd) -> RedisResult<bool> {
+    match socket.ask(cmd).await {
+        Ok(_) => Ok(true),
         Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => Err(e),
         Err(_) => Ok(false),
-    }
-}
-
-/// Awaits `query` on a connection nobody drives yet, driving it meanwhile.
-async fn driven(
-    query: impl Future<Output = RedisResult<Value>>,
-    driver: &mut Driver,
-) -> RedisResult<Value> {
-    let mut query = std::pin::pin!(query);
-    let reply = std::future::poll_fn(|cx| {
-        if let Poll::Ready(reply) = query.as_mut().poll(cx) {
-            return Poll::Ready(reply);
-        }
-        if driver.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(RedisError::from((
-                ErrorKind::Io,
-                "the connection closed while connecting",
-            ))));
-        }
-        Poll::Pending
-    })
-    .await;
-    reply.and_then(Value::extract_error)
-}
-
-async fn connect(
-    client: &redis::Client,
-    response_timeout: Duration,
-) -> RedisResult<(MultiplexedConnection, Driver)> {
-    let info = client.get_connection_info();
-    let config = AsyncConnectionConfig::new().set_response_timeout(Some(response_timeout));
-    let redis = info.redis_settings();
-    match info.addr() {
-        ConnectionAddr::Tcp(host, port) => {
-            let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
-            // Small, latency-bound calls: never held back by Nagle.
-            stream.set_nodelay(true)?;
-            let (conn, driver) =
-                MultiplexedConnection::new_with_config(redis, stream, config).await?;
-            Ok((conn, Box::pin(driver)))
-        }
-        #[cfg(unix)]
-        ConnectionAddr::Unix(path) => {
-            let stream = tokio::net::UnixStream::connect(path).await?;
-            let (conn, driver) =
-                MultiplexedConnection::new_with_config(redis, stream, config).await?;
-            Ok((conn, Box::pin(driver)))
-        }
-        other => Err(RedisError::from((
-            ErrorKind::InvalidClientConfig,
-            "unsupported address",
-            format!("{other}"),
-        ))),
     }
 }

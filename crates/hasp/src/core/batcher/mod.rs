@@ -83,7 +83,9 @@ use hasp_owner::Owner;
 
 mod connection;
 mod repoll;
+mod resp;
 mod slots;
+mod socket;
 
 use connection::{Conn, Connection, Link};
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};

@@ -1,0 +1,498 @@
+//! The batcher's connection to one server: a socket the batching task
+//! writes and reads itself.
+//!
+//! redis-rs's multiplexed connection hands each command to its driver
+//! through a channel, gets the reply back through a oneshot and arms a timer
+//! per command. The batching task needs none of that: it is the only
+//! sender and already drives the connection from its own loop. Here a
+//! command is written straight into the connection's buffer, the task
+//! flushes it when it next drives the connection, and replies, which come
+//! back in the order the commands went out, complete the oldest command
+//! waiting. So one timer covers every command: only the oldest can be the
+//! first to run out of time (`benches/README.md` has what this saves).
+//!
+//! The connection speaks RESP2 (`resp`), logs in (`AUTH`) and selects the
+//! database as the client's URL says. A command whose reply does not come
+//! within the response time-out fails with a time-out error and the
+//! connection stays, as on redis-rs's connections: its reply, when it
+//! comes, is read and dropped. When the connection breaks, or is dropped,
+//! every command still waiting fails with a connection error.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{
+    Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisConnectionInfo, RedisError, RedisFuture,
+    RedisResult, Value,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
+
+use super::resp;
+
+/// The read buffer's first size; it grows for a reply that does not fit.
+const READ_BUFFER: usize = 16 * 1024;
+
+/// The socket, driven by the batching task ([`Socket::poll_drive`]).
+pub(super) struct Socket {
+    stream: Stream,
+    shared: Arc<Mutex<Shared>>,
+    /// Received bytes: `read[start..filled]` is not parsed yet.
+    read: Vec<u8>,
+    start: usize,
+    filled: usize,
+    /// Fires at or before the deadline of the oldest command still waiting.
+    timer: Pin<Box<Sleep>>,
+    /// When `timer` fires, if it is armed.
+    armed: Option<Instant>,
+}
+
+/// A handle to send commands on (cloneable; implements redis-rs's
+/// [`ConnectionLike`], so commands and pipelines run on it as on any
+/// redis-rs connection).
+#[derive(Clone)]
+pub(crate) struct Handle {
+    shared: Arc<Mutex<Shared>>,
+    db: i64,
+}
+
+/// What a [`Handle`] and its [`Socket`] share.
+struct Shared {
+    /// Commands not written yet: `out[written..]`.
+    out: Vec<u8>,
+    written: usize,
+    /// Commands sent, oldest first, each waiting for its replies.
+    waiting: VecDeque<Waiting>,
+    /// Why the connection is closed, once it is.
+    closed: Option<RedisError>,
+    /// The task driving the socket, to wake when there is something to write.
+    driver: Option<Waker>,
+    response_timeout: Duration,
+}
+
+struct Waiting {
+    deadline: Instant,
+    reply: Awaited,
+}
+
+/// Where a command's replies go.
+enum Awaited {
+    /// One command's reply; `None` once it timed out (the reply, when it
+    /// comes, is dropped).
+    One(Option<oneshot::Sender<RedisResult<Value>>>),
+    /// A pipeline's: `skip` replies dropped, then `count` kept.
+    Many {
+        skip: usize,
+        count: usize,
+        values: Vec<Value>,
+        to: Option<oneshot::Sender<RedisResult<Vec<Value>>>>,
+    },
+}
+
+impl Awaited {
+    /// Answers with `error` (the reply then is dropped when it comes).
+    fn fail(&mut self, error: &RedisError) {
+        match self {
+            Awaited::One(to) => {
+                if let Some(to) = to.take() {
+                    let _ = to.send(Err(error.clone()));
+                }
+            }
+            Awaited::Many { to, .. } => {
+                if let Some(to) = to.take() {
+                    let _ = to.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+
+    fn answered(&self) -> bool {
+        match self {
+            Awaited::One(to) => to.is_none(),
+            Awaited::Many { to, .. } => to.is_none(),
+        }
+    }
+}
+
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixStream),
+}
+
+impl Stream {
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+
+    fn poll_write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+}
+
+impl Socket {
+    /// Connects to `addr`, logs in and selects the database as `redis`
+    /// says; then the socket is ready for commands (which wait at most
+    /// `response_timeout` for their replies).
+    pub(super) async fn connect(
+        addr: &ConnectionAddr,
+        redis: &RedisConnectionInfo,
+        response_timeout: Duration,
+    ) -> RedisResult<(Handle, Socket)> {
+        let stream = match addr {
+            ConnectionAddr::Tcp(host, port) => {
+                let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                // Small, latency-bound calls: never held back by Nagle.
+                stream.set_nodelay(true)?;
+                Stream::Tcp(stream)
+            }
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => {
+                Stream::Unix(tokio::net::UnixStream::connect(path).await?)
+            }
+            other => {
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "unsupported address",
+                    format!("{other}"),
+                )))
+            }
+        };
+        let shared = Arc::new(Mutex::new(Shared {
+            out: Vec::new(),
+            written: 0,
+            waiting: VecDeque::new(),
+            closed: None,
+            driver: None,
+            response_timeout,
+        }));
+        let mut socket = Socket {
+            stream,
+            shared: shared.clone(),
+            read: vec![0; READ_BUFFER],
+            start: 0,
+            filled: 0,
+            timer: Box::pin(tokio::time::sleep(response_timeout)),
+            armed: None,
+        };
+        let handle = Handle {
+            shared,
+            db: redis.db(),
+        };
+        if let Some(password) = redis.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(username) = redis.username() {
+                auth.arg(username);
+            }
+            auth.arg(password);
+            socket.ask(&auth).await?;
+        }
+        if redis.db() != 0 {
+            socket.ask(redis::cmd("SELECT").arg(redis.db())).await?;
+        }
+        Ok((handle, socket))
+    }
+
+    /// Sends `cmd` and waits for its reply, driving the socket meanwhile
+    /// (for a socket nobody else drives yet). A server error is an error.
+    pub(super) async fn ask(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        let mut handle = Handle {
+            shared: self.shared.clone(),
+            db: 0,
+        };
+        let mut query = handle.req_packed_command(cmd);
+        let reply = std::future::poll_fn(|cx| {
+            if let Poll::Ready(reply) = query.as_mut().poll(cx) {
+                return Poll::Ready(reply);
+            }
+            if self.poll_drive(cx).is_ready() {
+                return Poll::Ready(Err(self.lock().closed.clone().unwrap_or_else(aborted)));
+            }
+            Poll::Pending
+        })
+        .await;
+        reply.and_then(Value::extract_error)
+    }
+
+    /// Writes what is queued, reads and hands out replies, and fails the
+    /// commands whose time ran out. Ready (once) when the connection has
+    /// closed; every command still waiting then has failed.
+    pub(super) fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let shared = Arc::clone(&self.shared);
+        let mut shared = lock(&shared);
+        if shared.closed.is_some() {
+            return Poll::Ready(());
+        }
+        if !shared
+            .driver
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            shared.driver = Some(cx.waker().clone());
+        }
+        if let Err(e) = self
+            .write(&mut shared, cx)
+            .and_then(|()| self.read(&mut shared, cx))
+        {
+            shared.close(e);
+            return Poll::Ready(());
+        }
+        self.time_out(&mut shared, cx);
+        Poll::Pending
+    }
+
+    fn write(&mut self, shared: &mut Shared, cx: &mut Context<'_>) -> RedisResult<()> {
+        while shared.written < shared.out.len() {
+            match self.stream.poll_write(cx, &shared.out[shared.written..]) {
+                Poll::Ready(Ok(0)) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
+                Poll::Ready(Ok(n)) => shared.written += n,
+                Poll::Ready(Err(e)) => return Err(e.into()),
+                Poll::Pending => return Ok(()),
+            }
+        }
+        shared.out.clear();
+        shared.written = 0;
+        Ok(())
+    }
+
+    fn read(&mut self, shared: &mut Shared, cx: &mut Context<'_>) -> RedisResult<()> {
+        loop {
+            if self.filled == self.read.len() {
+                if self.start > 0 {
+                    self.read.copy_within(self.start..self.filled, 0);
+                    self.filled -= self.start;
+                    self.start = 0;
+                } else {
+                    let grown = self.read.len() * 2;
+                    self.read.resize(grown, 0);
+                }
+            }
+            let mut buf = ReadBuf::new(&mut self.read[self.filled..]);
+            match self.stream.poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) => {
+                    let n = buf.filled().len();
+                    if n == 0 {
+                        return Err(io::Error::new(
+                            io::ErrorKind::ConnectionAborted,
+                            "the server closed the connection",
+                        )
+                        .into());
+                    }
+                    self.filled += n;
+                }
+                Poll::Ready(Err(e)) => return Err(e.into()),
+                Poll::Pending => return Ok(()),
+            }
+            while let Some((value, used)) = resp::read(&self.read[self.start..self.filled])? {
+                self.start += used;
+                shared.deliver(value)?;
+            }
+            if self.start == self.filled {
+                self.start = 0;
+                self.filled = 0;
+            }
+        }
+    }
+
+    /// Fails the commands whose deadline has passed and keeps the timer
+    /// armed for the oldest one left. The timer is moved only when it would
+    /// fire too late: firing early costs a look, re-arming on every command
+    /// a timer-wheel update.
+    fn time_out(&mut self, shared: &mut Shared, cx: &mut Context<'_>) {
+        loop {
+            let Some(deadline) = shared.first_deadline() else {
+                return;
+            };
+            if self.armed.is_none_or(|at| at > deadline) {
+                self.timer.as_mut().reset(deadline);
+                self.armed = Some(deadline);
+            }
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return;
+            }
+            self.armed = None;
+            shared.expire(Instant::now());
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        lock(&self.shared)
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        // Commands on a socket gone get no replies: they fail now rather
+        // than wait for a deadline nobody checks any more.
+        self.lock().close(aborted());
+    }
+}
+
+/// The state, even after a panic elsewhere left the lock poisoned (every
+/// change to it is complete before anything can panic).
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    /// Hands `value` to the oldest command waiting.
+    fn deliver(&mut self, value: Value) -> RedisResult<()> {
+        let Some(front) = self.waiting.front_mut() else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the server sent a reply nobody asked for",
+            )
+            .into());
+        };
+        match &mut front.reply {
+            Awaited::One(to) => {
+                if let Some(to) = to.take() {
+                    let _ = to.send(Ok(value));
+                }
+            }
+            Awaited::Many {
+                skip,
+                count,
+                values,
+                to,
+            } => {
+                if *skip > 0 {
+                    *skip -= 1;
+                } else {
+                    values.push(value);
+                }
+                if *skip > 0 || values.len() < *count {
+                    return Ok(());
+                }
+                if let Some(to) = to.take() {
+                    let _ = to.send(Ok(std::mem::take(values)));
+                }
+            }
+        }
+        self.waiting.pop_front();
+        Ok(())
+    }
+
+    /// The deadline of the oldest command still waiting for an answer.
+    fn first_deadline(&self) -> Option<Instant> {
+        self.waiting
+            .iter()
+            .find(|w| !w.reply.answered())
+            .map(|w| w.deadline)
+    }
+
+    /// Fails each command whose deadline is past `now` with a time-out.
+    fn expire(&mut self, now: Instant) {
+        let timed_out = RedisError::from(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no reply from Redis within the response time-out",
+        ));
+        for waiting in &mut self.waiting {
+            if waiting.deadline > now {
+                break;
+            }
+            waiting.reply.fail(&timed_out);
+        }
+    }
+
+    /// Closes the connection for `error`: every command waiting fails.
+    fn close(&mut self, error: RedisError) {
+        if self.closed.is_some() {
+            return;
+        }
+        for mut waiting in self.waiting.drain(..) {
+            waiting.reply.fail(&error);
+        }
+        self.out = Vec::new();
+        self.written = 0;
+        self.driver = None;
+        self.closed = Some(error);
+    }
+}
+
+impl Handle {
+    /// Queues the command `write` writes, expecting what `awaited` makes
+    /// of the reply's sender; wakes the driver if its buffer was empty.
+    fn queue<T>(
+        &self,
+        write: impl FnOnce(&mut Vec<u8>),
+        awaited: impl FnOnce(oneshot::Sender<RedisResult<T>>) -> Awaited,
+    ) -> RedisResult<oneshot::Receiver<RedisResult<T>>> {
+        let mut shared = lock(&self.shared);
+        if let Some(e) = &shared.closed {
+            return Err(e.clone());
+        }
+        let (to, from) = oneshot::channel();
+        let idle = shared.out.is_empty();
+        write(&mut shared.out);
+        let deadline = Instant::now() + shared.response_timeout;
+        shared.waiting.push_back(Waiting {
+            deadline,
+            reply: awaited(to),
+        });
+        if idle {
+            if let Some(driver) = &shared.driver {
+                driver.wake_by_ref();
+            }
+        }
+        Ok(from)
+    }
+}
+
+/// A reply that cannot come any more: the socket is gone.
+fn aborted() -> RedisError {
+    RedisError::from(io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "the connection to Redis was closed",
+    ))
+}
+
+impl ConnectionLike for Handle {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let reply = self.queue(
+            |out| cmd.write_packed_command(out),
+            |to| Awaited::One(Some(to)),
+        );
+        Box::pin(async move { reply?.await.unwrap_or_else(|_| Err(aborted())) })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        if offset + count == 0 {
+            return Box::pin(async { Ok(Vec::new()) });
+        }
+        let reply = self.queue(
+            |out| out.extend_from_slice(&pipeline.get_packed_pipeline()),
+            |to| Awaited::Many {
+                skip: offset,
+                count,
+                values: Vec::with_capacity(count),
+                to: Some(to),
+            },
+        );
+        Box::pin(async move { reply?.await.unwrap_or_else(|_| Err(aborted())) })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+}
