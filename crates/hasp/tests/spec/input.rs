@@ -56,6 +56,20 @@ async fn bad_arguments_are_rejected_before_any_redis_call() {
 }
 
 #[tokio::test]
+async fn the_longest_response_timeout_allowed_works() {
+    let ctx = Ctx::new();
+    // Redis's largest millisecond count is accepted; no deadline derived
+    // from it may overflow a clock reading.
+    let longest = Duration::from_millis(i64::MAX as u64);
+    let settings = Settings::default().set_response_timeout(longest);
+    let client = open(&ctx.urls(), settings).await.unwrap();
+    let lock = client.plain_lock("patient").unwrap();
+    lock.lock().await.unwrap().unlock().await.unwrap();
+    let lock = client.lock("patient-fenced").unwrap();
+    lock.lock().await.unwrap().unlock().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_sub_millisecond_lease_is_rounded_up_never_sent_as_zero() {
     let ctx = Ctx::new();
     let lock = ctx

@@ -39,6 +39,11 @@ use super::resp;
 
 /// The read buffer's first size; it grows for a reply that does not fit.
 const READ_BUFFER: usize = 16 * 1024;
+/// A response time-out longer than this (the settings allow up to Redis's
+/// largest millisecond count) waits this long: adding more to a clock
+/// reading can overflow what an `Instant` holds on some platforms, and an
+/// overflow panics.
+const LONGEST_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The socket, driven by the batching task ([`Socket::poll_drive`]).
 pub(super) struct Socket {
@@ -173,6 +178,7 @@ impl Socket {
                 )))
             }
         };
+        let response_timeout = response_timeout.min(LONGEST_WAIT);
         let shared = Arc::new(Mutex::new(Shared {
             out: Vec::new(),
             written: 0,
@@ -494,5 +500,118 @@ impl ConnectionLike for Handle {
 
     fn get_db(&self) -> i64 {
         self.db
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use testkit::{Direction, FaultProxy, Mode, RedisServer};
+
+    /// A socket to `url` whose commands wait at most `timeout`.
+    async fn open(url: &str, timeout: Duration) -> (Handle, Socket) {
+        let client = redis::Client::open(url).unwrap();
+        let info = client.get_connection_info();
+        Socket::connect(info.addr(), info.redis_settings(), timeout)
+            .await
+            .unwrap()
+    }
+
+    fn echo(text: &str) -> Cmd {
+        let mut cmd = redis::cmd("ECHO");
+        cmd.arg(text);
+        cmd
+    }
+
+    #[tokio::test]
+    async fn a_reply_after_its_time_out_is_dropped_and_the_next_gets_its_own() {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(&server);
+        let (_handle, mut socket) = open(&proxy.url(), Duration::from_secs(1)).await;
+        proxy.set(Direction::ToClient, Mode::BlackHole);
+        let late = socket.ask(&echo("first")).await.unwrap_err();
+        assert!(late.is_timeout(), "{late}");
+        // The held reply to "first" arrives now, ahead of the next one.
+        proxy.set(Direction::ToClient, Mode::Pass);
+        let next = socket.ask(&echo("second")).await.unwrap();
+        assert_eq!(next, Value::BulkString(b"second".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn a_pipeline_gets_its_replies_and_server_errors_stay_values() {
+        let server = RedisServer::start();
+        let (mut handle, mut socket) = open(&server.url(), Duration::from_secs(5)).await;
+        let mut pipe = redis::pipe();
+        pipe.add_command(echo("a"))
+            .cmd("NO-SUCH-COMMAND")
+            .add_command(echo("c"));
+        let replies = handle.req_packed_commands(&pipe, 1, 2);
+        let mut replies = std::pin::pin!(replies);
+        let replies = std::future::poll_fn(|cx| {
+            let _ = socket.poll_drive(cx);
+            replies.as_mut().poll(cx)
+        })
+        .await
+        .unwrap();
+        assert!(matches!(replies[0], Value::ServerError(_)), "{replies:?}");
+        assert_eq!(replies[1], Value::BulkString(b"c".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn a_broken_connection_fails_what_waits_and_what_comes_after() {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(&server);
+        let (mut handle, mut socket) = open(&proxy.url(), Duration::from_secs(60)).await;
+        // A round trip: the proxy has taken the connection.
+        socket.ask(&echo("hello")).await.unwrap();
+        proxy.set(Direction::ToClient, Mode::BlackHole);
+        let (lost, after) = (echo("lost"), echo("after"));
+        let mut other = handle.clone();
+        let waiting = handle.req_packed_command(&lost);
+        let mut waiting = std::pin::pin!(waiting);
+        let mut closed = false;
+        let reply = std::future::poll_fn(|cx| {
+            if !closed {
+                // Written before the connection goes.
+                let _ = socket.poll_drive(cx);
+                proxy.close_all();
+                closed = true;
+            }
+            let _ = socket.poll_drive(cx);
+            waiting.as_mut().poll(cx)
+        })
+        .await;
+        let e = reply.unwrap_err();
+        assert!(e.is_connection_dropped(), "{e}");
+        let after = other.req_packed_command(&after).await.unwrap_err();
+        assert!(after.is_connection_dropped(), "{after}");
+        let ended = std::future::poll_fn(|cx| Poll::Ready(socket.poll_drive(cx))).await;
+        assert!(ended.is_ready(), "the socket says it has closed");
+    }
+
+    #[tokio::test]
+    async fn dropping_the_socket_fails_what_waits() {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(&server);
+        let (mut handle, mut socket) = open(&proxy.url(), Duration::from_secs(60)).await;
+        // A round trip: the proxy has taken the connection.
+        socket.ask(&echo("hello")).await.unwrap();
+        proxy.set(Direction::ToClient, Mode::BlackHole);
+        let orphan = echo("orphan");
+        let waiting = handle.req_packed_command(&orphan);
+        let mut waiting = std::pin::pin!(waiting);
+        std::future::poll_fn(|cx| {
+            let _ = waiting.as_mut().poll(cx);
+            let _ = socket.poll_drive(cx);
+            Poll::Ready(())
+        })
+        .await;
+        drop(socket);
+        // Not left waiting for a deadline nobody checks (60 s away).
+        let e = tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("failed at once")
+            .unwrap_err();
+        assert!(e.is_connection_dropped(), "{e}");
     }
 }
