@@ -487,7 +487,15 @@ impl ConnectionLike for Handle {
             return Box::pin(async { Ok(Vec::new()) });
         }
         let reply = self.queue(
-            |out| out.extend_from_slice(&pipeline.get_packed_pipeline()),
+            |out| {
+                if pipeline.is_transaction() {
+                    out.extend_from_slice(&pipeline.get_packed_pipeline());
+                } else {
+                    for cmd in pipeline.cmd_iter() {
+                        cmd.write_packed_command(out);
+                    }
+                }
+            },
             |to| Awaited::Many {
                 skip: offset,
                 count,
