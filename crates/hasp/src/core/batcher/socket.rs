@@ -525,6 +525,17 @@ mod tests {
             .unwrap()
     }
 
+    /// A socket through a proxy that from now on holds every reply.
+    async fn black_holed() -> (RedisServer, FaultProxy, Handle, Socket) {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(&server);
+        let (handle, mut socket) = open(&proxy.url(), Duration::from_secs(60)).await;
+        // A round trip: the proxy has taken the connection.
+        socket.ask(&echo("hello")).await.unwrap();
+        proxy.set(Direction::ToClient, Mode::BlackHole);
+        (server, proxy, handle, socket)
+    }
+
     fn echo(text: &str) -> Cmd {
         let mut cmd = redis::cmd("ECHO");
         cmd.arg(text);
@@ -567,12 +578,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_broken_connection_fails_what_waits_and_what_comes_after() {
-        let server = RedisServer::start();
-        let proxy = FaultProxy::start(&server);
-        let (mut handle, mut socket) = open(&proxy.url(), Duration::from_secs(60)).await;
-        // A round trip: the proxy has taken the connection.
-        socket.ask(&echo("hello")).await.unwrap();
-        proxy.set(Direction::ToClient, Mode::BlackHole);
+        let (_server, proxy, mut handle, mut socket) = black_holed().await;
         let (lost, after) = (echo("lost"), echo("after"));
         let mut other = handle.clone();
         let waiting = handle.req_packed_command(&lost);
@@ -599,12 +605,7 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_the_socket_fails_what_waits() {
-        let server = RedisServer::start();
-        let proxy = FaultProxy::start(&server);
-        let (mut handle, mut socket) = open(&proxy.url(), Duration::from_secs(60)).await;
-        // A round trip: the proxy has taken the connection.
-        socket.ask(&echo("hello")).await.unwrap();
-        proxy.set(Direction::ToClient, Mode::BlackHole);
+        let (_server, _proxy, mut handle, mut socket) = black_holed().await;
         let orphan = echo("orphan");
         let waiting = handle.req_packed_command(&orphan);
         let mut waiting = std::pin::pin!(waiting);
