@@ -167,7 +167,7 @@ pub(super) struct Connection {
     generation: u64,
     connect_timeout: Duration,
     response_timeout: Duration,
-    live: Option<(Handle, Socket)>,
+    live: Option<Socket>,
     /// What the live connection's server offers (asked at each connect).
     native: Native,
     /// Ask again (load the scripts) before the next call.
@@ -204,7 +204,7 @@ impl Connection {
     /// A handle to send calls on, connecting first if there is none.
     pub(super) async fn get(&mut self) -> RedisResult<Handle> {
         let generation = self.endpoint.generation();
-        if let Some((conn, socket)) = &mut self.live {
+        if let Some(socket) = &mut self.live {
             if generation == self.generation {
                 if std::mem::take(&mut self.reload) {
                     // Until the scripts are back, their operations go
@@ -215,7 +215,7 @@ impl Connection {
                         _ => Native::default(),
                     };
                 }
-                return Ok(conn.clone());
+                return Ok(socket.handle());
             }
             // The master changed: this server is no longer the one.
             self.live = None;
@@ -226,10 +226,10 @@ impl Connection {
             let info = client.get_connection_info();
             Socket::connect(info.addr(), info.redis_settings(), self.response_timeout).await
         };
-        let (conn, socket, native) = tokio::time::timeout(self.connect_timeout, async {
-            let (conn, mut socket) = connect.await?;
+        let (socket, native) = tokio::time::timeout(self.connect_timeout, async {
+            let mut socket = connect.await?;
             let native = probe(&mut socket).await?;
-            Ok::<_, RedisError>((conn, socket, native))
+            Ok::<_, RedisError>((socket, native))
         })
         .await
         .map_err(|_| RedisError::from((ErrorKind::Io, "connect timed out")))??;
@@ -237,7 +237,8 @@ impl Connection {
             tracing::debug!(?native, "the server's native commands");
         }
         self.native = native;
-        self.live = Some((conn.clone(), socket));
+        let conn = socket.handle();
+        self.live = Some(socket);
         self.generation = generation;
         self.broken = false;
         Ok(conn)
@@ -268,7 +269,7 @@ impl Connection {
     /// connection has closed (and is then forgotten). Pending while there
     /// is none.
     pub(super) fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some((_, socket)) = &mut self.live else {
+        let Some(socket) = &mut self.live else {
             return Poll::Pending;
         };
         if socket.poll_drive(cx).is_pending() {

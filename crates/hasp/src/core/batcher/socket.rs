@@ -47,8 +47,15 @@ const LONGEST_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The socket, driven by the batching task ([`Socket::poll_drive`]).
 pub(super) struct Socket {
-    stream: Stream,
     shared: Arc<Mutex<Shared>>,
+    /// The database selected (what its handles report).
+    db: i64,
+    io: Io,
+}
+
+/// What only the driving task touches.
+struct Io {
+    stream: Stream,
     /// Received bytes: `read[start..filled]` is not parsed yet.
     read: Vec<u8>,
     start: usize,
@@ -158,7 +165,7 @@ impl Socket {
         addr: &ConnectionAddr,
         redis: &RedisConnectionInfo,
         response_timeout: Duration,
-    ) -> RedisResult<(Handle, Socket)> {
+    ) -> RedisResult<Socket> {
         let stream = match addr {
             ConnectionAddr::Tcp(host, port) => {
                 let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
@@ -188,17 +195,16 @@ impl Socket {
             response_timeout,
         }));
         let mut socket = Socket {
-            stream,
-            shared: shared.clone(),
-            read: vec![0; READ_BUFFER],
-            start: 0,
-            filled: 0,
-            timer: Box::pin(tokio::time::sleep(response_timeout)),
-            armed: None,
-        };
-        let handle = Handle {
             shared,
             db: redis.db(),
+            io: Io {
+                stream,
+                read: vec![0; READ_BUFFER],
+                start: 0,
+                filled: 0,
+                timer: Box::pin(tokio::time::sleep(response_timeout)),
+                armed: None,
+            },
         };
         if let Some(password) = redis.password() {
             let mut auth = redis::cmd("AUTH");
@@ -211,16 +217,21 @@ impl Socket {
         if redis.db() != 0 {
             socket.ask(redis::cmd("SELECT").arg(redis.db())).await?;
         }
-        Ok((handle, socket))
+        Ok(socket)
+    }
+
+    /// A handle to send commands on this socket.
+    pub(super) fn handle(&self) -> Handle {
+        Handle {
+            shared: self.shared.clone(),
+            db: self.db,
+        }
     }
 
     /// Sends `cmd` and waits for its reply, driving the socket meanwhile
     /// (for a socket nobody else drives yet). A server error is an error.
     pub(super) async fn ask(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        let mut handle = Handle {
-            shared: self.shared.clone(),
-            db: 0,
-        };
+        let mut handle = self.handle();
         let mut query = handle.req_packed_command(cmd);
         let reply = std::future::poll_fn(|cx| {
             if let Poll::Ready(reply) = query.as_mut().poll(cx) {
@@ -239,8 +250,7 @@ impl Socket {
     /// commands whose time ran out. Ready (once) when the connection has
     /// closed; every command still waiting then has failed.
     pub(super) fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let shared = Arc::clone(&self.shared);
-        let mut shared = lock(&shared);
+        let mut shared = lock(&self.shared);
         if shared.closed.is_some() {
             return Poll::Ready(());
         }
@@ -251,17 +261,24 @@ impl Socket {
         {
             shared.driver = Some(cx.waker().clone());
         }
-        if let Err(e) = self
+        let io = &mut self.io;
+        if let Err(e) = io
             .write(&mut shared, cx)
-            .and_then(|()| self.read(&mut shared, cx))
+            .and_then(|()| io.read(&mut shared, cx))
         {
             shared.close(e);
             return Poll::Ready(());
         }
-        self.time_out(&mut shared, cx);
+        io.time_out(&mut shared, cx);
         Poll::Pending
     }
 
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        lock(&self.shared)
+    }
+}
+
+impl Io {
     fn write(&mut self, shared: &mut Shared, cx: &mut Context<'_>) -> RedisResult<()> {
         while shared.written < shared.out.len() {
             match self.stream.poll_write(cx, &shared.out[shared.written..]) {
@@ -334,10 +351,6 @@ impl Socket {
             self.armed = None;
             shared.expire(Instant::now());
         }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Shared> {
-        lock(&self.shared)
     }
 }
 
@@ -520,9 +533,10 @@ mod tests {
     async fn open(url: &str, timeout: Duration) -> (Handle, Socket) {
         let client = redis::Client::open(url).unwrap();
         let info = client.get_connection_info();
-        Socket::connect(info.addr(), info.redis_settings(), timeout)
+        let socket = Socket::connect(info.addr(), info.redis_settings(), timeout)
             .await
-            .unwrap()
+            .unwrap();
+        (socket.handle(), socket)
     }
 
     /// A socket through a proxy that from now on holds every reply.
