@@ -462,18 +462,19 @@ impl Call {
     fn split(settle: Vec<Op>, mut batch: Vec<Request>, native: Native) -> Self {
         if settle.is_empty() && batch.len() == 1 {
             // Alone in its call: the common case of an idle client.
-            let command = batch.first().and_then(|r| r.native_command(native, false));
-            return match (command, batch.pop()) {
-                (Some(cmd), Some(request)) => Self {
+            if let Some(cmd) = batch[0].native_command(native, false) {
+                let native = batch
+                    .pop()
+                    .map(|request| (request, cmd))
+                    .into_iter()
+                    .collect();
+                return Self {
                     settle,
                     batch,
-                    native: vec![(request, cmd)],
-                },
-                (_, request) => {
-                    batch.extend(request);
-                    Self::scripted(settle, batch)
-                }
-            };
+                    native,
+                };
+            }
+            return Self::scripted(settle, batch);
         }
         // Scripts pay Redis's per-command cost each; in a call that
         // carries many operations the function's share per operation is
