@@ -77,26 +77,36 @@ impl Owner {
             return Self(format!("{client_id}:th{}", thread_number()).into());
         };
         // A task typically asks again and again for the same client's
-        // owner (each lock call does): the last answer on this thread is
-        // kept, with the length of the client id it was made for (an id
-        // of that length that begins the owner's is that client id).
+        // owner (each lock call does), and a worker thread runs many tasks
+        // by turns: the last answer per task is kept in a small table per
+        // thread, found by the task's id, with the length of the client id
+        // it was made for (an id of that length that begins the owner's is
+        // that client id). Formatting an owner costs three allocations.
         thread_local! {
-            static LAST: std::cell::RefCell<Option<(tokio::task::Id, usize, Owner)>> =
-                const { std::cell::RefCell::new(None) };
+            static KEPT: std::cell::RefCell<[Option<(tokio::task::Id, usize, Owner)>; KEPT_OWNERS]> =
+                const { std::cell::RefCell::new([const { None }; KEPT_OWNERS]) };
         }
-        LAST.with(|last| {
-            let mut last = last.borrow_mut();
-            if let Some((id, len, owner)) = last.as_ref() {
+        let slot = {
+            use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+            let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(task);
+            (hash % KEPT_OWNERS as u64) as usize
+        };
+        KEPT.with(|kept| {
+            let mut kept = kept.borrow_mut();
+            if let Some((id, len, owner)) = &kept[slot] {
                 if *id == task && *len == client_id.len() && owner.0.starts_with(client_id) {
                     return owner.clone();
                 }
             }
             let owner = Self(format!("{client_id}:t{task}").into());
-            *last = Some((task, client_id.len(), owner.clone()));
+            kept[slot] = Some((task, client_id.len(), owner.clone()));
             owner
         })
     }
 }
+
+/// How many tasks' owners each thread keeps ([`Owner::current`]).
+const KEPT_OWNERS: usize = 64;
 
 impl fmt::Debug for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -155,5 +165,26 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.id().starts_with("c:1:t") && b.id().starts_with("c:2:t"));
         assert!(prefix.id().starts_with("c:t"), "{prefix:?}");
+    }
+
+    #[tokio::test]
+    async fn tasks_taking_turns_on_one_thread_keep_their_own_owners() {
+        // More tasks than the table has slots, so some share one.
+        let tasks: Vec<_> = (0..3 * KEPT_OWNERS)
+            .map(|_| {
+                tokio::spawn(async {
+                    let first = Owner::current("c");
+                    for _ in 0..3 {
+                        tokio::task::yield_now().await;
+                        assert_eq!(Owner::current("c"), first);
+                    }
+                    first
+                })
+            })
+            .collect();
+        let mut owners = std::collections::HashSet::new();
+        for task in tasks {
+            assert!(owners.insert(task.await.unwrap()), "an owner given twice");
+        }
     }
 }

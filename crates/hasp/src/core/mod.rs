@@ -77,6 +77,7 @@ mod lock;
 mod nonce;
 mod pubsub;
 mod reply;
+pub(crate) mod resp;
 mod rw_lock;
 pub(crate) mod scripts;
 mod semaphore;

@@ -340,11 +340,12 @@ impl Waiters {
                 written,
             }),
         };
+        // No task of this client waits for the lock: nothing to settle.
+        let Some(queue) = queue else {
+            return (op, then);
+        };
         let (batch, keys) = (batch.clone(), keys.clone());
         let done: Completion = Box::new(move |reply| {
-            let Some(queue) = queue else {
-                return then(reply);
-            };
             match (heir, reply) {
                 (Some(heir), Ok(Reply::Acquired { token })) => {
                     then(Ok(Reply::Released));

@@ -69,13 +69,12 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use redis::aio::ConnectionLike;
 use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::scripts::{self, Library, BATCH, BATCH_SHARDED};
 use super::wire::lock::LockOp;
-use super::wire::native::Native;
+use super::wire::native::{Native, NativeCommand};
 use super::wire::{self, Nonces, Op, Reply};
 use crate::config::{ReplicaAck, Settings};
 use crate::error::{is_redirect, Error};
@@ -83,7 +82,6 @@ use hasp_owner::Owner;
 
 mod connection;
 mod repoll;
-mod resp;
 mod slots;
 mod socket;
 
@@ -148,7 +146,7 @@ impl Request {
     /// The native command for this request's operation on a server
     /// offering `native` (in a call `crowded` with operations), unless its
     /// command already found the lock otherwise.
-    fn native_command(&self, native: Native, crowded: bool) -> Option<redis::Cmd> {
+    fn native_command(&self, native: Native, crowded: bool) -> Option<NativeCommand<'_>> {
         if self.scripted {
             return None;
         }
@@ -441,7 +439,15 @@ struct Task {
 struct Call {
     settle: Vec<Op>,
     batch: Vec<Request>,
-    native: Vec<(Request, redis::Cmd)>,
+    native: Natives,
+}
+
+/// Requests sent as native commands, and those commands packed in the
+/// requests' order (`resp::Packer`), ready for the connection's buffer.
+#[derive(Default)]
+struct Natives {
+    requests: Vec<Request>,
+    packed: Vec<u8>,
 }
 
 impl Call {
@@ -450,48 +456,47 @@ impl Call {
         Self {
             settle,
             batch,
-            native: Vec::new(),
+            native: Natives::default(),
         }
     }
 
     /// Each request whose operation has a native command on a server
-    /// offering `native` goes as that command, unless another operation of
+    /// offering `offer` goes as that command, unless another operation of
     /// the call touches the same lock (the function's operations and the
     /// commands are not ordered among themselves) or its command already
     /// found the lock otherwise.
-    fn split(settle: Vec<Op>, mut batch: Vec<Request>, native: Native) -> Self {
-        if settle.is_empty() && batch.len() == 1 {
-            // Alone in its call: the common case of an idle client.
-            if let Some(cmd) = batch[0].native_command(native, false) {
-                let native = batch
-                    .pop()
-                    .map(|request| (request, cmd))
-                    .into_iter()
-                    .collect();
-                return Self {
-                    settle,
-                    batch,
-                    native,
-                };
-            }
-            return Self::scripted(settle, batch);
-        }
+    fn split(settle: Vec<Op>, batch: Vec<Request>, offer: Native) -> Self {
         // Scripts pay Redis's per-command cost each; in a call that
         // carries many operations the function's share per operation is
         // lower (`wire::native`).
         let crowded = batch.len() >= CROWDED;
-        let commands: Vec<Option<redis::Cmd>> = batch
+        if !batch
             .iter()
-            .map(|r| r.native_command(native, crowded))
-            .collect();
-        if commands.iter().all(Option::is_none) {
+            .any(|r| r.native_command(offer, crowded).is_some())
+        {
             return Self::scripted(settle, batch);
         }
-        let alone = alone(&settle, &batch);
+        // Alone in its call (the common case of an idle client), a request
+        // shares its lock with nothing.
+        let alone = if settle.is_empty() && batch.len() == 1 {
+            Alone::Few(1)
+        } else {
+            Alone::of(&settle, &batch)
+        };
         let mut call = Self::scripted(settle, Vec::new());
-        for ((request, command), alone) in batch.into_iter().zip(commands).zip(alone) {
-            match command.filter(|_| alone) {
-                Some(cmd) => call.native.push((request, cmd)),
+        let native = &mut call.native;
+        // Room for the commands of every request (a command is about 100
+        // bytes and a lock's name), so packing them does not grow it.
+        native.packed.reserve(batch.len() * 128);
+        for (i, request) in batch.into_iter().enumerate() {
+            match request
+                .native_command(offer, crowded)
+                .filter(|_| alone.get(i))
+            {
+                Some(command) => {
+                    command.write(&mut native.packed);
+                    native.requests.push(request);
+                }
                 None => call.batch.push(request),
             }
         }
@@ -499,28 +504,55 @@ impl Call {
     }
 }
 
-/// For each request of `batch`: whether no other operation of the call
-/// (settlements included) touches its lock.
-fn alone(settle: &[Op], batch: &[Request]) -> Vec<bool> {
-    let locks: Vec<&str> = settle
-        .iter()
-        .chain(batch.iter().map(|r| &r.op))
-        .map(|op| &*op.keys().lock)
-        .collect();
-    let mine = &locks[settle.len()..];
-    // A call carries a few operations unless the client is busy: comparing
-    // each with each is then cheaper than hashing.
-    if locks.len() <= CROWDED {
-        return mine
-            .iter()
-            .map(|lock| locks.iter().filter(|other| *other == lock).count() == 1)
-            .collect();
+/// The replies a call's native commands are waiting for: one command's,
+/// several commands', or none (sent through the function instead).
+enum Replies<One, Many> {
+    One(One),
+    Many(Many),
+    Scripted,
+}
+
+/// Which requests of a call share their lock with no other operation of
+/// the call (settlements included).
+enum Alone {
+    /// Of a call of at most [`CROWDED`] operations: bit `i` for request `i`.
+    Few(u32),
+    Many(Vec<bool>),
+}
+
+impl Alone {
+    fn of(settle: &[Op], batch: &[Request]) -> Self {
+        let ops = || settle.iter().chain(batch.iter().map(|r| &r.op));
+        // A call carries a few operations unless the client is busy:
+        // comparing each with each is then cheaper than hashing.
+        if settle.len() + batch.len() <= CROWDED {
+            let mut alone = 0;
+            for (i, request) in batch.iter().enumerate() {
+                let mine = &*request.op.keys().lock;
+                if ops().filter(|op| &*op.keys().lock == mine).count() == 1 {
+                    alone |= 1 << i;
+                }
+            }
+            return Alone::Few(alone);
+        }
+        let mut uses = std::collections::HashMap::<&str, u32>::with_capacity(CROWDED * 2);
+        for op in ops() {
+            *uses.entry(&*op.keys().lock).or_default() += 1;
+        }
+        Alone::Many(
+            batch
+                .iter()
+                .map(|r| uses[&*r.op.keys().lock] == 1)
+                .collect(),
+        )
     }
-    let mut uses = std::collections::HashMap::<&str, u32>::with_capacity(locks.len());
-    for lock in &locks {
-        *uses.entry(lock).or_default() += 1;
+
+    fn get(&self, i: usize) -> bool {
+        match self {
+            Alone::Few(bits) => bits & (1 << i) != 0,
+            Alone::Many(each) => each[i],
+        }
     }
-    mine.iter().map(|lock| uses[lock] == 1).collect()
 }
 
 /// The result of one call: the error that broke it, the settlements it
@@ -667,13 +699,13 @@ impl Task {
         // through the function or as native commands.
         let renews = settle.iter().any(Op::is_extend)
             || batch.iter().any(|r| r.op.is_extend())
-            || native.iter().any(|(r, _)| r.op.is_extend());
+            || native.requests.iter().any(|r| r.op.is_extend());
         if renews {
             self.stats.renew_calls.fetch_add(1, Ordering::Relaxed);
         }
         // Boxed: the call's state is a few kilobytes, which the set of
         // calls in flight would otherwise copy in on every push.
-        if native.is_empty() {
+        if native.requests.is_empty() {
             return Box::pin(self.call_script(conn, route, settle, batch));
         }
         if settle.is_empty() && batch.is_empty() {
@@ -688,48 +720,75 @@ impl Task {
         })
     }
 
-    /// Sends `native`'s commands (one, or a pipeline: one request to the
-    /// connection and one write, as the function's call is) and completes
-    /// each request.
+    /// Sends `native`'s commands (packed already: one write, as the
+    /// function's call is) and completes each request.
     fn call_native(
         &self,
-        mut conn: Conn,
-        mut native: Vec<(Request, redis::Cmd)>,
+        conn: Conn,
+        native: Natives,
     ) -> impl std::future::Future<Output = Sent> + Send + 'static {
         let stats = self.stats.clone();
         let nonces = self.nonces.clone();
         let requeue = self.requeue.clone();
+        let Natives {
+            mut requests,
+            packed,
+        } = native;
+        let count = requests.len();
+        // Queued now: on the wire before the call's function call, which
+        // touches none of their locks.
+        let replies = match &conn {
+            Conn::Node(handle) if count == 1 => Replies::One(handle.send_packed_one(&packed)),
+            Conn::Node(handle) => Replies::Many(handle.send_packed(count, &packed)),
+            // Native commands are only split off on one server's connection.
+            Conn::Cluster(_) => Replies::Scripted,
+        };
         async move {
-            let count = native.len();
-            if count == 1 {
-                if let Some((request, cmd)) = native.pop() {
-                    let reply = conn.req_packed_command(&cmd).await;
-                    return native_answered(request, reply, &stats, &nonces, &requeue);
+            let values = match replies {
+                Replies::One(reply) => {
+                    let reply = reply.await;
+                    return match requests.pop() {
+                        Some(request) => native_answered(request, reply, &stats, &nonces, &requeue),
+                        None => Sent::default(),
+                    };
                 }
-            }
-            let mut requests = Vec::with_capacity(count);
-            let mut pipe = redis::pipe();
-            for (request, cmd) in native {
-                pipe.add_command(cmd);
-                requests.push(request);
-            }
-            // Each command's server error is a value of its own slot.
-            let replies: Vec<redis::RedisResult<Value>> =
-                match conn.req_packed_commands(&pipe, 0, count).await {
-                    Ok(values) if values.len() == count => values.into_iter().map(Ok).collect(),
-                    Ok(values) => {
-                        let wrong = RedisError::from((
+                Replies::Many(replies) => replies.await.and_then(|values| {
+                    if values.len() == count {
+                        Ok(values)
+                    } else {
+                        Err(RedisError::from((
                             redis::ErrorKind::Client,
                             "pipeline reply of the wrong length",
                             format!("{} replies for {count} commands", values.len()),
-                        ));
-                        vec![Err(wrong); count]
+                        )))
                     }
-                    Err(e) => vec![Err(e); count],
-                };
+                }),
+                Replies::Scripted => {
+                    for request in &mut requests {
+                        request.scripted = true;
+                    }
+                    return Sent {
+                        retries: requests,
+                        ..Sent::default()
+                    };
+                }
+            };
             let mut sent = Sent::default();
-            for (request, reply) in requests.into_iter().zip(replies) {
-                sent.merge(native_answered(request, reply, &stats, &nonces, &requeue));
+            match values {
+                Ok(values) => {
+                    for (request, value) in requests.into_iter().zip(values) {
+                        let answered =
+                            native_answered(request, Ok(value), &stats, &nonces, &requeue);
+                        sent.merge(answered);
+                    }
+                }
+                Err(e) => {
+                    for request in requests {
+                        let answered =
+                            native_answered(request, Err(e.clone()), &stats, &nonces, &requeue);
+                        sent.merge(answered);
+                    }
+                }
             }
             sent
         }

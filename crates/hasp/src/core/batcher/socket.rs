@@ -35,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
-use super::resp;
+use crate::core::resp;
 
 /// The read buffer's first size; it grows for a reply that does not fit.
 const READ_BUFFER: usize = 16 * 1024;
@@ -479,6 +479,40 @@ fn aborted() -> RedisError {
         io::ErrorKind::ConnectionAborted,
         "the connection to Redis was closed",
     ))
+}
+
+impl Handle {
+    /// Sends one command packed already (`resp::Packer`): its reply, a
+    /// server's error included as a value.
+    pub(crate) fn send_packed_one(
+        &self,
+        packed: &[u8],
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'static {
+        let reply = self.queue(
+            |out| out.extend_from_slice(packed),
+            |to| Awaited::One(Some(to)),
+        );
+        async move { reply?.await.unwrap_or_else(|_| Err(aborted())) }
+    }
+
+    /// Sends `count` commands packed already, one after the other: their
+    /// replies, each a value of its own (a server's error included).
+    pub(crate) fn send_packed(
+        &self,
+        count: usize,
+        packed: &[u8],
+    ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'static {
+        let reply = self.queue(
+            |out| out.extend_from_slice(packed),
+            |to| Awaited::Many {
+                skip: 0,
+                count,
+                values: Vec::with_capacity(count),
+                to: Some(to),
+            },
+        );
+        async move { reply?.await.unwrap_or_else(|_| Err(aborted())) }
+    }
 }
 
 impl ConnectionLike for Handle {

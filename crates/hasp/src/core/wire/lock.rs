@@ -341,20 +341,29 @@ impl LockOp {
 /// What an acquisition by `owner` with the operation `nonce` sends: the
 /// value a free lock takes but its token (`lock.lua`, "hold").
 pub(super) fn free_hold(owner: &Owner, nonce: Nonce) -> Vec<u8> {
-    let mut hold = Vec::with_capacity(owner.id().len() + 42);
-    hold.extend_from_slice(b"1 ");
-    hold.extend_from_slice(&nonce.hex());
-    hold.extend_from_slice(b" - ");
-    hold.extend_from_slice(owner.id().as_bytes());
-    hold
+    free_value(owner, nonce, None, |parts| parts.concat())
 }
 
-/// The value a free lock takes when `owner` acquires it with the operation
-/// `nonce` and gets fencing token `token` (a plain lock's: 1): one hold,
-/// no waiter flagged (`lock.lua`, "lock").
-pub(super) fn free_value(owner: &Owner, nonce: Nonce, token: u64) -> Vec<u8> {
-    let mut value = free_hold(owner, nonce);
-    value.push(b' ');
-    value.extend_from_slice(itoa::Buffer::new().format(token).as_bytes());
-    value
+/// What `f` makes of the value a free lock takes when `owner` acquires it
+/// with the operation `nonce` and gets fencing token `token` (a plain
+/// lock's: 1): one hold, no waiter flagged (`lock.lua`, "lock"); without
+/// the token, [`free_hold`]. Handed over in parts: the one place that
+/// spells the value, and a way to pack it into a command without building
+/// it first.
+pub(super) fn free_value<R>(
+    owner: &Owner,
+    nonce: Nonce,
+    token: Option<u64>,
+    f: impl FnOnce(&[&[u8]]) -> R,
+) -> R {
+    let hex = nonce.hex();
+    let hold: [&[u8]; 4] = [b"1 ", &hex, b" - ", owner.id().as_bytes()];
+    match token {
+        None => f(&hold),
+        Some(token) => {
+            let mut digits = itoa::Buffer::new();
+            let [a, b, c, d] = hold;
+            f(&[a, b, c, d, b" ", digits.format(token).as_bytes()])
+        }
+    }
 }

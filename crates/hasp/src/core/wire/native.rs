@@ -38,10 +38,14 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, Value};
 
-use super::lock::{free_hold, free_value, LockOp};
+use super::lock::{free_value, LockOp};
 use super::{Op, Reply};
+use crate::core::holds::Written;
 use crate::core::keys::Kind;
+use crate::core::nonce::Nonce;
+use crate::core::resp::Packer;
 use crate::error::Error;
+use hasp_owner::Owner;
 
 /// `DELIFEQ` as a script, for servers without it.
 const DELETE_IF_EQUAL_SOURCE: &str = include_str!("../scripts/delete_if_equal.lua");
@@ -102,85 +106,173 @@ impl Native {
     }
 }
 
+/// One operation's native command, borrowing what it sends from the
+/// operation ([`Op::native`]); [`write`](Self::write) packs it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum NativeCommand<'a> {
+    /// `SET <lock> <value> NX PX <lease>`: a plain lock's acquisition.
+    SetIfFree {
+        lock: &'a str,
+        owner: &'a Owner,
+        nonce: Nonce,
+        lease_ms: u64,
+    },
+    /// `EVALSHA <acquire_free.lua> 1 <lock> <hold> <lease>`: a lock's.
+    AcquireFree {
+        lock: &'a str,
+        owner: &'a Owner,
+        nonce: Nonce,
+        lease_ms: u64,
+    },
+    /// `DELIFEQ <lock> <value>`, or the same by [`DELETE_IF_EQUAL`]
+    /// (`script`): the last release of a hold.
+    DeleteIfEqual {
+        lock: &'a str,
+        owner: &'a Owner,
+        written: Written,
+        script: bool,
+    },
+    /// `SET <lock> <value> IFEQ <value> PX <lease>`: a renewal.
+    SetIfEqual {
+        lock: &'a str,
+        owner: &'a Owner,
+        written: Written,
+        lease_ms: u64,
+    },
+}
+
+impl NativeCommand<'_> {
+    /// Packs this command at the end of `out` (the connection's buffer).
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        let value = |p: &mut Packer<'_>, owner, nonce, token| {
+            free_value(owner, nonce, token, |parts| {
+                p.joined(parts);
+            });
+        };
+        match *self {
+            NativeCommand::SetIfFree {
+                lock,
+                owner,
+                nonce,
+                lease_ms,
+            } => {
+                let mut p = Packer::command(out, 6);
+                p.arg(b"SET").arg(lock.as_bytes());
+                value(&mut p, owner, nonce, Some(1));
+                p.arg(b"NX").arg(b"PX").number(lease_ms);
+            }
+            NativeCommand::AcquireFree {
+                lock,
+                owner,
+                nonce,
+                lease_ms,
+            } => {
+                let mut p = Packer::command(out, 6);
+                p.arg(b"EVALSHA")
+                    .arg(ACQUIRE_FREE.get_hash().as_bytes())
+                    .arg(b"1")
+                    .arg(lock.as_bytes());
+                value(&mut p, owner, nonce, None);
+                p.number(lease_ms);
+            }
+            NativeCommand::DeleteIfEqual {
+                lock,
+                owner,
+                written,
+                script,
+            } => {
+                let mut p = if script {
+                    let mut p = Packer::command(out, 5);
+                    p.arg(b"EVALSHA")
+                        .arg(DELETE_IF_EQUAL.get_hash().as_bytes())
+                        .arg(b"1");
+                    p
+                } else {
+                    let mut p = Packer::command(out, 3);
+                    p.arg(b"DELIFEQ");
+                    p
+                };
+                p.arg(lock.as_bytes());
+                value(&mut p, owner, written.nonce, Some(written.token));
+            }
+            NativeCommand::SetIfEqual {
+                lock,
+                owner,
+                written,
+                lease_ms,
+            } => {
+                let mut p = Packer::command(out, 7);
+                p.arg(b"SET").arg(lock.as_bytes());
+                value(&mut p, owner, written.nonce, Some(written.token));
+                p.arg(b"IFEQ");
+                value(&mut p, owner, written.nonce, Some(written.token));
+                p.arg(b"PX").number(lease_ms);
+            }
+        }
+    }
+}
+
 impl Op {
     /// This operation as one native command on a server offering `native`,
     /// or `None` if it needs the function. In a `crowded` call (one that
     /// carries many operations) a lock's acquisition goes through the
     /// function: each script call pays Redis's per-command cost, while the
     /// function's per-call cost is then shared by many operations.
-    pub(crate) fn native(&self, native: Native, crowded: bool) -> Option<Cmd> {
-        match self {
-            Op::Lock(LockOp::Acquire {
+    pub(crate) fn native(&self, native: Native, crowded: bool) -> Option<NativeCommand<'_>> {
+        let Op::Lock(op) = self else {
+            return None;
+        };
+        match op {
+            LockOp::Acquire {
                 keys,
                 owner,
                 lease_ms,
                 nonce,
                 ..
-            }) if keys.kind == Kind::PlainLock => {
-                let value = free_value(owner, *nonce, 1);
-                let mut cmd = command("SET", 6, keys.lock.len() + value.len());
-                cmd.arg(&*keys.lock)
-                    .arg(value)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(*lease_ms);
-                Some(cmd)
-            }
-            Op::Lock(LockOp::Acquire {
-                keys,
-                owner,
-                lease_ms,
-                nonce,
-                ..
-            }) if native.acquire && !crowded && keys.kind == Kind::Lock => {
-                let hold = free_hold(owner, *nonce);
-                let mut cmd = command("EVALSHA", 6, keys.lock.len() + hold.len());
-                cmd.arg(ACQUIRE_FREE.get_hash())
-                    .arg(1)
-                    .arg(&*keys.lock)
-                    .arg(hold)
-                    .arg(*lease_ms);
-                Some(cmd)
-            }
-            Op::Lock(LockOp::Release {
+            } => match keys.kind {
+                Kind::PlainLock => Some(NativeCommand::SetIfFree {
+                    lock: &keys.lock,
+                    owner,
+                    nonce: *nonce,
+                    lease_ms: *lease_ms,
+                }),
+                Kind::Lock if native.acquire && !crowded => Some(NativeCommand::AcquireFree {
+                    lock: &keys.lock,
+                    owner,
+                    nonce: *nonce,
+                    lease_ms: *lease_ms,
+                }),
+                _ => None,
+            },
+            LockOp::Release {
                 keys,
                 owner,
                 holds: 1,
                 written: Some(written),
                 ..
-            }) if matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
-                let hold = free_value(owner, written.nonce, written.token);
-                if native.conditional {
-                    let mut cmd = command("DELIFEQ", 3, keys.lock.len() + hold.len());
-                    cmd.arg(&*keys.lock).arg(hold);
-                    Some(cmd)
-                } else if native.script {
-                    let mut cmd = command("EVALSHA", 5, keys.lock.len() + hold.len());
-                    cmd.arg(DELETE_IF_EQUAL.get_hash())
-                        .arg(1)
-                        .arg(&*keys.lock)
-                        .arg(hold);
-                    Some(cmd)
-                } else {
-                    None
-                }
+            } if matches!(keys.kind, Kind::Lock | Kind::PlainLock)
+                && (native.conditional || native.script) =>
+            {
+                Some(NativeCommand::DeleteIfEqual {
+                    lock: &keys.lock,
+                    owner,
+                    written: *written,
+                    script: !native.conditional,
+                })
             }
-            Op::Lock(LockOp::Extend {
+            LockOp::Extend {
                 keys,
                 owner,
                 lease_ms: Some(lease_ms),
                 written: Some(written),
                 ..
-            }) if native.conditional && matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
-                let hold = free_value(owner, written.nonce, written.token);
-                let mut cmd = command("SET", 7, keys.lock.len() + 2 * hold.len());
-                cmd.arg(&*keys.lock)
-                    .arg(&hold)
-                    .arg("IFEQ")
-                    .arg(&hold)
-                    .arg("PX")
-                    .arg(*lease_ms);
-                Some(cmd)
+            } if native.conditional && matches!(keys.kind, Kind::Lock | Kind::PlainLock) => {
+                Some(NativeCommand::SetIfEqual {
+                    lock: &keys.lock,
+                    owner,
+                    written: *written,
+                    lease_ms: *lease_ms,
+                })
             }
             _ => None,
         }
@@ -210,26 +302,30 @@ impl Op {
     }
 }
 
-/// A command named `name` with room for `args` arguments (the name
-/// included) and `data` bytes of them besides the name and short ones
-/// (a script's hash, a number, a flag): sized once rather than grown
-/// argument by argument.
-fn command(name: &str, args: usize, data: usize) -> Cmd {
-    let mut cmd = Cmd::with_capacity(args, name.len() + data + 64);
-    cmd.arg(name);
-    cmd
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
-    use super::super::tests::args;
     use super::*;
-    use crate::core::holds::Written;
     use crate::core::keys::LockKeys;
     use crate::core::nonce::Nonces;
-    use hasp_owner::Owner;
+
+    /// The arguments of `cmd` as it goes on the wire.
+    fn args(cmd: NativeCommand<'_>) -> Vec<String> {
+        let mut out = Vec::new();
+        cmd.write(&mut out);
+        let (value, used) = crate::core::resp::read(&out).unwrap().expect("whole");
+        assert_eq!(used, out.len(), "one command");
+        let Value::Array(args) = value else {
+            panic!("an array: {value:?}")
+        };
+        args.into_iter()
+            .map(|a| match a {
+                Value::BulkString(b) => String::from_utf8(b).unwrap(),
+                other => panic!("a bulk string: {other:?}"),
+            })
+            .collect()
+    }
 
     #[test]
     fn a_last_release_of_a_hold_this_client_wrote_is_one_delifeq_where_the_server_has_it() {
@@ -258,8 +354,14 @@ mod tests {
             .native(script, false)
             .expect("a script on Redis 7.0");
         assert_eq!(
-            args(&cmd)[..3],
-            ["EVALSHA", DELETE_IF_EQUAL.get_hash(), "1"]
+            args(cmd),
+            [
+                "EVALSHA",
+                DELETE_IF_EQUAL.get_hash(),
+                "1",
+                "hasp:{a}",
+                &format!("1 {written} - o1 7")
+            ]
         );
         let valkey = Native {
             conditional: true,
@@ -268,7 +370,7 @@ mod tests {
         };
         let cmd = release.native(valkey, false).expect("native on Valkey 9");
         assert_eq!(
-            args(&cmd),
+            args(cmd),
             ["DELIFEQ", "hasp:{a}", &format!("1 {written} - o1 7")]
         );
         assert_eq!(
@@ -296,7 +398,7 @@ mod tests {
             .native(Native::default(), false)
             .expect("native everywhere");
         assert_eq!(
-            args(&cmd),
+            args(cmd),
             [
                 "SET",
                 "hasp:{a}:plain",
@@ -322,7 +424,7 @@ mod tests {
             .native(loaded, false)
             .expect("the acquisition script");
         assert_eq!(
-            args(&cmd),
+            args(cmd),
             [
                 "EVALSHA",
                 ACQUIRE_FREE.get_hash(),

@@ -1,4 +1,5 @@
-//! Reading RESP2 replies out of the bytes a connection has received.
+//! RESP2 on the batcher's own connection: commands packed straight into
+//! its buffer, replies read out of the bytes it has received.
 //!
 //! The batcher's connection speaks RESP2 whatever the client's protocol
 //! setting (its replies are the same in both), so five reply types are all
@@ -7,15 +8,63 @@
 //! carries the same kind (`NOSCRIPT`, `READONLY`, `MOVED`, ...) as on any
 //! redis-rs connection; everything else is read here, without the
 //! per-reply state machine a general streaming parser keeps.
+//!
+//! A command is an array of bulk strings. [`Packer`] writes one argument
+//! at a time into the buffer it is given, so a command sent this way costs
+//! no allocation of its own (a `redis::Cmd` keeps its arguments in two
+//! vectors, then is copied into the buffer).
 
 use redis::{RedisError, RedisResult, Value};
 
 /// Nesting deeper than this is not a reply hasp asked for.
 const MAX_DEPTH: usize = 8;
 
+/// Writes one command into a buffer: the array header when made, then
+/// each argument. The command is whole once it has as many arguments as
+/// it announced.
+pub(crate) struct Packer<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+impl<'a> Packer<'a> {
+    /// Starts a command of `args` arguments (its name included) at the end
+    /// of `out`.
+    pub(crate) fn command(out: &'a mut Vec<u8>, args: usize) -> Self {
+        out.push(b'*');
+        out.extend_from_slice(itoa::Buffer::new().format(args).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        Self { out }
+    }
+
+    /// One argument.
+    pub(crate) fn arg(&mut self, bytes: &[u8]) -> &mut Self {
+        self.joined(&[bytes])
+    }
+
+    /// One argument: a number, in decimal.
+    pub(crate) fn number(&mut self, n: u64) -> &mut Self {
+        self.arg(itoa::Buffer::new().format(n).as_bytes())
+    }
+
+    /// One argument made of `parts` one after the other.
+    pub(crate) fn joined(&mut self, parts: &[&[u8]]) -> &mut Self {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.out.reserve(len + 16);
+        self.out.push(b'$');
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+        for part in parts {
+            self.out.extend_from_slice(part);
+        }
+        self.out.extend_from_slice(b"\r\n");
+        self
+    }
+}
+
 /// The first complete reply at the start of `buf` and the bytes it took;
 /// `None` while it has not all arrived.
-pub(super) fn read(buf: &[u8]) -> RedisResult<Option<(Value, usize)>> {
+pub(crate) fn read(buf: &[u8]) -> RedisResult<Option<(Value, usize)>> {
     reply(buf, 0, 0)
 }
 
@@ -100,6 +149,20 @@ mod tests {
         let (value, used) = read(bytes).unwrap().expect("complete");
         assert_eq!(used, bytes.len(), "took the whole reply");
         value
+    }
+
+    #[test]
+    fn a_packed_command_is_what_redis_rs_packs() {
+        let mut out = b"left alone".to_vec();
+        Packer::command(&mut out, 4)
+            .arg(b"SET")
+            .joined(&[b"a", b"", b"\r\nb"])
+            .number(1500)
+            .arg(b"");
+        let mut cmd = redis::cmd("SET");
+        cmd.arg("a\r\nb").arg(1500).arg("");
+        assert_eq!(out[..10], *b"left alone");
+        assert_eq!(out[10..], cmd.get_packed_command());
     }
 
     #[test]
