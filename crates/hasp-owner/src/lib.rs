@@ -78,35 +78,45 @@ impl Owner {
         };
         // A task typically asks again and again for the same client's
         // owner (each lock call does), and a worker thread runs many tasks
-        // by turns: the last answer per task is kept in a small table per
-        // thread, found by the task's id, with the length of the client id
-        // it was made for (an id of that length that begins the owner's is
-        // that client id). Formatting an owner costs three allocations.
+        // by turns: the last answers are kept per thread (formatting an
+        // owner costs three allocations), each with its task and the
+        // length of the client id it was made for (an id of that length
+        // that begins the owner's is that client id). The oldest answer
+        // makes room for a new one.
         thread_local! {
-            static KEPT: std::cell::RefCell<[Option<(tokio::task::Id, usize, Owner)>; KEPT_OWNERS]> =
-                const { std::cell::RefCell::new([const { None }; KEPT_OWNERS]) };
+            static KEPT: std::cell::RefCell<Kept> = const {
+                std::cell::RefCell::new(Kept {
+                    owners: [const { None }; KEPT_OWNERS],
+                    next: 0,
+                })
+            };
         }
-        let slot = {
-            use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-            let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(task);
-            (hash % KEPT_OWNERS as u64) as usize
-        };
         KEPT.with(|kept| {
             let mut kept = kept.borrow_mut();
-            if let Some((id, len, owner)) = &kept[slot] {
-                if *id == task && *len == client_id.len() && owner.0.starts_with(client_id) {
-                    return owner.clone();
-                }
+            let found = kept.owners.iter().flatten().find(|(id, len, owner)| {
+                *id == task && *len == client_id.len() && owner.0.starts_with(client_id)
+            });
+            if let Some((_, _, owner)) = found {
+                return owner.clone();
             }
             let owner = Self(format!("{client_id}:t{task}").into());
-            kept[slot] = Some((task, client_id.len(), owner.clone()));
+            let next = kept.next;
+            kept.owners[next] = Some((task, client_id.len(), owner.clone()));
+            kept.next = (next + 1) % KEPT_OWNERS;
             owner
         })
     }
 }
 
+/// The owners a thread keeps ([`Owner::current`]).
+struct Kept {
+    owners: [Option<(tokio::task::Id, usize, Owner)>; KEPT_OWNERS],
+    /// The slot the next new owner takes.
+    next: usize,
+}
+
 /// How many tasks' owners each thread keeps ([`Owner::current`]).
-const KEPT_OWNERS: usize = 64;
+const KEPT_OWNERS: usize = 32;
 
 impl fmt::Debug for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -169,7 +179,7 @@ mod tests {
 
     #[tokio::test]
     async fn tasks_taking_turns_on_one_thread_keep_their_own_owners() {
-        // More tasks than the table has slots, so some share one.
+        // More tasks than a thread keeps owners of.
         let tasks: Vec<_> = (0..3 * KEPT_OWNERS)
             .map(|_| {
                 tokio::spawn(async {

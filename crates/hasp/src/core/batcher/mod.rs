@@ -465,7 +465,7 @@ impl Call {
     /// the call touches the same lock (the function's operations and the
     /// commands are not ordered among themselves) or its command already
     /// found the lock otherwise.
-    fn split(settle: Vec<Op>, batch: Vec<Request>, offer: Native) -> Self {
+    fn split(settle: Vec<Op>, mut batch: Vec<Request>, offer: Native) -> Self {
         // Scripts pay Redis's per-command cost each; in a call that
         // carries many operations the function's share per operation is
         // lower (`wire::native`).
@@ -483,24 +483,32 @@ impl Call {
         } else {
             Alone::of(&settle, &batch)
         };
-        let mut call = Self::scripted(settle, Vec::new());
-        let native = &mut call.native;
         // Room for the commands of every request (a command is about 100
         // bytes and a lock's name), so packing them does not grow it.
-        native.packed.reserve(batch.len() * 128);
-        for (i, request) in batch.into_iter().enumerate() {
-            match request
-                .native_command(offer, crowded)
-                .filter(|_| alone.get(i))
-            {
-                Some(command) => {
-                    command.write(&mut native.packed);
-                    native.requests.push(request);
+        let mut packed = Vec::with_capacity(batch.len() * 128);
+        let mut i = 0;
+        // The requests that go as commands stay in `batch`, in order.
+        let scripted = batch
+            .extract_if(.., |request| {
+                let alone = alone.get(i);
+                i += 1;
+                match request.native_command(offer, crowded).filter(|_| alone) {
+                    Some(command) => {
+                        command.write(&mut packed);
+                        false
+                    }
+                    None => true,
                 }
-                None => call.batch.push(request),
-            }
+            })
+            .collect();
+        Self {
+            settle,
+            batch: scripted,
+            native: Natives {
+                requests: batch,
+                packed,
+            },
         }
-        call
     }
 }
 
@@ -1189,7 +1197,9 @@ async fn gather(
     busy: bool,
 ) -> Vec<Request> {
     let mut extends = usize::from(first.op.is_extend());
-    let mut batch = Vec::with_capacity(GATHER);
+    // Room for a few: a batch is mostly small, and an allocation over
+    // about a kilobyte misses the allocator's per-thread cache.
+    let mut batch = Vec::with_capacity(GATHER / 2);
     batch.push(first);
     let mut take = |batch: &mut Vec<Request>, queue: &mut mpsc::UnboundedReceiver<Request>| {
         while batch.len() < MAX_BATCH && extends < max_extends {
