@@ -33,6 +33,12 @@
 //! carries the same nonce. Redis 8.4's `DELEX … IFEQ` would serve as
 //! `DELIFEQ` does, but no Redis 8.4 server could be tested here: on Redis
 //! the function stays.
+//!
+//! [`Op::native`] says which command an operation goes as, borrowing
+//! what it sends from the operation; [`NativeCommand::write`] packs it as
+//! RESP (`core::resp`), the value written in place, without a `redis::Cmd`
+//! or a value built first. A call's commands are packed one after another
+//! into one buffer, which the connection copies into its own.
 
 use std::sync::LazyLock;
 
