@@ -116,19 +116,15 @@ impl Native {
 /// operation ([`Op::native`]); [`write`](Self::write) packs it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum NativeCommand<'a> {
-    /// `SET <lock> <value> NX PX <lease>`: a plain lock's acquisition.
-    SetIfFree {
+    /// A free lock's acquisition: `SET <lock> <value> NX PX <lease>` for
+    /// a plain lock, `EVALSHA <acquire_free.lua> 1 <lock> <hold> <lease>`
+    /// for a `fenced` one (the script adds the token).
+    Acquire {
         lock: &'a str,
         owner: &'a Owner,
         nonce: Nonce,
         lease_ms: u64,
-    },
-    /// `EVALSHA <acquire_free.lua> 1 <lock> <hold> <lease>`: a lock's.
-    AcquireFree {
-        lock: &'a str,
-        owner: &'a Owner,
-        nonce: Nonce,
-        lease_ms: u64,
+        fenced: bool,
     },
     /// `DELIFEQ <lock> <value>`, or the same by [`DELETE_IF_EQUAL`]
     /// (`script`): the last release of a hold.
@@ -156,30 +152,26 @@ impl NativeCommand<'_> {
             });
         };
         match *self {
-            NativeCommand::SetIfFree {
+            NativeCommand::Acquire {
                 lock,
                 owner,
                 nonce,
                 lease_ms,
+                fenced,
             } => {
                 let mut p = Packer::command(out, 6);
-                p.arg(b"SET").arg(lock.as_bytes());
-                value(&mut p, owner, nonce, Some(1));
-                p.arg(b"NX").arg(b"PX").number(lease_ms);
-            }
-            NativeCommand::AcquireFree {
-                lock,
-                owner,
-                nonce,
-                lease_ms,
-            } => {
-                let mut p = Packer::command(out, 6);
-                p.arg(b"EVALSHA")
-                    .arg(ACQUIRE_FREE.get_hash().as_bytes())
-                    .arg(b"1")
-                    .arg(lock.as_bytes());
-                value(&mut p, owner, nonce, None);
-                p.number(lease_ms);
+                if fenced {
+                    p.arg(b"EVALSHA")
+                        .arg(ACQUIRE_FREE.get_hash().as_bytes())
+                        .arg(b"1")
+                        .arg(lock.as_bytes());
+                    value(&mut p, owner, nonce, None);
+                    p.number(lease_ms);
+                } else {
+                    p.arg(b"SET").arg(lock.as_bytes());
+                    value(&mut p, owner, nonce, Some(1));
+                    p.arg(b"NX").arg(b"PX").number(lease_ms);
+                }
             }
             NativeCommand::DeleteIfEqual {
                 lock,
@@ -235,21 +227,20 @@ impl Op {
                 lease_ms,
                 nonce,
                 ..
-            } => match keys.kind {
-                Kind::PlainLock => Some(NativeCommand::SetIfFree {
+            } => {
+                let fenced = match keys.kind {
+                    Kind::PlainLock => false,
+                    Kind::Lock if native.acquire && !crowded => true,
+                    _ => return None,
+                };
+                Some(NativeCommand::Acquire {
                     lock: &keys.lock,
                     owner,
                     nonce: *nonce,
                     lease_ms: *lease_ms,
-                }),
-                Kind::Lock if native.acquire && !crowded => Some(NativeCommand::AcquireFree {
-                    lock: &keys.lock,
-                    owner,
-                    nonce: *nonce,
-                    lease_ms: *lease_ms,
-                }),
-                _ => None,
-            },
+                    fenced,
+                })
+            }
             LockOp::Release {
                 keys,
                 owner,
