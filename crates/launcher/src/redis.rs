@@ -279,19 +279,34 @@ impl RedisServer {
             .is_some_and(|r| r.starts_with(b"+PONG") || r.starts_with(b"-NOAUTH"))
     }
 
-    /// Whether the server is up but still loading its data.
+    /// Whether the server is up but still loading its data: it says so,
+    /// or it took the connection and is too busy to answer within the
+    /// ping's 200 ms (between chunks of loading, on a loaded machine).
     fn is_loading(&self) -> bool {
         self.ping_reply()
-            .is_some_and(|r| r.starts_with(b"-LOADING"))
+            .is_some_and(|r| r.starts_with(b"-LOADING") || r.is_empty())
     }
 
-    /// The start of the server's answer to an inline PING, if it answers.
+    /// The start of the server's answer to an inline PING, if it took the
+    /// connection: empty if no answer came in time.
     fn ping_reply(&self) -> Option<Vec<u8>> {
         fn ping(mut stream: impl Read + Write) -> Option<Vec<u8>> {
             let mut reply = [0u8; 64];
             stream.write_all(b"PING\r\n").ok()?;
-            let n = stream.read(&mut reply).ok()?;
-            Some(reply[..n].to_vec())
+            match stream.read(&mut reply) {
+                // Closed without a word.
+                Ok(0) => None,
+                Ok(n) => Some(reply[..n].to_vec()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    Some(Vec::new())
+                }
+                Err(_) => None,
+            }
         }
         let timeout = Some(Duration::from_millis(200));
         match self.port {
