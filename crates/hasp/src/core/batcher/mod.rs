@@ -1247,4 +1247,71 @@ mod tests {
     fn a_closed_queue_is_an_error_not_a_panic() {
         assert!(matches!(closed(), Error::Redis(_)));
     }
+
+    #[test]
+    fn only_requests_alone_on_their_lock_in_a_call_go_as_native_commands() {
+        use crate::core::keys::LockKeys;
+        let nonces = Nonces::new();
+        let owner = Owner::from_id("o1").unwrap();
+        let keys = |name: &str| Arc::new(LockKeys::plain("hasp", name));
+        let acquire = |name: &str| Request {
+            op: Op::Lock(LockOp::Acquire {
+                keys: keys(name),
+                owner: owner.clone(),
+                lease_ms: 500,
+                flag_waiting: false,
+                nonce: nonces.next(),
+            }),
+            done: Box::new(|_| {}),
+            retried: false,
+            redirects: 0,
+            scripted: false,
+        };
+        // "b" is settled in the same call, "c" acquired twice, "d" found
+        // held by its native command already: all through the function,
+        // in order.
+        let settle = vec![Op::Lock(LockOp::Undo {
+            keys: keys("b"),
+            owner: owner.clone(),
+            nonce: nonces.next(),
+        })];
+        let mut refused = acquire("d");
+        refused.scripted = true;
+        let batch = vec![
+            acquire("c"),
+            acquire("a"),
+            acquire("b"),
+            acquire("c"),
+            refused,
+            acquire("e"),
+        ];
+        let call = Call::split(settle, batch, Native::default());
+        let names = |requests: &[Request]| -> Vec<String> {
+            requests
+                .iter()
+                .map(|r| r.op.keys().name.to_string())
+                .collect()
+        };
+        assert_eq!(call.settle.len(), 1);
+        assert_eq!(names(&call.batch), ["c", "b", "c", "d"]);
+        assert_eq!(names(&call.native.requests), ["a", "e"]);
+        // Their commands, packed one after the other in the same order.
+        let packed = &call.native.packed;
+        let mut at = 0;
+        for name in ["a", "e"] {
+            let (value, used) = crate::core::resp::read(&packed[at..])
+                .unwrap()
+                .expect("whole");
+            let Value::Array(args) = value else {
+                panic!("a command: {value:?}")
+            };
+            assert_eq!(args[0], Value::BulkString(b"SET".to_vec()));
+            assert_eq!(
+                args[1],
+                Value::BulkString(format!("hasp:{{{name}}}:plain").into_bytes())
+            );
+            at += used;
+        }
+        assert_eq!(at, packed.len(), "nothing else packed");
+    }
 }
