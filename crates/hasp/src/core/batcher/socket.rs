@@ -444,14 +444,41 @@ impl Shared {
     }
 }
 
+/// A reply that cannot come any more: the socket is gone.
+fn aborted() -> RedisError {
+    RedisError::from(io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "the connection to Redis was closed",
+    ))
+}
+
 impl Handle {
+    /// Sends one command packed already (`resp::Packer`): its reply, a
+    /// server's error included as a value.
+    pub(crate) fn send_packed_one(
+        &self,
+        packed: &[u8],
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'static {
+        answer(self.queue_one(|out| out.extend_from_slice(packed)))
+    }
+
+    /// Sends `count` commands packed already, one after the other: their
+    /// replies, each a value of its own (a server's error included).
+    pub(crate) fn send_packed(
+        &self,
+        count: usize,
+        packed: &[u8],
+    ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'static {
+        answer(self.queue_many(0, count, |out| out.extend_from_slice(packed)))
+    }
+
     /// Queues the command `write` writes, expecting what `awaited` makes
     /// of the reply's sender; wakes the driver if its buffer was empty.
     fn queue<T>(
         &self,
         write: impl FnOnce(&mut Vec<u8>),
         awaited: impl FnOnce(oneshot::Sender<RedisResult<T>>) -> Awaited,
-    ) -> RedisResult<oneshot::Receiver<RedisResult<T>>> {
+    ) -> Queued<T> {
         let mut shared = lock(&self.shared);
         if let Some(e) = &shared.closed {
             return Err(e.clone());
@@ -471,57 +498,41 @@ impl Handle {
         }
         Ok(from)
     }
-}
 
-/// A reply that cannot come any more: the socket is gone.
-fn aborted() -> RedisError {
-    RedisError::from(io::Error::new(
-        io::ErrorKind::ConnectionAborted,
-        "the connection to Redis was closed",
-    ))
-}
-
-impl Handle {
-    /// Sends one command packed already (`resp::Packer`): its reply, a
-    /// server's error included as a value.
-    pub(crate) fn send_packed_one(
-        &self,
-        packed: &[u8],
-    ) -> impl Future<Output = RedisResult<Value>> + Send + 'static {
-        let reply = self.queue(
-            |out| out.extend_from_slice(packed),
-            |to| Awaited::One(Some(to)),
-        );
-        async move { reply?.await.unwrap_or_else(|_| Err(aborted())) }
+    /// Queues the command `write` writes: where its reply will come.
+    fn queue_one(&self, write: impl FnOnce(&mut Vec<u8>)) -> Queued<Value> {
+        self.queue(write, |to| Awaited::One(Some(to)))
     }
 
-    /// Sends `count` commands packed already, one after the other: their
-    /// replies, each a value of its own (a server's error included).
-    pub(crate) fn send_packed(
+    /// Queues the commands `write` writes: where the replies of `count` of
+    /// them after the first `skip` will come.
+    fn queue_many(
         &self,
+        skip: usize,
         count: usize,
-        packed: &[u8],
-    ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'static {
-        let reply = self.queue(
-            |out| out.extend_from_slice(packed),
-            |to| Awaited::Many {
-                skip: 0,
-                count,
-                values: Vec::with_capacity(count),
-                to: Some(to),
-            },
-        );
-        async move { reply?.await.unwrap_or_else(|_| Err(aborted())) }
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> Queued<Vec<Value>> {
+        self.queue(write, |to| Awaited::Many {
+            skip,
+            count,
+            values: Vec::with_capacity(count),
+            to: Some(to),
+        })
     }
+}
+
+/// Where the reply to commands queued on a [`Handle`] will come, or why
+/// they could not be queued.
+type Queued<T> = RedisResult<oneshot::Receiver<RedisResult<T>>>;
+
+/// The reply `queued` gets (an error if the socket went away first).
+async fn answer<T>(queued: Queued<T>) -> RedisResult<T> {
+    queued?.await.unwrap_or_else(|_| Err(aborted()))
 }
 
 impl ConnectionLike for Handle {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let reply = self.queue(
-            |out| cmd.write_packed_command(out),
-            |to| Awaited::One(Some(to)),
-        );
-        Box::pin(async move { reply?.await.unwrap_or_else(|_| Err(aborted())) })
+        Box::pin(answer(self.queue_one(|out| cmd.write_packed_command(out))))
     }
 
     fn req_packed_commands<'a>(
@@ -533,24 +544,15 @@ impl ConnectionLike for Handle {
         if offset + count == 0 {
             return Box::pin(async { Ok(Vec::new()) });
         }
-        let reply = self.queue(
-            |out| {
-                if pipeline.is_transaction() {
-                    out.extend_from_slice(&pipeline.get_packed_pipeline());
-                } else {
-                    for cmd in pipeline.cmd_iter() {
-                        cmd.write_packed_command(out);
-                    }
+        Box::pin(answer(self.queue_many(offset, count, |out| {
+            if pipeline.is_transaction() {
+                out.extend_from_slice(&pipeline.get_packed_pipeline());
+            } else {
+                for cmd in pipeline.cmd_iter() {
+                    cmd.write_packed_command(out);
                 }
-            },
-            |to| Awaited::Many {
-                skip: offset,
-                count,
-                values: Vec::with_capacity(count),
-                to: Some(to),
-            },
-        );
-        Box::pin(async move { reply?.await.unwrap_or_else(|_| Err(aborted())) })
+            }
+        })))
     }
 
     fn get_db(&self) -> i64 {
