@@ -100,7 +100,9 @@ pub enum Error {
 impl Error {
     /// True when the same call may succeed if repeated later: connection
     /// drops, time-outs, refused connections, a Redis loading its data or
-    /// failing over (or demoted to a replica), and too few replicas. Outcomes such as
+    /// failing over (or demoted to a replica), sentinels that name no
+    /// reachable master yet (between a master's death and a promotion),
+    /// and too few replicas. Outcomes such as
     /// [`NotHeld`](Error::NotHeld) and bad arguments are not retryable.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -109,6 +111,11 @@ impl Error {
                     || e.is_timeout()
                     || e.is_connection_dropped()
                     || e.is_connection_refusal()
+                    || matches!(
+                        e.kind(),
+                        redis::ErrorKind::MasterNameNotFoundBySentinel
+                            | redis::ErrorKind::NoValidReplicasFoundBySentinel
+                    )
                     || matches!(
                         e.kind(),
                         redis::ErrorKind::Server(
@@ -158,3 +165,21 @@ pub(crate) fn is_redirect(e: &redis::RedisError) -> bool {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinels_without_a_master_yet_is_retryable() {
+        for kind in [
+            redis::ErrorKind::MasterNameNotFoundBySentinel,
+            redis::ErrorKind::NoValidReplicasFoundBySentinel,
+        ] {
+            let e = redis::RedisError::from((kind, "no master yet"));
+            assert!(Error::Redis(e).is_retryable(), "{kind:?}");
+        }
+        let e = redis::RedisError::from((redis::ErrorKind::Parse, "bad reply"));
+        assert!(!Error::Redis(e).is_retryable());
+    }
+}

@@ -141,6 +141,28 @@ impl SentinelGroup {
             .expect("the master is one of the group's servers")
     }
 
+    /// Waits (up to `limit`) until the server on `port` follows the current
+    /// master with its link up, as a demoted master does once a sentinel
+    /// has reconfigured it and it has synchronised; returns whether it did.
+    pub fn wait_until_replica(&self, port: u16, limit: Duration) -> bool {
+        let Some(server) = self.servers.iter().find(|s| s.port() == Some(port)) else {
+            return false;
+        };
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let role = server.cli(&["ROLE"]);
+            let mut lines = role.lines().map(str::trim);
+            if lines.next() == Some("slave")
+                && lines.nth(1).and_then(|p| p.parse().ok()) == Some(self.master_port())
+                && lines.next() == Some("connected")
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
     /// Forces a failover (`SENTINEL FAILOVER`) and returns once a replica
     /// is master and the sentinel reports it (the old master is demoted
     /// later, when a sentinel next polls it); returns the new master's

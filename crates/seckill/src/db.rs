@@ -574,12 +574,59 @@ impl Database {
             if let Ok(true) = self.try_record_all(orders).await {
                 return orders.iter().map(|_| Ok(Recorded::Created)).collect();
             }
+            // Re-deliveries mixed with new orders (a take-over, a consumer
+            // that died after its commit) need not cost one commit each:
+            // the stored ones are set apart and the rest tried together.
+            let ids: Vec<i64> = orders.iter().map(|o| o.id.as_i64()).collect();
+            if let Ok(stored) = self.stored_among(&ids).await {
+                let new: Vec<OrderRecord> = orders
+                    .iter()
+                    .filter(|o| !stored.contains(&o.id.as_i64()))
+                    .copied()
+                    .collect();
+                if !stored.is_empty() && matches!(self.try_record_all(&new).await, Ok(true)) {
+                    return orders
+                        .iter()
+                        .map(|o| {
+                            Ok(if stored.contains(&o.id.as_i64()) {
+                                Recorded::AlreadyStored
+                            } else {
+                                Recorded::Created
+                            })
+                        })
+                        .collect();
+                }
+            }
         }
         let mut outcomes = Vec::with_capacity(orders.len());
         for order in orders {
             outcomes.push(self.record_order(order).await);
         }
         outcomes
+    }
+
+    /// Which of the order ids `ids` are stored.
+    async fn stored_among(&self, ids: &[i64]) -> Result<std::collections::HashSet<i64>> {
+        let mut stored = std::collections::HashSet::new();
+        for chunk in ids.chunks(500) {
+            let list: Vec<String> = (1..=chunk.len())
+                .map(|n| match self.backend {
+                    Backend::Postgres => format!("${n}"),
+                    _ => "?".to_owned(),
+                })
+                .collect();
+            let query = format!(
+                "SELECT id FROM voucher_order WHERE id IN ({})",
+                list.join(",")
+            );
+            let mut select = sqlx::query(AssertSqlSafe(query));
+            for id in chunk {
+                select = select.bind(*id);
+            }
+            let rows = select.fetch_all(&self.pool).await?;
+            stored.extend(first_column(&rows)?);
+        }
+        Ok(stored)
     }
 
     /// All of `orders` in one transaction: `Ok(true)` if committed,

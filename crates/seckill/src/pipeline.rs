@@ -95,6 +95,16 @@ impl StepReport {
     }
 }
 
+/// Whether handled entries are acknowledged and deleted in their stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acknowledge {
+    /// They were delivered by the group on the current master.
+    Yes,
+    /// They were read from a master left behind (see
+    /// [`OrderPipeline::take_over_left_master`]).
+    No,
+}
+
 /// Moves accepted orders from Redis into the database.
 #[derive(Debug)]
 pub struct OrderPipeline {
@@ -210,7 +220,7 @@ impl OrderPipeline {
                 .await?;
             let reclaimed = work.len() as u64;
             work.extend(self.streams.read_new(voucher_id).await?);
-            let mut report = self.handle(voucher_id, work).await?;
+            let mut report = self.handle(voucher_id, work, Acknowledge::Yes).await?;
             report.reclaimed = reclaimed;
             Ok(report)
         }
@@ -231,7 +241,7 @@ impl OrderPipeline {
                 .reclaim(voucher_id, self.settings.reclaim_idle)
                 .await?;
             let reclaimed = work.len() as u64;
-            let mut report = self.handle(voucher_id, work).await?;
+            let mut report = self.handle(voucher_id, work, Acknowledge::Yes).await?;
             report.reclaimed = reclaimed;
             Ok(report)
         }
@@ -274,13 +284,51 @@ impl OrderPipeline {
                 .read_new_blocking(reader, vouchers, block)
                 .await?
             {
-                report += self.handle(voucher, work).await?;
+                report += self.handle(voucher, work, Acknowledge::Yes).await?;
             }
             Ok(report)
         }
         .await;
         self.forget_group_if_lost(&outcome, vouchers);
         outcome
+    }
+
+    /// Stores the orders still in `vouchers`' streams on `left`, a master
+    /// the service's Redis connection moved away from (a Sentinel switch):
+    /// orders it accepted that neither reached the new master nor the
+    /// database yet, which leave with its data when it is demoted. Read
+    /// whole (`XRANGE`), never acknowledged or deleted on the new master: a
+    /// stream id there may name another order (both servers number their
+    /// entries by their own clock from the same last id). An order the
+    /// database refuses is dead-lettered, as the pipeline does.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if the new master fails while dead-lettering;
+    /// `left` failing ends the take-over with what it stored so far
+    /// (logged: it is gone, and so are its orders).
+    pub async fn take_over_left_master(
+        &self,
+        left: RedisConn,
+        vouchers: &[i64],
+    ) -> Result<StepReport> {
+        let streams = OrderStreams::new(
+            Redis::new(left, self.streams.prefix()),
+            self.settings.group.clone(),
+            self.settings.consumer.clone(),
+            self.settings.batch,
+        );
+        let mut report = StepReport::default();
+        for &voucher in vouchers {
+            match streams.entries(voucher).await {
+                Ok(work) if work.is_empty() => {}
+                Ok(work) => report += self.handle(voucher, work, Acknowledge::No).await?,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the Redis master left behind could not be read: its orders not yet stored are lost");
+                    break;
+                }
+            }
+        }
+        Ok(report)
     }
 
     /// Redis lost a consumer group (restarted without persistence): the
@@ -297,8 +345,13 @@ impl OrderPipeline {
     }
 
     /// Stores `work` (entries of `voucher`'s stream), dead-letters what can
-    /// never be stored, acknowledges what was.
-    async fn handle(&self, voucher: i64, work: Vec<Delivery>) -> Result<StepReport> {
+    /// never be stored, acknowledges what was (if `ack` says so).
+    async fn handle(
+        &self,
+        voucher: i64,
+        work: Vec<Delivery>,
+        ack: Acknowledge,
+    ) -> Result<StepReport> {
         let mut report = StepReport::default();
         // Entries that cannot be stored leave first; the rest are written
         // together (one commit) and acknowledged together.
@@ -308,12 +361,12 @@ impl OrderPipeline {
             match order {
                 _ if delivery.deliveries() > self.settings.max_deliveries => {
                     let reason = format!("delivered {} times", delivery.deliveries());
-                    self.dead_letter(voucher, &delivery, &reason, &mut report)
+                    self.dead_letter(voucher, &delivery, &reason, ack, &mut report)
                         .await?;
                 }
                 Some(order) => orders.push((delivery, order)),
                 None => {
-                    self.dead_letter(voucher, &delivery, "malformed entry", &mut report)
+                    self.dead_letter(voucher, &delivery, "malformed entry", ack, &mut report)
                         .await?;
                 }
             }
@@ -344,10 +397,12 @@ impl OrderPipeline {
                     continue;
                 }
             };
-            self.dead_letter(voucher, delivery, refusal, &mut report)
+            self.dead_letter(voucher, delivery, refusal, ack, &mut report)
                 .await?;
         }
-        self.streams.acknowledge(voucher, &stored).await?;
+        if ack == Acknowledge::Yes {
+            self.streams.acknowledge(voucher, &stored).await?;
+        }
         Ok(report)
     }
 
@@ -356,9 +411,12 @@ impl OrderPipeline {
         voucher: i64,
         delivery: &Delivery,
         reason: &str,
+        ack: Acknowledge,
         report: &mut StepReport,
     ) -> Result<()> {
-        self.streams.dead_letter(voucher, delivery, reason).await?;
+        self.streams
+            .dead_letter(voucher, delivery, reason, ack == Acknowledge::Yes)
+            .await?;
         tracing::warn!(
             entry = delivery.id(),
             voucher,

@@ -11,8 +11,15 @@
 //! * a purchase of a voucher Redis does not know while the database does:
 //!   that sale is verified ([`Scope::Voucher`]).
 //!
-//! Verifying a sale, under the `hasp` lock `<prefix>:repair` so that one
-//! instance does it at a time:
+//! * a Sentinel switch to a master whose data was not verified for its
+//!   replication history (`store::verification`): its scripts are flushed,
+//!   so its purchases answer `NOSCRIPT` too.
+//!
+//! After a switch, the orders still in the streams of the master left
+//! behind are stored first ([`OrderPipeline::take_over_left_master`]): it
+//! took purchases until the switch, and its data is replaced when it is
+//! demoted. Verifying a sale, under the `hasp` lock `<prefix>:repair` so
+//! that one instance does it at a time:
 //!
 //! * its hash missing: restored from the database, buyers first (users with
 //!   a stored order that holds their one order of the voucher, and those
@@ -22,9 +29,11 @@
 //! * its hash present: [`reconcile`]'s safe repairs (buyers the database
 //!   knows added, a stock above what the database allows lowered).
 //!
-//! Then the purchase script is loaded again ([`FastPath::arm`]): its
-//! presence is what tells every instance that the state was verified since
-//! Redis started. Purchases answer 503 `sale_repairing` until then.
+//! Then the purchase script is loaded again ([`FastPath::arm_all`]), with
+//! the replication history the verification was for: the script's
+//! presence is what tells every instance that the state was verified for
+//! the data the server holds. Purchases answer 503 `sale_repairing` until
+//! then.
 //!
 //! What no repair can bring back: orders Redis accepted and lost before the
 //! pipeline stored them (their stream entries are gone). How many a crash
@@ -36,12 +45,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::db::Database;
 use crate::error::Result;
+use crate::pipeline::OrderPipeline;
 use crate::reconcile::{reconcile, repair};
 use crate::store::FastPath;
 
 /// How long an instance waits for another's repair before giving up this
 /// attempt (the next purchase that needs one starts another).
 const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// How long after its end a sale's stream on a master left behind is still
+/// read for orders (an order is accepted only while its sale is open).
+const LEFT_MASTER_SALES: Duration = Duration::from_secs(600);
 
 /// Which sales to verify.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +89,7 @@ pub struct SaleRepair {
     locks: hasp::Client,
     running: AtomicBool,
     repairs: Option<prometheus::IntCounterVec>,
+    pipeline: Option<Arc<OrderPipeline>>,
 }
 
 impl SaleRepair {
@@ -93,7 +108,16 @@ impl SaleRepair {
             locks,
             running: AtomicBool::new(false),
             repairs,
+            pipeline: None,
         }
+    }
+
+    /// Stores the orders left on a master the connection moved away from
+    /// through `pipeline` before verifying (see the module docs); without
+    /// it they are left there.
+    pub fn with_pipeline(mut self, pipeline: Arc<OrderPipeline>) -> Self {
+        self.pipeline = Some(pipeline);
+        self
     }
 
     /// Starts a repair of `scope` in the background unless one is running
@@ -148,6 +172,7 @@ impl SaleRepair {
     }
 
     async fn run_locked(&self, scope: Scope) -> Result<RepairReport> {
+        let mut history = None;
         let vouchers = match scope {
             Scope::Voucher(id) => vec![id],
             Scope::Restarted { voucher } => {
@@ -155,6 +180,8 @@ impl SaleRepair {
                 if self.fast.is_armed().await? {
                     return Ok(RepairReport::default());
                 }
+                history = self.fast.history().await?;
+                self.take_over_left_master().await?;
                 let mut ids = self.db.open_voucher_ids(now_ms()).await?;
                 ids.extend(voucher.filter(|v| !ids.contains(v)));
                 ids
@@ -169,7 +196,7 @@ impl SaleRepair {
         // when no sale is open (a purchase of a voucher Redis does not know
         // is then a 404, or the repair of a sale the database has).
         if let Scope::Restarted { .. } = scope {
-            self.fast.arm_all().await?;
+            self.fast.arm_all(history.as_ref()).await?;
         }
         for &id in &vouchers {
             self.fast.arm(id).await?;
@@ -196,6 +223,28 @@ impl SaleRepair {
             );
         }
         Ok(report)
+    }
+
+    /// Stores what the master left at the last switch still holds.
+    async fn take_over_left_master(&self) -> Result<()> {
+        let Some(pipeline) = &self.pipeline else {
+            return Ok(());
+        };
+        let Some(left) = self.fast.redis().connection().take_left_master() else {
+            return Ok(());
+        };
+        let since = now_ms() - LEFT_MASTER_SALES.as_millis() as i64;
+        let sales = self.db.open_voucher_ids(since).await?;
+        let report = pipeline.take_over_left_master(left, &sales).await?;
+        if report.handled() > 0 {
+            tracing::warn!(
+                stored = report.created,
+                already_stored = report.already_stored,
+                dead_lettered = report.dead_lettered,
+                "orders taken over from the Redis master left behind"
+            );
+        }
+        Ok(())
     }
 
     async fn verify(&self, id: i64, report: &mut RepairReport) -> Result<()> {

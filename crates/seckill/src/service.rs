@@ -58,12 +58,23 @@ impl Service {
         let purchases = purchase_path(&config, &db, &redis, &locks).await?;
         let metrics =
             crate::metrics::Metrics::new().map_err(|e| anyhow::anyhow!("metrics registry: {e}"))?;
-        let repair = Arc::new(SaleRepair::new(
-            fast.clone(),
+        let pipeline = Arc::new(OrderPipeline::new(
+            redis.clone(),
             db.clone(),
-            locks.clone(),
-            Some(metrics.sale_repairs.clone()),
-        ));
+            PipelineSettings {
+                reclaim_idle: config.reclaim_idle,
+                ..PipelineSettings::new(config.consumer.clone())
+            },
+        )?);
+        let repair = Arc::new(
+            SaleRepair::new(
+                fast.clone(),
+                db.clone(),
+                locks.clone(),
+                Some(metrics.sale_repairs.clone()),
+            )
+            .with_pipeline(pipeline.clone()),
+        );
         if config.mode == Mode::Async {
             // Redis may have restarted while no instance was running.
             if let Some(report) = repair.ensure_verified(None).await? {
@@ -96,14 +107,6 @@ impl Service {
             state.sales.clone(),
             metrics.clone(),
         ));
-        let pipeline = Arc::new(OrderPipeline::new(
-            redis.clone(),
-            db.clone(),
-            PipelineSettings {
-                reclaim_idle: config.reclaim_idle,
-                ..PipelineSettings::new(config.consumer.clone())
-            },
-        )?);
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
         let server = tokio::spawn(crate::http::server::serve(

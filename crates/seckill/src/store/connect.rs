@@ -60,6 +60,18 @@ impl std::fmt::Debug for RedisConn {
     }
 }
 
+impl RedisConn {
+    /// The master a Sentinel connection left at its last switch, if not
+    /// taken since ([`SentinelConn::take_left_master`]): its last accepted
+    /// orders may be on it alone. `None` for a server or a cluster.
+    pub fn take_left_master(&self) -> Option<RedisConn> {
+        match self {
+            RedisConn::Sentinel(c) => c.take_left_master().map(RedisConn::Server),
+            RedisConn::Server(_) | RedisConn::Cluster(_) => None,
+        }
+    }
+}
+
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

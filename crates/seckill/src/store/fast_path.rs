@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::store::reachability::{self, Admission, Reachability};
 use crate::store::replica_ack::Acker;
+use crate::store::verification::{self, History};
 use crate::store::{Redis, RedisConn};
 use redis::Script;
 
@@ -45,7 +46,10 @@ pub const SOLD_OUT_MEMORY: Duration = Duration::from_secs(1);
 /// answered `NOSCRIPT` means Redis restarted (and may have lost or rolled
 /// back the sale's state). It fails with [`Error::SaleUnverified`] until
 /// someone has checked the state against the database and called
-/// [`FastPath::arm`] (the service does both: `repair`).
+/// [`FastPath::arm`] (the service does both: `repair`). A server whose
+/// data changed hands without a restart (a replica promoted, a failback)
+/// is disarmed when a Sentinel connection moves to it, unless its data was
+/// verified for its replication history (`store::verification`).
 ///
 /// A voucher Redis called sold out is answered from memory for
 /// [`SOLD_OUT_MEMORY`], at no Redis round trip (a buyer asking again then
@@ -96,8 +100,16 @@ pub struct ReplicaAck {
 }
 
 impl FastPath {
-    /// A fast path over `redis`, with order ids from `ids`.
+    /// A fast path over `redis`, with order ids from `ids`. On a Sentinel
+    /// connection, every master it moves to is checked before purchases go
+    /// there (see the type's docs), and the master it leaves stops taking
+    /// purchases.
     pub fn new(redis: Redis, ids: OrderIdGenerator) -> Self {
+        if let RedisConn::Sentinel(conn) = redis.connection() {
+            conn.on_switch(verification::on_switch(
+                crate::store::keys::verified_history(redis.prefix()),
+            ));
+        }
         Self {
             redis,
             ids,
@@ -363,15 +375,35 @@ impl FastPath {
         Ok(())
     }
 
-    /// Loads the purchase script on every server (on a cluster, every
-    /// master), so purchases go on after a restart. Call it only once the
-    /// state of every open sale is verified (see the type's docs); a sale
-    /// whose state Redis lost answers "unknown voucher", which sends it to
-    /// be repaired.
+    /// The replication history of the server purchases go to, read before
+    /// a verification so that [`FastPath::arm_all`] can tell whether the
+    /// data stayed the same meanwhile; `None` on a cluster (each node has
+    /// its own).
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis is unreachable.
-    pub async fn arm_all(&self) -> Result<()> {
+    pub async fn history(&self) -> Result<Option<History>> {
+        if matches!(self.redis.connection(), RedisConn::Cluster(_)) {
+            return Ok(None);
+        }
+        Ok(Some(verification::history(&mut self.redis.conn()).await?))
+    }
+
+    /// Loads the purchase script on every server (on a cluster, every
+    /// master), so purchases go on after a restart, and records that the
+    /// data was verified for `verified` ([`FastPath::history`] before the
+    /// verification). Call it only once the state of every open sale is
+    /// verified (see the type's docs); a sale whose state Redis lost
+    /// answers "unknown voucher", which sends it to be repaired.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable, or if the server's history
+    /// is no longer `verified` (nothing is loaded: verify again).
+    pub async fn arm_all(&self, verified: Option<&History>) -> Result<()> {
+        if let Some(verified) = verified {
+            let mark = crate::store::keys::verified_history(self.redis.prefix());
+            verification::record(&mut self.redis.conn(), &mark, verified).await?;
+        }
         let _: redis::Value = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(include_str!("../scripts/purchase.lua"))

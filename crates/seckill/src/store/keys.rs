@@ -11,6 +11,7 @@
 //! | `P:order-seq:YYYYMMDD` | string | the day's order sequence counter |
 //! | `P:orders:dead` | stream | dead-lettered orders, with `stream`, `entry`, `reason` |
 //! | `P:replica-ack` | string | a counter written before each group `WAIT` (`--replica-ack`) |
+//! | `P:verified-history` | string | the replication history (`master_replid`) the sale state was last verified for (`verification`) |
 //!
 //! `{v<id>}` is the hash tag: one purchase touches one Redis Cluster slot.
 
@@ -59,4 +60,9 @@ pub fn dead_letter_stream(prefix: &str) -> String {
 /// The marker written before each group `WAIT` of replica confirmation.
 pub(crate) fn replica_ack_marker(prefix: &str) -> String {
     format!("{prefix}:replica-ack")
+}
+
+/// The replication history the sale state was last verified for.
+pub(crate) fn verified_history(prefix: &str) -> String {
+    format!("{prefix}:verified-history")
 }

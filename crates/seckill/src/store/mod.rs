@@ -15,6 +15,7 @@
 //! | `order_lookup` | a buyer's order as Redis knows it |
 //! | `reachability` | purchases refused at once while Redis is known to be unreachable |
 //! | `sale_audit` | a sale's Redis side for `reconcile`, and its safe fixes |
+//! | `verification` | whether a server's sale state was verified for the data it holds now |
 
 mod connect;
 mod fast_path;
@@ -27,6 +28,7 @@ mod redis;
 mod replica_ack;
 mod sale_audit;
 mod sentinel;
+mod verification;
 
 pub use self::redis::Redis;
 pub use connect::{
@@ -39,4 +41,5 @@ pub use order_ids::OrderIdGenerator;
 pub use order_lookup::order_in_redis;
 pub use order_stream::{is_missing_group, Delivery, OrderStreams};
 pub use sale_audit::{add_buyers, lower_stock, read_sale, RedisSale};
-pub use sentinel::{sentinel_service, SentinelConn, SENTINEL_SCHEME};
+pub use sentinel::{sentinel_service, OnSwitch, SentinelConn, SENTINEL_SCHEME};
+pub use verification::History;

@@ -93,6 +93,42 @@ impl OrderStreams {
         self.redis.voucher(voucher).orders
     }
 
+    /// The key prefix of the streams.
+    pub fn prefix(&self) -> &str {
+        self.redis.prefix()
+    }
+
+    /// Every entry of `voucher`'s stream, whoever it was delivered to
+    /// (`XRANGE`, a read only: nothing changes), in pages of the batch
+    /// size.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis fails.
+    pub async fn entries(&self, voucher: i64) -> Result<Vec<Delivery>> {
+        let stream = self.stream(voucher);
+        let mut conn = self.redis.conn();
+        let mut out = Vec::new();
+        let mut from = "-".to_owned();
+        loop {
+            let page: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(&stream)
+                .arg(&from)
+                .arg("+")
+                .arg("COUNT")
+                .arg(self.batch)
+                .query_async(&mut conn)
+                .await?;
+            let full = page.ids.len() >= self.batch;
+            if let Some(last) = page.ids.last() {
+                from = format!("({}", last.id);
+            }
+            out.extend(page.ids.into_iter().map(Delivery::first));
+            if !full {
+                return Ok(out);
+            }
+        }
+    }
+
     /// The stream dead letters go to.
     pub fn dead_letter_stream(&self) -> String {
         dead_letter_stream(self.redis.prefix())
@@ -285,13 +321,21 @@ impl OrderStreams {
 
     /// Moves `delivery` of `voucher`'s stream to the dead-letter stream
     /// with `reason`, and records the buyer's failed order (order status
-    /// reads it in one lookup).
+    /// reads it in one lookup); the entry is acknowledged and deleted in
+    /// its stream if `acknowledge` (not for an entry read from another
+    /// server).
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis fails; the entry then stays pending, to be
     /// dead-lettered again (at least once, never lost).
     #[tracing::instrument(level = "debug", skip(self, delivery), fields(entry = delivery.id()))]
-    pub async fn dead_letter(&self, voucher: i64, delivery: &Delivery, reason: &str) -> Result<()> {
+    pub async fn dead_letter(
+        &self,
+        voucher: i64,
+        delivery: &Delivery,
+        reason: &str,
+        acknowledge: bool,
+    ) -> Result<()> {
         let keys = self.redis.voucher(voucher);
         let entry = &delivery.entry;
         let mut add = redis::cmd("XADD");
@@ -314,16 +358,18 @@ impl OrderStreams {
         // dead-lettered again.
         let _: String = add.query_async(&mut self.redis.conn()).await?;
         let mut done = redis::pipe();
-        done.atomic()
-            .cmd("XACK")
-            .arg(&keys.orders)
-            .arg(&self.group)
-            .arg(&entry.id)
-            .ignore()
-            .cmd("XDEL")
-            .arg(&keys.orders)
-            .arg(&entry.id)
-            .ignore();
+        done.atomic();
+        if acknowledge {
+            done.cmd("XACK")
+                .arg(&keys.orders)
+                .arg(&self.group)
+                .arg(&entry.id)
+                .ignore()
+                .cmd("XDEL")
+                .arg(&keys.orders)
+                .arg(&entry.id)
+                .ignore();
+        }
         // Same hash tag as the stream: one transaction on a cluster too.
         let user: Option<String> = entry.get("user");
         let order: Option<String> = entry.get("order");

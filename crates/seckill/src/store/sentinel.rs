@@ -15,6 +15,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use futures_util::future::BoxFuture;
+
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
@@ -54,6 +56,20 @@ pub fn sentinel_service(redis_url: &str) -> Result<Option<(Vec<String>, String)>
     Ok(Some((sentinels, service.to_owned())))
 }
 
+/// What runs when a [`SentinelConn`] has resolved a master, before any
+/// command goes to it: given the master it leaves (`None` on the first
+/// resolution, or when the sentinels named the same server again) and the
+/// new one. An error fails the command that resolved (a 503), and the next
+/// command resolves again.
+pub type OnSwitch = Arc<
+    dyn Fn(
+            Option<ConnectionManager>,
+            ConnectionManager,
+        ) -> BoxFuture<'static, redis::RedisResult<()>>
+        + Send
+        + Sync,
+>;
+
 /// A cloneable, multiplexed connection to the current master of a Sentinel
 /// service (see the module docs).
 #[derive(Clone)]
@@ -68,6 +84,12 @@ struct Inner {
     current: Mutex<Option<(u64, ConnectionManager)>>,
     /// Bumped each time the master may have changed.
     generation: AtomicU64,
+    /// The address and connection of the last master resolved, kept when
+    /// `current` is cleared: the next resolution compares with it.
+    last: Mutex<Option<(String, ConnectionManager)>>,
+    /// The master this connection left at its last switch, until taken.
+    left: Mutex<Option<ConnectionManager>>,
+    on_switch: Mutex<Option<OnSwitch>>,
 }
 
 impl SentinelConn {
@@ -103,6 +125,9 @@ impl SentinelConn {
                 config,
                 current: Mutex::new(None),
                 generation: AtomicU64::new(0),
+                last: Mutex::new(None),
+                left: Mutex::new(None),
+                on_switch: Mutex::new(None),
             }),
         };
         conn.inner.connection().await?;
@@ -114,6 +139,25 @@ impl SentinelConn {
         ));
         Ok(conn)
     }
+
+    /// Runs `hook` on every master resolved from now on, before any command
+    /// goes to it (see [`OnSwitch`]); replaces the hook set before. The
+    /// master resolved next is checked too, even if it is the current one.
+    pub fn on_switch(&self, hook: OnSwitch) {
+        *lock(&self.inner.on_switch) = Some(hook);
+        let generation = self.inner.generation.load(Ordering::Acquire);
+        self.inner.stale(generation);
+    }
+
+    /// The master this connection left at its last switch, if not taken
+    /// since: its last writes may be on it alone.
+    pub fn take_left_master(&self) -> Option<ConnectionManager> {
+        lock(&self.inner.left).take()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Inner {
@@ -130,7 +174,21 @@ impl Inner {
         }
         let generation = self.generation.load(Ordering::Acquire);
         let client = sentinel.async_get_client().await?;
+        let address = client.get_connection_info().addr().to_string();
         let manager = ConnectionManager::new_with_config(client, self.config.clone()).await?;
+        let left = lock(&self.last)
+            .as_ref()
+            .filter(|(last, _)| *last != address)
+            .map(|(_, conn)| conn.clone());
+        let hook = lock(&self.on_switch).clone();
+        if let Some(hook) = hook {
+            hook(left.clone(), manager.clone()).await?;
+        }
+        if left.is_some() {
+            tracing::info!(master = %address, "the Redis master moved");
+            *lock(&self.left) = left;
+        }
+        *lock(&self.last) = Some((address, manager.clone()));
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         if self.generation.load(Ordering::Acquire) == generation {
             *current = Some((generation, manager.clone()));
@@ -156,11 +214,11 @@ impl Inner {
         }
     }
 
-    /// A command's error that says its server is gone or no longer the
-    /// master marks the connection stale.
+    /// A command's error that says its server is gone, no longer the
+    /// master, or lost its scripts marks the connection stale.
     fn after<T>(&self, generation: u64, result: redis::RedisResult<T>) -> redis::RedisResult<T> {
         if let Err(e) = &result {
-            if server_gone_or_demoted(e) {
+            if master_may_have_changed(e) {
                 self.stale(generation);
             }
         }
@@ -168,12 +226,15 @@ impl Inner {
     }
 }
 
-fn server_gone_or_demoted(e: &RedisError) -> bool {
+fn master_may_have_changed(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_timeout()
         || e.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        // A server without the service's scripts restarted, or was left by
+        // a switch (`fast_path`): the sentinels may name another master.
+        || e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 impl ConnectionLike for SentinelConn {
