@@ -16,8 +16,12 @@
 //! read of the due orders, and nothing more while none is due. When some
 //! are, the instance that takes the `hasp` lock `<prefix>:expiry` (without
 //! waiting) expires those past their deadline and takes back the units of
-//! given-back ones, in batches. The lock only keeps instances from doing
-//! the same work; correctness rests on the rows and the returned set.
+//! given-back ones, a batch per hold of the lock. The lock only keeps
+//! instances from doing the same work; correctness rests on the rows and
+//! the returned set. So its lease is one sweep period (at least
+//! [`MIN_SWEEP_LEASE`]), never renewed: an instance that dies holding it
+//! delays expiry by at most that, and a batch that outlasts it at worst
+//! overlaps another instance's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,8 +38,13 @@ use crate::store::{FastPath, TakeBack};
 /// Due orders read and handled at a time.
 const BATCH: i64 = 100;
 
-/// Batches one sweep handles at most before it lets the lock go.
+/// Batches one sweep handles at most.
 const MOST_BATCHES: usize = 20;
+
+/// The shortest lease of the sweep's lock, for very short sweep periods
+/// (a batch of a hundred orders takes a few hundred milliseconds on a slow
+/// machine with SQLite).
+pub const MIN_SWEEP_LEASE: Duration = Duration::from_millis(500);
 
 /// Payments, cancellations and expiry, over the database and (on the fast
 /// path) Redis.
@@ -170,41 +179,50 @@ impl OrderLife {
     pub async fn sweep(&self) -> Result<SweepReport> {
         let mut report = SweepReport::default();
         for _ in 0..MOST_BATCHES {
-            let due = self.db.due_orders(BATCH).await?;
-            let mut stuck = false;
-            for order in &due {
-                let record = &order.record;
-                match order.state {
-                    OrderState::Reserved => {
-                        let id = record.id.as_i64();
-                        match self.db.give_back(id, None, GiveBack::Expire).await? {
-                            (_, Some(_)) => {
-                                report.expired += 1;
-                                self.metrics
-                                    .orders_returned
-                                    .with_label_values(&["expired"])
-                                    .inc();
-                            }
-                            // Paid or cancelled since it was read.
-                            (_, None) => continue,
-                        }
-                    }
-                    // Given back; Redis has not taken the unit back yet.
-                    state if state.gave_back() => {}
-                    _ => continue,
-                }
-                let (id, user, voucher) = (record.id.as_i64(), record.user_id, record.voucher_id);
-                if self.take_back(id, user, voucher).await {
-                    report.taken_back += 1;
-                } else {
-                    stuck = true;
-                }
-            }
-            if stuck || due.len() < BATCH as usize {
+            let (batch, more) = self.sweep_batch().await?;
+            report.expired += batch.expired;
+            report.taken_back += batch.taken_back;
+            if !more {
                 break;
             }
         }
         Ok(report)
+    }
+
+    /// One batch of [`OrderLife::sweep`]; also whether more may be due.
+    async fn sweep_batch(&self) -> Result<(SweepReport, bool)> {
+        let mut report = SweepReport::default();
+        let due = self.db.due_orders(BATCH).await?;
+        let mut stuck = false;
+        for order in &due {
+            let record = &order.record;
+            match order.state {
+                OrderState::Reserved => {
+                    let id = record.id.as_i64();
+                    match self.db.give_back(id, None, GiveBack::Expire).await? {
+                        (_, Some(_)) => {
+                            report.expired += 1;
+                            self.metrics
+                                .orders_returned
+                                .with_label_values(&["expired"])
+                                .inc();
+                        }
+                        // Paid or cancelled since it was read.
+                        (_, None) => continue,
+                    }
+                }
+                // Given back; Redis has not taken the unit back yet.
+                state if state.gave_back() => {}
+                _ => continue,
+            }
+            let (id, user, voucher) = (record.id.as_i64(), record.user_id, record.voucher_id);
+            if self.take_back(id, user, voucher).await {
+                report.taken_back += 1;
+            } else {
+                stuck = true;
+            }
+        }
+        Ok((report, !stuck && due.len() == BATCH as usize))
     }
 }
 
@@ -216,10 +234,14 @@ pub(crate) async fn sweep_until_stopped(
     every: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
-    let lock = match locks.plain_lock(&format!("{prefix}:expiry")) {
+    let lease = every.clamp(MIN_SWEEP_LEASE, Duration::from_secs(30));
+    let lock = match locks
+        .plain_lock(&format!("{prefix}:expiry"))
+        .and_then(|lock| lock.with_lease(lease))
+    {
         Ok(lock) => lock,
         Err(e) => {
-            tracing::error!(error = %e, "the expiry sweep's lock name is refused; no sweep");
+            tracing::error!(error = %e, "the expiry sweep's lock is refused; no sweep");
             return;
         }
     };
@@ -236,23 +258,36 @@ pub(crate) async fn sweep_until_stopped(
                 continue;
             }
         }
-        let guard = match lock.try_lock().await {
-            Ok(Some(guard)) => guard,
-            Ok(None) => continue, // another instance sweeps
-            Err(e) => {
-                tracing::warn!(error = %e, "the expiry sweep's lock failed; the next sweep retries");
-                continue;
+        let mut report = SweepReport::default();
+        for _ in 0..MOST_BATCHES {
+            let guard = match lock.try_lock().await {
+                Ok(Some(guard)) => guard,
+                Ok(None) => break, // another instance sweeps
+                Err(e) => {
+                    tracing::warn!(error = %e, "the expiry sweep's lock failed; the next sweep retries");
+                    break;
+                }
+            };
+            let batch = life.sweep_batch().await;
+            if let Err(e) = guard.unlock().await {
+                tracing::debug!(error = %e, "expiry lock release failed; it expires");
             }
-        };
-        match life.sweep().await {
-            Ok(report) if report != SweepReport::default() => {
-                tracing::info!(?report, "expiry sweep");
+            match batch {
+                Ok((batch, more)) => {
+                    report.expired += batch.expired;
+                    report.taken_back += batch.taken_back;
+                    if !more {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "expiry sweep failed; the next one retries");
+                    break;
+                }
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "expiry sweep failed; the next one retries"),
         }
-        if let Err(e) = guard.unlock().await {
-            tracing::debug!(error = %e, "expiry lock release failed; it expires");
+        if report != SweepReport::default() {
+            tracing::info!(?report, "expiry sweep");
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Kill the service (SIGKILL) while accepted orders are still in the
-//! pipeline, start it again, and find every accepted order exactly once.
+//! pipeline, start it again, and find every accepted order exactly once;
+//! kill it while it sweeps expired orders, and find another instance
+//! sweeping at once.
 
 mod support;
 
@@ -121,4 +123,117 @@ async fn a_killed_service_loses_and_doubles_no_accepted_order() {
 
 async fn stored_ids(db: &Database, voucher: i64) -> HashSet<i64> {
     db.order_ids(voucher).await.unwrap().into_iter().collect()
+}
+
+/// An instance killed while it holds the expiry sweep's lock delays expiry
+/// on the others by about one sweep period, not by a long lease
+/// (`docs/guarantees.md`, service 12): 600 orders come due at once, the
+/// instance sweeping them is frozen and killed while it holds the lock, and
+/// a new instance expires the rest within seconds of starting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweeper_killed_holding_its_lock_delays_expiry_by_about_one_period() {
+    const STOCK: i64 = 600;
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("seckill-sweeper-{}", std::process::id()));
+    let database = format!("sqlite://{}/sweep.db", dir.display());
+    let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
+    let http = reqwest::Client::new();
+    let sweep = ["--sweep-every-ms", "200"];
+    let mut first =
+        ServeProcess::start_with(&redis.url(), &database, "first", SECRET, &sweep).await;
+    let now = support::now_ms();
+    let voucher: Value = http
+        .post(format!("{}/api/vouchers", first.base))
+        .bearer_auth(tokens.mint(seckill::auth::Principal::Admin, Duration::from_secs(600)))
+        .json(&serde_json::json!({
+            "title": "Sweep sale", "stock": STOCK, "begin_ms": now - 1000,
+            "end_ms": now + 3_600_000, "pay_within_ms": 3_000
+        }))
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let voucher = voucher["id"].as_i64().unwrap();
+    let buys: Vec<_> = (1..=STOCK)
+        .map(|user| {
+            let (http, base, tokens) = (http.clone(), first.base.clone(), tokens.clone());
+            tokio::spawn(async move {
+                support::purchase(&http, &base, &tokens, voucher, user)
+                    .await
+                    .status()
+            })
+        })
+        .collect();
+    for b in buys {
+        assert!(b.await.unwrap().is_success());
+    }
+    let db = Database::connect(&database).await.unwrap();
+    assert!(
+        testkit::eventually(Duration::from_secs(60), || async {
+            db.order_count(voucher).await.unwrap() == STOCK
+        })
+        .await,
+        "orders never stored"
+    );
+    let reserved = || async { db.order_states(voucher).await.unwrap().0 };
+
+    // Once the orders are due the instance sweeps them: freeze it the
+    // moment its lock is seen held, with orders still to expire.
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let lock_key = "hasp:{seckill:expiry}:plain";
+    let held = testkit::eventually(Duration::from_secs(60), || async {
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(lock_key)
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        if exists {
+            first.signal("STOP");
+        }
+        exists
+    })
+    .await;
+    assert!(held, "the sweep never took its lock");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(lock_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    first.end("KILL");
+    // Read once it is gone: frozen inside a transaction, it held SQLite's
+    // write lock.
+    let left = reserved().await;
+    assert!(left > 0, "the sweep had finished before the kill");
+
+    let started = Instant::now();
+    let second = ServeProcess::start_with(&redis.url(), &database, "second", SECRET, &sweep).await;
+    let healthy = started.elapsed();
+    let expired = testkit::eventually(Duration::from_secs(60), || async {
+        reserved().await < left
+    })
+    .await;
+    let waited = started.elapsed();
+    println!(
+        "figure: killed while holding the sweep lock (PTTL {ttl} ms, {left} orders reserved): \
+         another instance healthy after {healthy:?}, expiring again after {waited:?}"
+    );
+    assert!(expired, "no order expired after the sweeper's death");
+    assert!(
+        waited < Duration::from_secs(12),
+        "expiry resumed {waited:?} after the sweeper's death"
+    );
+    assert!(
+        testkit::eventually(Duration::from_secs(60), || async { reserved().await == 0 }).await,
+        "orders left reserved"
+    );
+    drop(second);
+    let _ = std::fs::remove_dir_all(dir);
 }

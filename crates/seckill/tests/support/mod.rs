@@ -155,6 +155,17 @@ impl ServeProcess {
     /// entries are taken over after 500 ms; no per-IP limit. Returns once
     /// it answers `/healthz`.
     pub async fn start(redis: &str, database: &str, consumer: &str, secret: &str) -> Self {
+        Self::start_with(redis, database, consumer, secret, &[]).await
+    }
+
+    /// [`ServeProcess::start`] with `extra` flags after the others.
+    pub async fn start_with(
+        redis: &str,
+        database: &str,
+        consumer: &str,
+        secret: &str,
+        extra: &[&str],
+    ) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -176,6 +187,7 @@ impl ServeProcess {
             "0",
         ]
         .iter()
+        .chain(extra)
         .map(|s| s.to_string())
         .collect();
         let child = Self::spawn(&args, secret);
