@@ -38,10 +38,19 @@
 //! What no repair can bring back: orders Redis accepted and lost before the
 //! pipeline stored them (their stream entries are gone). How many a crash
 //! can lose depends on Redis' persistence (README, "Durability").
+//!
+//! No buyer has to find out first: [`keep_verified_until_stopped`] looks at
+//! Redis every [`CHECK_EVERY`] ([`FastPath::check`]) and starts a repair
+//! when the script is missing or the data changed hands, so a sale is
+//! usually verified again before the first purchase after an outage; and
+//! purchases refused while Redis was unreachable go on as soon as a look
+//! finds it back.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
 
 use crate::db::Database;
 use crate::error::Result;
@@ -56,6 +65,14 @@ const LOCK_WAIT: Duration = Duration::from_secs(30);
 /// How long after its end a sale's stream on a master left behind is still
 /// read for orders (an order is accepted only while its sale is open).
 const LEFT_MASTER_SALES: Duration = Duration::from_secs(600);
+
+/// How often the service looks at Redis in the background while it
+/// answers: one `SCRIPT EXISTS`, and on one server or a Sentinel master
+/// `INFO replication` and one `GET`.
+pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// How often it looks while Redis does not answer.
+pub const CHECK_EVERY_WHILE_DOWN: Duration = crate::store::PROBE_INTERVAL;
 
 /// Which sales to verify.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -312,6 +329,33 @@ impl SaleRepair {
         if let Some(repairs) = &self.repairs {
             repairs.with_label_values(&[kind]).inc();
         }
+    }
+}
+
+/// Looks at Redis every [`CHECK_EVERY`] (see the module docs) and starts a
+/// repair of every open sale when purchases could not run there, until
+/// `stop`.
+pub(crate) async fn keep_verified_until_stopped(
+    repair: Arc<SaleRepair>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut every = CHECK_EVERY;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        every = match repair.fast.check().await {
+            Ok(true) => CHECK_EVERY,
+            Ok(false) => {
+                repair.start(Scope::Restarted { voucher: None });
+                CHECK_EVERY
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "Redis did not answer the background check");
+                CHECK_EVERY_WHILE_DOWN
+            }
+        };
     }
 }
 

@@ -1,6 +1,6 @@
 //! Start-up and shutdown: the service's parts wired from its settings (the
 //! HTTP API, the purchase path, the order pipeline's worker, the expiry
-//! sweep), on one Redis
+//! sweep, the background check of Redis), on one Redis
 //! and one database, and a graceful shutdown that drains.
 
 use std::net::SocketAddr;
@@ -32,6 +32,7 @@ pub struct Service {
     worker: tokio::task::JoinHandle<()>,
     sweeper: tokio::task::JoinHandle<()>,
     ticker: tokio::task::JoinHandle<()>,
+    keeper: Option<tokio::task::JoinHandle<()>>,
     pipeline: Arc<OrderPipeline>,
 }
 
@@ -81,6 +82,13 @@ impl Service {
                 tracing::info!(?report, "sale state verified at start");
             }
         }
+        let (shutdown, stop) = watch::channel(false);
+        let keeper = (config.mode == Mode::Async).then(|| {
+            tokio::spawn(crate::repair::keep_verified_until_stopped(
+                repair.clone(),
+                shutdown.subscribe(),
+            ))
+        });
         let sales = Arc::new(Sales::new(purchases, fast, db.clone(), repair));
         let orders = Arc::new(OrderLife::new(
             db.clone(),
@@ -88,7 +96,6 @@ impl Service {
             Arc::new(StandIn::default()),
             metrics.clone(),
         ));
-        let (shutdown, stop) = watch::channel(false);
         let live = Live::new(stop.clone());
         let state = AppState {
             db: db.clone(),
@@ -146,6 +153,7 @@ impl Service {
             worker,
             sweeper,
             ticker,
+            keeper,
             pipeline,
         })
     }
@@ -173,6 +181,9 @@ impl Service {
         self.worker.await?;
         self.sweeper.await?;
         self.ticker.await?;
+        if let Some(keeper) = self.keeper {
+            keeper.await?;
+        }
         tracing::info!(
             requests_finished_in = ?served,
             pipeline_drained_in = ?(started.elapsed() - served),

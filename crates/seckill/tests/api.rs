@@ -1321,6 +1321,33 @@ async fn a_lone_surrogate_in_a_title_names_the_title() {
     assert_eq!(err["code"], "invalid_request", "{err}");
 }
 
+/// After a Redis outage (restarted without its data) nobody has to buy
+/// first for the service to notice (`docs/guarantees.md`, service 3 and
+/// 4): the sale is restored from the database before any purchase is
+/// made, and twenty buyers arriving together afterwards are all served,
+/// none refused as if Redis were still down or the sale still repairing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_the_sale_is_repaired_and_purchases_resume_before_a_buyer_asks() {
+    let mut app = spawn_app().await;
+    let (_, v) = app.create_voucher(open_voucher(50)).await;
+    let id = v["id"].as_i64().unwrap();
+    assert_eq!(app.buy(id, 1).await.0, StatusCode::OK);
+    assert!(app.order_stored(id, 1).await);
+    app.redis.kill();
+    let (status, body) = app.buy(id, 2).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    app.redis.restart(); // without data
+    let restored = testkit::eventually(Duration::from_secs(30), || async {
+        app.fast.remaining_stock(id).await.ok().flatten() == Some(49)
+    })
+    .await;
+    assert!(restored, "the sale was not restored before anyone bought");
+    let buys: Vec<_> = (3..23).map(|user| app.buy(id, user)).collect();
+    for (status, body) in futures_util::future::join_all(buys).await {
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+}
+
 /// Once a purchase found Redis unreachable, the next purchases are
 /// refused with the same 503 at once instead of each waiting for its own
 /// connection attempts (seconds each); the service finds out when Redis is

@@ -280,6 +280,36 @@ impl FastPath {
         Ok(exists.first().copied().unwrap_or(false))
     }
 
+    /// Looks at Redis once, as the service does in the background
+    /// (`repair`): whether it answers (recorded as a purchase's answer
+    /// is, so purchases refused while it was unreachable go on as soon as
+    /// it is back, without a buyer having to try it), and whether
+    /// purchases may run there: the purchase script is loaded and, on one
+    /// server or a Sentinel master, the data is what the sale state was
+    /// verified for (a server whose replication history changed without a
+    /// restart is disarmed here). `Ok(false)`: the sale state needs a
+    /// verification.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable.
+    pub async fn check(&self) -> Result<bool> {
+        let mut conn = self.redis.conn();
+        let exists: redis::RedisResult<Vec<bool>> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(PURCHASE.get_hash())
+            .query_async(&mut conn)
+            .await;
+        self.reachability.record(&exists);
+        if !exists?.first().copied().unwrap_or(false) {
+            return Ok(false);
+        }
+        if matches!(conn, RedisConn::Cluster(_)) {
+            return Ok(true);
+        }
+        let mark = crate::store::keys::verified_history(self.redis.prefix());
+        Ok(!verification::disarm_unless_verified(&mut conn, &mark).await?)
+    }
+
     /// Tries to buy voucher `voucher_id` for `user_id`.
     ///
     /// # Errors

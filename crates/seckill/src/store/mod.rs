@@ -40,6 +40,7 @@ pub use keys::{dead_letter_stream, VoucherKeys};
 pub use order_ids::OrderIdGenerator;
 pub use order_lookup::order_in_redis;
 pub use order_stream::{is_missing_group, Delivery, OrderStreams};
+pub use reachability::PROBE_INTERVAL;
 pub use sale_audit::{add_buyers, lower_stock, read_sale, RedisSale};
 pub use sentinel::{sentinel_service, OnSwitch, SentinelConn, SENTINEL_SCHEME};
 pub use verification::History;
