@@ -24,6 +24,7 @@
 
 mod error;
 mod extract;
+mod idle;
 mod limits;
 mod live;
 mod orders;

@@ -11,10 +11,12 @@
 //!   keep-alive connections too): slowloris and idle connections are closed;
 //! * **body timeout**: a request body must arrive whole within
 //!   [`ConnectionLimits::body_timeout`] (408);
-//! * **connection cap**: past [`ConnectionLimits::max_connections`] open
-//!   connections, a new one gets a short 503 and is closed at once, so the
-//!   process keeps file descriptors for its Redis, its database and the
-//!   connections it serves;
+//! * **connection cap**: at [`ConnectionLimits::max_connections`] open
+//!   connections, the one idle longest is closed to make room for a new one
+//!   (`idle`), so only connections in use hold the cap; when none is idle,
+//!   the new one gets a short 503 and is closed at once, so the process
+//!   keeps file descriptors for its Redis, its database and the connections
+//!   it serves;
 //! * **per-address cap**: past [`ConnectionLimits::max_per_address`] open
 //!   connections from one client address, the same: one address that keeps
 //!   reopening connections cannot take the whole cap from everyone else;
@@ -29,12 +31,17 @@ use std::time::Duration;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tower::Service;
+
+use super::idle::Connections;
+
+/// How long a connection accepted at the cap waits for the room an idle
+/// connection's closing makes before it is refused.
+const ROOM_WAIT: Duration = Duration::from_secs(1);
 
 /// Connection-level limits of the HTTP server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,15 +92,16 @@ pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ConnectionLimits,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let router = router.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
         limits.body_timeout,
     ));
     let mut make_service = router.into_make_service_with_connect_info::<SocketAddr>();
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let max = limits.max_connections.min(Semaphore::MAX_PERMITS) as u32;
+    let slots = Arc::new(Semaphore::new(max as usize));
     let per_address = PerAddress::new(limits.max_per_address);
-    let graceful = GracefulShutdown::new();
+    let connections = Arc::new(Connections::default());
     // HTTP/1 only: the protocol sniffing of hyper-util's `auto` builder
     // waits for a client's first bytes with no timeout, so an idle
     // connection never reached the header timeout.
@@ -101,49 +109,94 @@ pub(crate) async fn serve(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
+    // Connections accepted at the cap, back with a slot once an idle one
+    // closed to make room.
+    let (roomed, mut made_room) = mpsc::unbounded_channel::<Roomed>();
+    let mut stopping = stop.clone();
     let stopped = async move {
-        let _ = stop.wait_for(|s| *s).await;
+        let _ = stopping.wait_for(|s| *s).await;
     };
     tokio::pin!(stopped);
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of descriptors (EMFILE) is the usual one: wait
-                    // for connections to close rather than spin.
-                    tracing::warn!(error = %e, "accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+        let (stream, peer, address_slot, slot) = tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of descriptors (EMFILE) is the usual one: wait
+                        // for connections to close rather than spin.
+                        tracing::warn!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Some(address_slot) = per_address.take(peer.ip()) else {
+                    tokio::spawn(refuse(stream));
                     continue;
+                };
+                match slots.clone().try_acquire_owned() {
+                    Ok(slot) => (stream, peer, address_slot, slot),
+                    Err(_) if connections.close_longest_idle() => {
+                        let (slots, roomed) = (slots.clone(), roomed.clone());
+                        tokio::spawn(async move {
+                            match tokio::time::timeout(ROOM_WAIT, slots.acquire_owned()).await {
+                                Ok(Ok(slot)) => {
+                                    let _ = roomed.send((stream, peer, address_slot, slot));
+                                }
+                                _ => refuse(stream).await,
+                            }
+                        });
+                        continue;
+                    }
+                    Err(_) => {
+                        tokio::spawn(refuse(stream));
+                        continue;
+                    }
                 }
-            },
+            }
+            Some(roomed) = made_room.recv() => roomed,
             () = &mut stopped => break,
-        };
-        let Some(address_slot) = per_address.take(peer.ip()) else {
-            tokio::spawn(refuse(stream));
-            continue;
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tokio::spawn(refuse(stream));
-            continue;
         };
         let _ = stream.set_nodelay(true);
         let Ok(service) = make_service.call(peer).await;
-        let connection = graceful.watch(
-            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)),
+        let connection = connections.open();
+        let conn = builder.serve_connection(
+            TokioIo::new(stream),
+            TowerToHyperService::new(connection.track(service)),
         );
+        let mut stop = stop.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            tokio::pin!(conn);
+            let mut closing = false;
+            let ended = loop {
+                tokio::select! {
+                    ended = conn.as_mut() => break ended,
+                    () = connection.close_asked(), if !closing => {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    _ = stop.wait_for(|s| *s), if !closing => {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            };
+            if let Err(e) = ended {
                 // Timeouts and clients going away end up here: routine.
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
-            drop((slot, address_slot));
+            drop((slot, address_slot, connection));
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    drop(made_room);
+    // Every connection holds a slot until it ends: all of them back means
+    // every request in flight finished.
+    let _ = slots.acquire_many(max).await;
     Ok(())
 }
+
+type Roomed = (TcpStream, SocketAddr, AddressSlot, OwnedSemaphorePermit);
 
 /// Open connections per client address, each at most `max`.
 #[derive(Clone)]
