@@ -256,12 +256,12 @@ async fn at_the_cap_the_longest_idle_connection_makes_room() {
         idle.push(idle_connection(addr).await);
     }
     let mut newer = Vec::new();
-    for round in 0..5 {
+    for (round, oldest) in idle.iter_mut().enumerate() {
         // A new connection is served (and left open, idle: the cap stays
         // full), and the oldest idle one is closed.
         newer.push(idle_connection(addr).await);
         assert!(
-            closed_within(&mut idle[round], Duration::from_secs(5)).await,
+            closed_within(oldest, Duration::from_secs(5)).await,
             "round {round}: the longest idle connection was not closed"
         );
     }
