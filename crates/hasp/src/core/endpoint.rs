@@ -105,6 +105,11 @@ impl Endpoint {
         }
     }
 
+    /// Whether each connection asks the sentinels where the master is.
+    pub(crate) fn is_sentinel(&self) -> bool {
+        matches!(self.kind, Kind::Sentinel(_))
+    }
+
     /// The current generation, to compare with later.
     pub(crate) fn generation(&self) -> u64 {
         *self.generation.borrow()

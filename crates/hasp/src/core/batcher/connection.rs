@@ -9,7 +9,12 @@
 //!
 //! The connection is made on first use and again after it breaks; calls in
 //! flight when it breaks fail with the error (their effect in Redis is
-//! unknown, as with any connection loss), and the next batch reconnects.
+//! unknown, as with any connection loss). A broken connection is made
+//! again without waiting for a call ([`Connection::reconnect_at`]): every
+//! [`RECONNECT_EVERY`] for a while, then every [`RECONNECT_LATER`], so that
+//! a server restarted without its data is seen within milliseconds of
+//! answering again and the client's holds are checked at once (its holders
+//! learn of the loss before another client can have used the lock long).
 //!
 //! To a Redis Cluster, the batcher sends on redis-rs's cluster connection
 //! instead, which routes each call by its keys' slot to the node's own
@@ -19,7 +24,7 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
@@ -29,6 +34,19 @@ use super::slots::SlotMap;
 use super::socket::{Handle, Socket};
 use crate::core::endpoint::Endpoint;
 use crate::core::wire::native::Native;
+
+/// How often a broken connection to one server is tried again, during
+/// [`RECONNECT_QUICKLY_FOR`] after it broke (a refused connection costs
+/// microseconds; a restarting server is seen this soon after it answers).
+pub(crate) const RECONNECT_EVERY: Duration = Duration::from_millis(2);
+
+/// How long after a break the connection is tried every
+/// [`RECONNECT_EVERY`].
+pub(crate) const RECONNECT_QUICKLY_FOR: Duration = Duration::from_secs(2);
+
+/// How often it is tried after that (and always through Sentinel, where
+/// each try asks the sentinels for the master).
+pub(crate) const RECONNECT_LATER: Duration = Duration::from_millis(100);
 
 /// What a call is sent on.
 #[derive(Clone)]
@@ -158,6 +176,22 @@ impl Link {
             Link::Cluster { .. } => Poll::Pending, // driven by redis-rs's task
         }
     }
+
+    /// When to make a broken connection again without waiting for a call
+    /// (`None`: not broken, or a cluster, whose connections redis-rs makes).
+    pub(super) fn reconnect_at(&self) -> Option<Instant> {
+        match self {
+            Link::Node(c) => c.reconnect_at(),
+            Link::Cluster { .. } => None,
+        }
+    }
+
+    /// A try to reconnect failed: the next one is scheduled.
+    pub(super) fn reconnect_failed(&mut self) {
+        if let Link::Node(c) = self {
+            c.reconnect_failed();
+        }
+    }
 }
 
 /// A connection that is (re)made when needed.
@@ -174,6 +208,9 @@ pub(super) struct Connection {
     reload: bool,
     /// True from the moment a live connection breaks until one is made again.
     broken: bool,
+    /// When the connection broke, and when to try it again without a call.
+    broken_at: Instant,
+    retry_at: Option<Instant>,
 }
 
 impl Connection {
@@ -192,7 +229,34 @@ impl Connection {
             native: Native::default(),
             reload: false,
             broken: false,
+            broken_at: Instant::now(),
+            retry_at: None,
         }
+    }
+
+    /// When to try a broken connection again (see the module docs).
+    fn reconnect_at(&self) -> Option<Instant> {
+        self.retry_at.filter(|_| self.broken && self.live.is_none())
+    }
+
+    fn reconnect_failed(&mut self) {
+        let quickly =
+            !self.endpoint.is_sentinel() && self.broken_at.elapsed() < RECONNECT_QUICKLY_FOR;
+        let pause = if quickly {
+            RECONNECT_EVERY
+        } else {
+            RECONNECT_LATER
+        };
+        self.retry_at = Some(Instant::now() + pause);
+    }
+
+    /// The live connection is gone: remembers when, and tries again soon.
+    fn broke(&mut self) {
+        if !self.broken {
+            self.broken_at = Instant::now();
+        }
+        self.broken = true;
+        self.retry_at = Some(Instant::now() + RECONNECT_EVERY);
     }
 
     /// True if the last connection broke and none was made since: the next
@@ -219,7 +283,7 @@ impl Connection {
             }
             // The master changed: this server is no longer the one.
             self.live = None;
-            self.broken = true;
+            self.broke();
         }
         let connect = async {
             let client = self.endpoint.resolve().await?;
@@ -241,6 +305,7 @@ impl Connection {
         self.live = Some(socket);
         self.generation = generation;
         self.broken = false;
+        self.retry_at = None;
         Ok(conn)
     }
 
@@ -250,8 +315,11 @@ impl Connection {
     /// settlement of the call that timed out) reaches Redis after that call,
     /// which a new connection would not guarantee.
     pub(super) fn failed(&mut self, error: &RedisError) {
-        if (error.is_connection_dropped() || error.is_io_error()) && !error.is_timeout() {
-            self.broken |= self.live.take().is_some();
+        if (error.is_connection_dropped() || error.is_io_error())
+            && !error.is_timeout()
+            && self.live.take().is_some()
+        {
+            self.broke();
         }
         if is_read_only(error) {
             self.stale();
@@ -261,7 +329,9 @@ impl Connection {
     /// The server refused a write as a replica (a demoted master): every
     /// connection of the client finds the master again.
     pub(super) fn stale(&mut self) {
-        self.broken |= self.live.take().is_some();
+        if self.live.take().is_some() {
+            self.broke();
+        }
         self.endpoint.stale();
     }
 
@@ -277,7 +347,7 @@ impl Connection {
         }
         tracing::debug!("batch connection closed");
         self.live = None;
-        self.broken = true;
+        self.broke();
         Poll::Ready(())
     }
 }

@@ -45,7 +45,8 @@
 //! held", and a hold Redis applied but nobody learnt of is freed as soon as
 //! Redis can be reached again.
 //!
-//! **Reconnects.** When the connection is made again after it broke, the
+//! **Reconnects.** A broken connection is made again within milliseconds of
+//! the server answering, without waiting for a call (`connection`), and the
 //! batcher says so ([`Batcher::start`]'s `reconnected`), so that the holds
 //! are checked at once (faults spec 5).
 //!
@@ -603,6 +604,7 @@ impl Task {
             // all once more for those wakes would find nothing new.
             wakes.forget();
             let room = in_flight.len() < MAX_IN_FLIGHT;
+            let reconnect_at = self.connection.reconnect_at();
             // In this order, every time: the connection first (it reads
             // the replies that complete calls), then the calls it completed,
             // then what to send. A reply is then handled in the poll that
@@ -617,6 +619,15 @@ impl Task {
                 // Retries go out first, on their own if nothing else comes.
                 () = std::future::ready(()), if room && !self.retries.is_empty() => {
                     std::mem::take(&mut self.retries)
+                }
+                // A broken connection is made again without waiting for a
+                // call: the reconnect checks the holds (faults spec 5).
+                () = sleep_until(reconnect_at), if reconnect_at.is_some() => {
+                    match self.connection.get().await {
+                        Ok(_) => self.reconnected.notify_one(),
+                        Err(_) => self.connection.reconnect_failed(),
+                    }
+                    continue;
                 }
                 // Settlements go out on their own if nothing else does.
                 () = sleep_until(self.settle_at), if room && self.settle_at.is_some() => {
