@@ -299,7 +299,11 @@ impl Settings {
     /// [`Error::NotReplicated`]; a renewal that
     /// fewer confirm does not move the hold's belief end, so a holder whose
     /// renewals stop replicating learns of the loss when its last confirmed
-    /// lease ends. Releases never wait.
+    /// lease ends. Releases never wait. A try made for a bounded wait
+    /// (`lock_within`) waits for the replicas no longer than the wait has
+    /// left, so the wait ends at its bound, not a `timeout` after it (Redis
+    /// ends a timed-out `WAIT` at its next timer event: up to 1/`hz` late,
+    /// 100 ms at the default `hz 10`).
     ///
     /// What it buys: after the master dies and a replica that acknowledged
     /// is promoted, the lock is still there. What it does not: `WAIT` does

@@ -17,7 +17,7 @@ use std::time::Instant;
 use super::batcher::Queue;
 use super::holds::{HoldState, Lease};
 use super::keys::LockKeys;
-use super::waiters::{ran_out, remaining, unconfirmed_as_busy, Attempt};
+use super::waiters::{ran_out, remaining, unconfirmed_as_busy, within_wait, Attempt};
 use super::wire::hold::{Acquire, Acquisition, Place, Step};
 use super::wire::Op;
 use super::Core;
@@ -106,7 +106,8 @@ impl Core {
         let refresh = self.settings.waiter_ttl / 3;
         let busy_for = move |ttl: Option<Duration>| Some(ttl.unwrap_or(refresh).min(refresh));
         let mut unconfirmed = None;
-        let ttl = match unconfirmed_as_busy(attempt().await, deadline, &mut unconfirmed)? {
+        let first = within_wait(deadline, attempt()).await;
+        let ttl = match unconfirmed_as_busy(first, deadline, &mut unconfirmed)? {
             Attempt::Done(done) => {
                 leave.op = None;
                 return Ok(Some(done));

@@ -39,7 +39,8 @@ impl Core {
         let behind_local_waiters = wait && self.waiters.has_waiters(&keys.channel);
         let mut ttl = None;
         if !behind_local_waiters {
-            let first = self.attempt(keys, owner, lease, wait).await;
+            let first = self.attempt(keys, owner, lease, wait);
+            let first = waiters::within_wait(deadline, first).await;
             let mut unconfirmed = None;
             let first = if wait {
                 unconfirmed_as_busy(first, deadline, &mut unconfirmed)

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use tokio::sync::{oneshot, watch, Notify};
 
-use super::batcher::{Completion, Queue};
+use super::batcher::{Completion, Queue, WAIT_ENDS};
 use super::holds::Written;
 use super::keys::LockKeys;
 use super::pubsub::PubSub;
@@ -499,7 +499,13 @@ impl Waiter {
                 if let Some(done) = self.hold_back().await.and_then(&granted) {
                     return Ok(Some(done));
                 }
-                match unconfirmed_as_busy(attempt().await, deadline, &mut unconfirmed)? {
+                // No try starts once the wait is over (a wake can come
+                // after it).
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return ran_out(unconfirmed);
+                }
+                let tried = within_wait(deadline, attempt()).await;
+                match unconfirmed_as_busy(tried, deadline, &mut unconfirmed)? {
                     Attempt::Done(done) => return Ok(Some(done)),
                     Attempt::Busy(t) => ttl = t,
                 }
@@ -620,6 +626,16 @@ pub(crate) fn remaining(deadline: Option<Instant>) -> Duration {
         Some(d) => d.saturating_duration_since(Instant::now()),
         None => Duration::MAX,
     }
+}
+
+/// Runs `attempt` as a try of a wait that ends at `deadline`: its
+/// operations carry the deadline, so that with replica acknowledgement the
+/// try's `WAIT` ends by it (`batcher::WAIT_ENDS`).
+pub(crate) async fn within_wait<T>(
+    deadline: Option<Instant>,
+    attempt: impl Future<Output = T>,
+) -> T {
+    WAIT_ENDS.scope(deadline, attempt).await
 }
 
 /// How soon an acquisition that too few replicas confirmed (so it was

@@ -141,6 +141,18 @@ pub(crate) struct Request {
     /// Its native command found the lock otherwise: it goes through the
     /// function (`wire::native`).
     scripted: bool,
+    /// The end of the wait it was sent for ([`WAIT_ENDS`]): with replica
+    /// acknowledgement its call's `WAIT` lasts no longer.
+    wait_ends: Option<Instant>,
+}
+
+tokio::task_local! {
+    /// The end of the wait the operations queued in this scope are sent
+    /// for (a caller's `lock_within`, ...). With replica acknowledgement a
+    /// try's `WAIT` then ends by it, so that a wait does not outlast its
+    /// bound by an acknowledgement's time-out (and a try never has to be
+    /// given up half way, which would let the next one overlap it).
+    pub(crate) static WAIT_ENDS: Option<Instant>;
 }
 
 impl Request {
@@ -176,6 +188,7 @@ impl Request {
             let retry = Request {
                 redirects: 0,
                 scripted: self.scripted,
+                wait_ends: self.wait_ends,
                 op: carrier,
                 // Nothing to redo: the release was applied, or the hold
                 // is gone; either way it is released.
@@ -198,6 +211,7 @@ impl Request {
             retried: true,
             redirects: 0,
             scripted: self.scripted,
+            wait_ends: self.wait_ends,
         };
         (settle, Some(retry))
     }
@@ -337,6 +351,7 @@ impl Queue {
             retried: false,
             redirects: 0,
             scripted: false,
+            wait_ends: WAIT_ENDS.try_with(|ends| *ends).ok().flatten(),
         };
         // By name: every operation on a lock takes one lane, in order.
         let lane = &self.lanes[request.op.keys().shard % self.lanes.len()];
@@ -831,7 +846,26 @@ impl Task {
             Some(_) => wire::encode_spread(script, &self.client_id, ops()),
             None => wire::encode(script, &self.client_id, ops()),
         });
-        let ack = self.replica_ack.filter(|_| ops().any(Op::needs_replicas));
+        let ack = self
+            .replica_ack
+            .filter(|_| ops().any(Op::needs_replicas))
+            .map(|ack| {
+                // No longer than the earliest wait it serves has left (at
+                // least a millisecond: `WAIT 0` would wait forever).
+                let ends = batch
+                    .iter()
+                    .filter(|r| r.op.needs_replicas())
+                    .filter_map(|r| r.wait_ends)
+                    .min();
+                let left = ends.map_or(ack.timeout, |ends| {
+                    ends.saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1))
+                });
+                ReplicaAck {
+                    timeout: ack.timeout.min(left),
+                    ..ack
+                }
+            });
         let nonces = self.nonces.clone();
         let requeue = self.requeue.clone();
         async move {
@@ -1277,6 +1311,7 @@ mod tests {
             retried: false,
             redirects: 0,
             scripted: false,
+            wait_ends: None,
         };
         // "b" is settled in the same call, "c" acquired twice, "d" found
         // held by its native command already: all through the function,
