@@ -21,7 +21,7 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use prometheus::core::Collector;
@@ -458,9 +458,7 @@ fn instance_figures(metrics: &Metrics, counters: &mut Counters) -> InstanceFigur
 
 /// The server's clock, Unix ms.
 pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    crate::domain::now_ms()
 }
 
 #[cfg(test)]

@@ -48,11 +48,12 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
 use crate::db::Database;
+use crate::domain::now_ms;
 use crate::error::Result;
 use crate::pipeline::OrderPipeline;
 use crate::reconcile::{reconcile, repair};
@@ -357,10 +358,4 @@ pub(crate) async fn keep_verified_until_stopped(
             }
         };
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }

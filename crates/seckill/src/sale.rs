@@ -161,6 +161,29 @@ impl Sales {
         })
     }
 
+    /// The state of order `id` of `user` if it is known to Redis only:
+    /// `Pending` (accepted, on its way to the database) or `Failed`. Looks
+    /// at the sales open now or in the last ten minutes (an order is
+    /// accepted only while its sale is open), one Redis round trip each:
+    /// for an order the database does not have, which is rare.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] or [`Error::Database`].
+    pub async fn unstored_order(&self, user: i64, id: i64) -> Result<Option<OrderState>> {
+        if self.fast_path().is_none() {
+            return Ok(None); // the locked path stores before it answers
+        }
+        let since = crate::domain::now_ms() - 600_000;
+        for voucher in self.db.open_voucher_ids(since).await? {
+            if let Some((order, state)) = order_in_redis(self.fast.redis(), voucher, user).await? {
+                if order.as_i64() == id {
+                    return Ok(Some(state));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// Whether Redis answers.
     ///
     /// # Errors

@@ -1321,6 +1321,60 @@ async fn a_lone_surrogate_in_a_title_names_the_title() {
     assert_eq!(err["code"], "invalid_request", "{err}");
 }
 
+/// Paying or cancelling an order that was accepted but is not stored yet
+/// (`docs/guarantees.md`, service 8) is a 409 `order_pending` with
+/// `Retry-After`, not a 404; one the pipeline gave up on is a 409
+/// `order_failed`; an unknown id, or another buyer's, stays a 404. (The
+/// orders in flight are written as the purchase writes them, without a
+/// stream entry, so that the pipeline does not store them meanwhile.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_not_stored_yet_is_a_409_to_pay_or_cancel_not_a_404() {
+    let app = spawn_app().await;
+    let (_, v) = app.create_voucher(open_voucher(50)).await;
+    let voucher = v["id"].as_i64().unwrap();
+    let mut conn = redis::Client::open(app.redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys = seckill::store::VoucherKeys::new("seckill", voucher);
+    let (pending, failed) = (4_000_000_001_i64, 4_000_000_002_i64);
+    let () = redis::pipe()
+        .hset(&keys.order_of, 7, pending)
+        .hset(&keys.order_of, 8, failed)
+        .hset(&keys.failed, 8, failed)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for action in ["pay", "cancel"] {
+        let key = Some("key-1").filter(|_| action == "pay");
+        let r = app
+            .http
+            .post(format!("{}/api/orders/{pending}/{action}", app.base))
+            .bearer_auth(app.token(Principal::User(7)));
+        let r = match key {
+            Some(key) => r.header("Idempotency-Key", key),
+            None => r,
+        };
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::CONFLICT, "{action}");
+        assert_eq!(
+            r.headers().get("retry-after").map(|v| v.to_str().unwrap()),
+            Some("1")
+        );
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["code"], "order_pending", "{action}: {body}");
+        let (status, body) = app.order_action(8, &failed.to_string(), action, key).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{action}: {body}");
+        assert_eq!(body["code"], "order_failed", "{action}: {body}");
+        // Another buyer's order, and an unknown one: not found.
+        let (status, _) = app.order_action(9, &pending.to_string(), action, key).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{action}");
+        let (status, _) = app.order_action(7, "4000000009", action, key).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{action}");
+    }
+}
+
 /// After a Redis outage (restarted without its data) nobody has to buy
 /// first for the service to notice (`docs/guarantees.md`, service 3 and
 /// 4): the sale is restored from the database before any purchase is

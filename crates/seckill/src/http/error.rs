@@ -36,7 +36,8 @@ pub enum ApiError {
     /// 405: the route exists, the method does not.
     MethodNotAllowed,
     /// 409: the order's state forbids the change (paid orders are final;
-    /// a given-back order cannot be paid; a deadline passed).
+    /// a given-back order cannot be paid; a deadline passed; a pending one,
+    /// not stored yet, with `Retry-After`).
     OrderConflict(OrderState),
     /// 402: the payment provider declined the charge.
     PaymentDeclined(String),
@@ -182,9 +183,13 @@ impl IntoResponse for ApiError {
                         "order_expired",
                         "the order's payment deadline passed; its unit went back on sale",
                     ),
-                    OrderState::Pending | OrderState::Failed => (
-                        "order_not_stored",
-                        "the order is not stored; see its state",
+                    OrderState::Pending => (
+                        "order_pending",
+                        "the order is accepted and on its way to being stored: ask again in a moment",
+                    ),
+                    OrderState::Failed => (
+                        "order_failed",
+                        "the order could not be stored; nothing was bought",
                     ),
                 };
                 (StatusCode::CONFLICT, code, message.to_owned(), None)
@@ -261,7 +266,8 @@ impl IntoResponse for ApiError {
         if matches!(
             status,
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-        ) {
+        ) || code == "order_pending"
+        {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),

@@ -112,7 +112,8 @@ pub(crate) async fn pay(
     tracing::Span::current()
         .record("order", id)
         .record("user", user);
-    answer(state.orders.pay(id, user, &key).await?)
+    let outcome = state.orders.pay(id, user, &key).await?;
+    answer(&state, user, id, outcome).await
 }
 
 #[tracing::instrument(name = "cancel_order", skip_all, fields(order, user))]
@@ -124,15 +125,26 @@ pub(crate) async fn cancel(
     tracing::Span::current()
         .record("order", id)
         .record("user", user);
-    answer(state.orders.cancel(id, user).await?)
+    let outcome = state.orders.cancel(id, user).await?;
+    answer(&state, user, id, outcome).await
 }
 
 /// A change done now or before is the order as it stands; a refused one a
-/// 409 naming the state; an order not stored (or another buyer's) a 404.
-fn answer(outcome: Transition) -> Result<Json<OrderView>, ApiError> {
+/// 409 naming the state; an order of `user` accepted but not stored yet a
+/// 409 `order_pending` (ask again in a moment) or `order_failed`; any other
+/// (unknown, or another buyer's) a 404.
+async fn answer(
+    state: &AppState,
+    user: i64,
+    id: i64,
+    outcome: Transition,
+) -> Result<Json<OrderView>, ApiError> {
     match outcome {
         Transition::Done(order) | Transition::Already(order) => Ok(Json(OrderView::from(&order))),
         Transition::Refused(order) => Err(ApiError::OrderConflict(order.state)),
-        Transition::NotFound => Err(ApiError::NotFound("stored order")),
+        Transition::NotFound => match state.sales.unstored_order(user, id).await? {
+            Some(unstored) => Err(ApiError::OrderConflict(unstored)),
+            None => Err(ApiError::NotFound("stored order")),
+        },
     }
 }
