@@ -137,6 +137,26 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
 /// holding its HTTP request for half a minute.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Runs database work `work` by `deadline`: a request that makes several
+/// calls gives them one budget (the wait for a pooled connection and, on
+/// SQLite, for another process's lock count against it), so that it is a
+/// 503 within about [`ACQUIRE_TIMEOUT`] of its start, not after each call's
+/// own wait. Past the deadline the work is dropped: a transaction not
+/// committed is rolled back; one whose commit was on its way has an
+/// unknown outcome, as any database failure after sending.
+///
+/// # Errors
+/// `work`'s error, or [`Error::Database`] (`PoolTimedOut`: unavailable)
+/// past the deadline.
+pub async fn by<T>(
+    deadline: tokio::time::Instant,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout_at(deadline, work)
+        .await
+        .unwrap_or(Err(Error::Database(sqlx::Error::PoolTimedOut)))
+}
+
 impl Database {
     /// Connects to `url`; for SQLite, creates the file (and its directory)
     /// if missing.

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::db::{Database, GiveBack, Transition};
+use crate::db::{self, Database, GiveBack, Transition};
 use crate::domain::order::OrderState;
 use crate::error::Result;
 use crate::metrics::Metrics;
@@ -45,6 +45,12 @@ const MOST_BATCHES: usize = 20;
 /// (a batch of a hundred orders takes a few hundred milliseconds on a slow
 /// machine with SQLite).
 pub const MIN_SWEEP_LEASE: Duration = Duration::from_millis(500);
+
+/// The end of a payment's or a cancellation's database budget, from now
+/// ([`db::by`]).
+fn database_deadline() -> tokio::time::Instant {
+    tokio::time::Instant::now() + db::ACQUIRE_TIMEOUT
+}
 
 /// Payments, cancellations and expiry, over the database and (on the fast
 /// path) Redis.
@@ -95,7 +101,8 @@ impl OrderLife {
     /// failed (then ask again with the same key: the provider charges once
     /// per key, and the order's state tells what happened).
     pub async fn pay(&self, id: i64, user: i64, key: &str) -> Result<Transition> {
-        let Some(order) = self.db.order(id).await? else {
+        let deadline = database_deadline();
+        let Some(order) = db::by(deadline, self.db.order(id)).await? else {
             return Ok(Transition::NotFound);
         };
         if order.record.user_id != user {
@@ -103,10 +110,11 @@ impl OrderLife {
         }
         if order.state != OrderState::Reserved {
             // Paid (by this key or another) or given back: no charge.
-            return self.db.pay_order(id, user, key).await;
+            return db::by(deadline, self.db.pay_order(id, user, key)).await;
         }
         let receipt = self.payments.charge(id, key).await?;
-        let outcome = self.db.pay_order(id, user, key).await?;
+        // The charge's own time does not count against the database.
+        let outcome = db::by(database_deadline(), self.db.pay_order(id, user, key)).await?;
         match &outcome {
             Transition::Done(_) => self.metrics.orders_paid.inc(),
             Transition::Already(_) => {}
@@ -127,7 +135,8 @@ impl OrderLife {
     /// [`Error::Database`](crate::Error::Database) if the database failed
     /// (the order's state tells whether the cancellation committed).
     pub async fn cancel(&self, id: i64, user: i64) -> Result<Transition> {
-        let (outcome, returned) = self.db.give_back(id, Some(user), GiveBack::Cancel).await?;
+        let cancel = self.db.give_back(id, Some(user), GiveBack::Cancel);
+        let (outcome, returned) = db::by(database_deadline(), cancel).await?;
         if let Some(returned) = returned {
             self.metrics
                 .orders_returned

@@ -1304,6 +1304,63 @@ async fn a_locked_sqlite_file_is_a_503_on_every_route() {
     assert_eq!(app.show(id).await.0, StatusCode::OK);
 }
 
+/// With the SQLite file locked by another process, payments and
+/// cancellations sent one after another are each a 503 within about two
+/// seconds
+/// (`docs/guarantees.md`, service 3): the wait for the one connection and
+/// the wait for the file's lock share one budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_locked_sqlite_file_every_order_change_is_a_503_within_two_seconds() {
+    use sqlx::Connection;
+    let app = spawn_app().await;
+    let (_, v) = app.create_voucher(open_voucher(20)).await;
+    let voucher = v["id"].as_i64().unwrap();
+    let mut orders = Vec::new();
+    for user in 1..=8 {
+        assert_eq!(app.buy(voucher, user).await.0, StatusCode::OK);
+        assert!(app.order_stored(voucher, user).await);
+        orders.push((
+            user,
+            app.order_of(voucher, user).await["order_id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        ));
+    }
+    let url = format!("sqlite://{}/api.db", app._dir.display());
+    let mut other = sqlx::sqlite::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    // One after another, 250 ms apart: a change that gets the connection
+    // late must not then wait for the lock as long again.
+    let changes = orders.iter().map(|(user, order)| {
+        let action = if user % 2 == 0 { "pay" } else { "cancel" };
+        let app = &app;
+        async move {
+            tokio::time::sleep(std::time::Duration::from_millis(250 * *user as u64)).await;
+            let started = std::time::Instant::now();
+            let (status, body) = app
+                .order_action(*user, order, action, Some("locked-key"))
+                .await;
+            (action, status, body, started.elapsed())
+        }
+    });
+    let answers = futures_util::future::join_all(changes).await;
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    let slowest = answers.iter().map(|a| a.3).max().unwrap();
+    println!("figure: 8 order changes on a locked SQLite file, the slowest 503 after {slowest:?}");
+    for (action, status, body, _) in &answers {
+        assert_eq!(*status, StatusCode::SERVICE_UNAVAILABLE, "{action}: {body}");
+        assert_eq!(body["code"], "unavailable", "{action}: {body}");
+    }
+    assert!(
+        slowest < std::time::Duration::from_millis(2_500),
+        "a 503 after {slowest:?}"
+    );
+}
+
 /// A title with a lone UTF-16 surrogate escape (not a character: JSON
 /// text that no string can hold) is a 400 naming `title`, as any other bad
 /// title.
