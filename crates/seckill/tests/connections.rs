@@ -406,3 +406,42 @@ async fn one_address_cannot_fill_the_connection_cap() {
     service.stop().await.unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A request with both `Content-Length` and `Transfer-Encoding` (how
+/// requests are smuggled past a proxy that reads the other header) is a
+/// 400 naming the header, and its connection is closed: whatever was
+/// smuggled behind it is never served. In either order of the headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_length_beside_transfer_encoding_is_a_400_and_closes() {
+    let (_redis, service, dir) = service("smuggle", ConnectionLimits::default()).await;
+    let heads = [
+        "content-length: 4\r\ntransfer-encoding: chunked\r\n",
+        "transfer-encoding: chunked\r\ncontent-length: 4\r\n",
+    ];
+    for head in heads {
+        let mut s = TcpStream::connect(service.addr()).await.unwrap();
+        let request = format!(
+            "POST /api/vouchers HTTP/1.1\r\nhost: x\r\n{head}\r\n0\r\n\r\n\
+             GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+        );
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer))
+            .await
+            .expect("the connection was not closed")
+            .unwrap();
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 400"), "{head:?}: {text}");
+        assert!(
+            text.contains("\"field\":\"transfer-encoding\""),
+            "{head:?}: {text}"
+        );
+        assert_eq!(
+            text.matches("HTTP/1.1").count(),
+            1,
+            "{head:?}: the smuggled request was answered: {text}"
+        );
+    }
+    service.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

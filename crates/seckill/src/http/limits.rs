@@ -112,3 +112,29 @@ pub(crate) async fn small_body(request: Request, next: Next) -> Response {
     }
     next.run(request).await
 }
+
+/// Middleware: a request that carries `Transfer-Encoding` is refused with a
+/// 400 naming the header, and its connection closed. Bodies here are small
+/// JSON and come with `Content-Length`; and a request with both headers is
+/// how requests are smuggled past a proxy that reads the other one (RFC
+/// 9112 §6.3 lets a server refuse it). The HTTP parser drops a
+/// `Content-Length` sent beside `Transfer-Encoding` before any middleware
+/// sees it, so the only safe test is the encoding's presence.
+pub(crate) async fn content_length_only(request: Request, next: Next) -> Response {
+    if !request
+        .headers()
+        .contains_key(axum::http::header::TRANSFER_ENCODING)
+    {
+        return next.run(request).await;
+    }
+    let mut refused = ApiError::BadRequest {
+        field: "transfer-encoding".into(),
+        message: "send the body with Content-Length: Transfer-Encoding is not accepted".into(),
+    }
+    .into_response();
+    refused.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    refused
+}

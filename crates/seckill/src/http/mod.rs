@@ -126,6 +126,7 @@ pub fn router(state: AppState) -> Router {
         // included (axum's defaults are an empty 404 and 405).
         .fallback(|| async { error::ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { error::ApiError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn(limits::content_length_only))
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
