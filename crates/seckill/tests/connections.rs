@@ -155,11 +155,11 @@ async fn a_body_that_does_not_arrive_in_time_is_a_408() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Opens a connection and starts a live event stream on it: a request in
-/// flight for as long as the connection is open (a busy connection).
-async fn busy_connection(addr: std::net::SocketAddr) -> TcpStream {
+/// Opens a connection and sends `GET path` on it; returns it once the
+/// answer's status line says 200 (the rest is left unread).
+async fn answered_connection(addr: std::net::SocketAddr, path: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /api/live HTTP/1.1\r\nhost: x\r\n\r\n")
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
         .await
         .unwrap();
     let mut buf = [0u8; 12];
@@ -168,17 +168,15 @@ async fn busy_connection(addr: std::net::SocketAddr) -> TcpStream {
     s
 }
 
-/// Opens a connection the server has accepted and answered once, left
-/// idle after.
+/// A connection with a live event stream open on it: a request in flight
+/// for as long as the connection is open (a busy connection).
+async fn busy_connection(addr: std::net::SocketAddr) -> TcpStream {
+    answered_connection(addr, "/api/live").await
+}
+
+/// A connection the server has accepted and answered once, idle after.
 async fn idle_connection(addr: std::net::SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut buf = [0u8; 12];
-    s.read_exact(&mut buf).await.unwrap();
-    assert_eq!(&buf, b"HTTP/1.1 200");
-    s
+    answered_connection(addr, "/healthz").await
 }
 
 /// `docs/guarantees.md`, service 6: at the cap with every connection in

@@ -142,22 +142,16 @@ async fn a_sweeper_killed_holding_its_lock_delays_expiry_by_about_one_period() {
     let mut first =
         ServeProcess::start_with(&redis.url(), &database, "first", SECRET, &sweep).await;
     let now = support::now_ms();
-    let voucher: Value = http
-        .post(format!("{}/api/vouchers", first.base))
-        .bearer_auth(tokens.mint(seckill::auth::Principal::Admin, Duration::from_secs(600)))
-        .json(&serde_json::json!({
+    let voucher = support::create_voucher_from(
+        &http,
+        &first.base,
+        &tokens,
+        serde_json::json!({
             "title": "Sweep sale", "stock": STOCK, "begin_ms": now - 1000,
             "end_ms": now + 3_600_000, "pay_within_ms": 3_000
-        }))
-        .send()
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let voucher = voucher["id"].as_i64().unwrap();
+        }),
+    )
+    .await;
     let buys: Vec<_> = (1..=STOCK)
         .map(|user| {
             let (http, base, tokens) = (http.clone(), first.base.clone(), tokens.clone());

@@ -101,10 +101,27 @@ pub async fn create_voucher(
     stock: i64,
     window: std::ops::Range<i64>,
 ) -> i64 {
+    create_voucher_from(
+        http,
+        base,
+        tokens,
+        json!({"title": title, "stock": stock, "begin_ms": window.start, "end_ms": window.end}),
+    )
+    .await
+}
+
+/// Creates a voucher from the request body `body` through `base`'s API
+/// with an admin token; returns its id.
+pub async fn create_voucher_from(
+    http: &reqwest::Client,
+    base: &str,
+    tokens: &Tokens,
+    body: Value,
+) -> i64 {
     let voucher: Value = http
         .post(format!("{base}/api/vouchers"))
         .bearer_auth(tokens.mint(Principal::Admin, Duration::from_secs(600)))
-        .json(&json!({"title": title, "stock": stock, "begin_ms": window.start, "end_ms": window.end}))
+        .json(&body)
         .send()
         .await
         .unwrap()
