@@ -10,18 +10,26 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+#[cfg(feature = "mysql")]
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+#[cfg(feature = "postgres")]
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+#[cfg(feature = "sqlite")]
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
+#[cfg(feature = "mysql")]
+use sqlx::Row;
 
 use crate::error::{Error, Result};
 
 /// A connection pool to one database.
 #[derive(Debug, Clone)]
 pub(crate) enum Backend {
+    #[cfg(feature = "postgres")]
     Postgres(PgPool),
+    #[cfg(feature = "mysql")]
     MySql(MySqlPool),
+    #[cfg(feature = "sqlite")]
     Sqlite(SqlitePool),
 }
 
@@ -43,59 +51,109 @@ pub(crate) struct Statements {
     table: String,
 }
 
+#[cfg(feature = "postgres")]
 const PG_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+#[cfg(feature = "postgres")]
 const PG_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
+#[cfg(feature = "mysql")]
 const MY_MS: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)";
+#[cfg(feature = "mysql")]
 const MY_US: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000) AS SIGNED)";
+#[cfg(feature = "sqlite")]
 const LITE_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+#[cfg(feature = "sqlite")]
 const LITE_US: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
+
+fn invalid_url(e: sqlx::Error) -> Error {
+    Error::invalid("url", e.to_string())
+}
+
+/// The error for a URL whose driver this build left out.
+#[cfg(not(all(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+fn not_built(url: &str, driver: &str) -> Error {
+    Error::invalid(
+        "url",
+        format!("{url:?}: this build has no {driver} driver (cargo feature `{driver}`)"),
+    )
+}
 
 impl Backend {
     /// Opens a pool of `connections` to `url` (`postgres://`,
     /// `mysql://`/`mariadb://`, `sqlite://`).
     pub(crate) async fn open(url: &str, connections: u32) -> Result<Self> {
-        let invalid = |e: sqlx::Error| Error::invalid("url", e.to_string());
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let options = PgConnectOptions::from_str(url).map_err(invalid)?;
-            let pool = PgPoolOptions::new()
-                .max_connections(connections)
-                .connect_with(options)
-                .await?;
-            Ok(Backend::Postgres(pool))
-        } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-            let url = url.replacen("mariadb://", "mysql://", 1);
-            let options = MySqlConnectOptions::from_str(&url).map_err(invalid)?;
-            let pool = MySqlPoolOptions::new()
-                .max_connections(connections)
-                .connect_with(options)
-                .await?;
-            Ok(Backend::MySql(pool))
-        } else if url.starts_with("sqlite:") {
-            let options = SqliteConnectOptions::from_str(url)
-                .map_err(invalid)?
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(5));
-            let pool = SqlitePoolOptions::new()
-                .max_connections(connections)
-                .connect_with(options)
-                .await?;
-            Ok(Backend::Sqlite(pool))
-        } else {
-            Err(Error::invalid(
-                "url",
-                format!("{url:?}: expected postgres://, mysql://, mariadb:// or sqlite:"),
-            ))
+            #[cfg(feature = "postgres")]
+            return Self::open_postgres(url, connections).await;
+            #[cfg(not(feature = "postgres"))]
+            return Err(not_built(url, "postgres"));
         }
+        if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+            #[cfg(feature = "mysql")]
+            return Self::open_mysql(url, connections).await;
+            #[cfg(not(feature = "mysql"))]
+            return Err(not_built(url, "mysql"));
+        }
+        if url.starts_with("sqlite:") {
+            #[cfg(feature = "sqlite")]
+            return Self::open_sqlite(url, connections).await;
+            #[cfg(not(feature = "sqlite"))]
+            return Err(not_built(url, "sqlite"));
+        }
+        Err(Error::invalid(
+            "url",
+            format!("{url:?}: expected postgres://, mysql://, mariadb:// or sqlite:"),
+        ))
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn open_postgres(url: &str, connections: u32) -> Result<Self> {
+        let options = PgConnectOptions::from_str(url).map_err(invalid_url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(connections)
+            .connect_with(options)
+            .await?;
+        Ok(Backend::Postgres(pool))
+    }
+
+    #[cfg(feature = "mysql")]
+    async fn open_mysql(url: &str, connections: u32) -> Result<Self> {
+        let url = url.replacen("mariadb://", "mysql://", 1);
+        let options = MySqlConnectOptions::from_str(&url).map_err(invalid_url)?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(connections)
+            .connect_with(options)
+            .await?;
+        Ok(Backend::MySql(pool))
+    }
+
+    #[cfg(feature = "sqlite")]
+    async fn open_sqlite(url: &str, connections: u32) -> Result<Self> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(invalid_url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(connections)
+            .connect_with(options)
+            .await?;
+        Ok(Backend::Sqlite(pool))
     }
 
     pub(crate) fn is_postgres(&self) -> bool {
-        matches!(self, Backend::Postgres(_))
+        #[cfg(feature = "postgres")]
+        #[allow(irrefutable_let_patterns)] // a build with PostgreSQL alone
+        if let Backend::Postgres(_) = self {
+            return true;
+        }
+        false
     }
 
+    #[cfg(feature = "postgres")]
     pub(crate) fn postgres(&self) -> Option<&PgPool> {
         match self {
             Backend::Postgres(pool) => Some(pool),
+            #[allow(unreachable_patterns)]
             _ => None,
         }
     }
@@ -111,14 +169,17 @@ macro_rules! on {
     // rows affected.
     ($db:expr, $query:ident, $sql:expr, |$q:ident| $bind:expr, execute) => {
         match $db {
+            #[cfg(feature = "postgres")]
             Backend::Postgres(pool) => {
                 let $q = sqlx::$query(AssertSqlSafe($sql));
                 $bind.execute(pool).await?.rows_affected()
             }
+            #[cfg(feature = "mysql")]
             Backend::MySql(pool) => {
                 let $q = sqlx::$query(AssertSqlSafe($sql));
                 $bind.execute(pool).await?.rows_affected()
             }
+            #[cfg(feature = "sqlite")]
             Backend::Sqlite(pool) => {
                 let $q = sqlx::$query(AssertSqlSafe($sql));
                 $bind.execute(pool).await?.rows_affected()
@@ -127,14 +188,17 @@ macro_rules! on {
     };
     ($db:expr, $query:ident, $sql:expr, |$q:ident| $bind:expr, $run:ident) => {
         match $db {
+            #[cfg(feature = "postgres")]
             Backend::Postgres(pool) => {
                 let $q = sqlx::$query(AssertSqlSafe($sql));
                 $bind.$run(pool).await?
             }
+            #[cfg(feature = "mysql")]
             Backend::MySql(pool) => {
                 let $q = sqlx::$query(AssertSqlSafe($sql));
                 $bind.$run(pool).await?
             }
+            #[cfg(feature = "sqlite")]
             Backend::Sqlite(pool) => {
                 let $q = sqlx::$query(AssertSqlSafe($sql));
                 $bind.$run(pool).await?
@@ -151,6 +215,7 @@ impl Statements {
     }
 
     /// The channel release notifications go out on (PostgreSQL).
+    #[cfg(feature = "postgres")]
     pub(crate) fn channel(&self) -> String {
         format!("{}_released", self.table)
     }
@@ -163,8 +228,11 @@ impl Statements {
     /// the settings) enter the SQL.
     fn sql(&self, db: &Backend, template: &'static str) -> String {
         let (ms, us, text, int, engine) = match db {
+            #[cfg(feature = "postgres")]
             Backend::Postgres(_) => (PG_MS, PG_US, "TEXT COLLATE \"C\"", "BIGINT", ""),
+            #[cfg(feature = "mysql")]
             Backend::MySql(_) => (MY_MS, MY_US, "VARBINARY(255)", "BIGINT", " ENGINE=InnoDB"),
+            #[cfg(feature = "sqlite")]
             Backend::Sqlite(_) => (LITE_MS, LITE_US, "TEXT", "INTEGER", ""),
         };
         let sql = template
@@ -206,7 +274,9 @@ impl Statements {
         lease_ms: i64,
     ) -> Result<Taken> {
         let row = match db {
+            #[cfg(feature = "mysql")]
             Backend::MySql(pool) => self.acquire_mysql(db, pool, name, owner, lease_ms).await?,
+            #[allow(unreachable_patterns)]
             _ => {
                 let sql = self.sql(db, UPSERT);
                 let token: Option<i64> = on!(
@@ -227,6 +297,7 @@ impl Statements {
         }
     }
 
+    #[cfg(feature = "mysql")]
     async fn acquire_mysql(
         &self,
         db: &Backend,
@@ -343,26 +414,40 @@ impl Statements {
         owner: &str,
         holds: i64,
     ) -> Result<Option<bool>> {
-        let Backend::MySql(pool) = db else {
-            let sql = self.sql(db, RELEASE);
-            let left: Option<i64> = on!(
-                db,
-                query_scalar,
-                sql,
-                |q| q
-                    .bind(holds)
-                    .bind(holds)
-                    .bind(holds)
-                    .bind(holds)
-                    .bind(name)
-                    .bind(owner),
-                fetch_optional
-            );
-            if left == Some(0) {
-                self.notify(db, name).await?;
-            }
-            return Ok(left.map(|left| left == 0));
-        };
+        #[cfg(feature = "mysql")]
+        #[allow(irrefutable_let_patterns)] // a build with MySQL alone
+        if let Backend::MySql(pool) = db {
+            return self.release_mysql(db, pool, name, owner, holds).await;
+        }
+        let sql = self.sql(db, RELEASE);
+        let left: Option<i64> = on!(
+            db,
+            query_scalar,
+            sql,
+            |q| q
+                .bind(holds)
+                .bind(holds)
+                .bind(holds)
+                .bind(holds)
+                .bind(name)
+                .bind(owner),
+            fetch_optional
+        );
+        if left == Some(0) {
+            self.notify(db, name).await?;
+        }
+        Ok(left.map(|left| left == 0))
+    }
+
+    #[cfg(feature = "mysql")]
+    async fn release_mysql(
+        &self,
+        db: &Backend,
+        pool: &MySqlPool,
+        name: &str,
+        owner: &str,
+        holds: i64,
+    ) -> Result<Option<bool>> {
         let update = self.sql(
             db,
             "UPDATE {t} SET \
@@ -396,6 +481,10 @@ impl Statements {
     /// PostgreSQL: tells the listeners that `name` was freed (the other
     /// backends' waiters read the row when their back-off ends).
     async fn notify(&self, db: &Backend, name: &str) -> Result<()> {
+        #[cfg(not(feature = "postgres"))]
+        let _ = (db, name);
+        #[cfg(feature = "postgres")]
+        #[allow(irrefutable_let_patterns)] // a build with PostgreSQL alone
         if let Backend::Postgres(pool) = db {
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(self.channel())
@@ -479,8 +568,11 @@ impl Statements {
         let t = &self.table;
         let list = vec!["(?, ?, ?)"; holds.len()].join(", ");
         let ms = match db {
+            #[cfg(feature = "postgres")]
             Backend::Postgres(_) => PG_MS,
+            #[cfg(feature = "mysql")]
             Backend::MySql(_) => MY_MS,
+            #[cfg(feature = "sqlite")]
             Backend::Sqlite(_) => LITE_MS,
         };
         // Built here rather than from a template: its list of holds has a
@@ -492,25 +584,43 @@ impl Statements {
              WHERE (name, owner, token) IN ({list}) AND expires_at > {ms}"
             ),
         );
-        let Backend::MySql(pool) = db else {
-            // RETURNING: the holds this statement renewed.
-            let sql = format!("{update} RETURNING name, owner, token");
-            let renewed: Vec<HoldKey> = on!(
-                db,
-                query_as,
-                sql,
-                |q| holds
-                    .iter()
-                    .fold(q.bind(lease_ms), |q, (name, owner, token)| q
-                        .bind(name)
-                        .bind(owner)
-                        .bind(token)),
-                fetch_all
-            );
-            return Ok(renewed);
-        };
-        // No RETURNING: the update, then which of them are live and still
-        // ours, on the same connection.
+        #[cfg(feature = "mysql")]
+        #[allow(irrefutable_let_patterns)] // a build with MySQL alone
+        if let Backend::MySql(pool) = db {
+            return self
+                .extend_mysql(pool, update, holds, lease_ms, &list, ms)
+                .await;
+        }
+        // RETURNING: the holds this statement renewed.
+        let sql = format!("{update} RETURNING name, owner, token");
+        let renewed: Vec<HoldKey> = on!(
+            db,
+            query_as,
+            sql,
+            |q| holds
+                .iter()
+                .fold(q.bind(lease_ms), |q, (name, owner, token)| q
+                    .bind(name)
+                    .bind(owner)
+                    .bind(token)),
+            fetch_all
+        );
+        Ok(renewed)
+    }
+
+    /// MySQL's renewal: no `RETURNING`, so the update, then which of them
+    /// are live and still ours, on the same connection.
+    #[cfg(feature = "mysql")]
+    async fn extend_mysql(
+        &self,
+        pool: &MySqlPool,
+        update: String,
+        holds: &[HoldKey],
+        lease_ms: i64,
+        list: &str,
+        ms: &str,
+    ) -> Result<Vec<HoldKey>> {
+        let t = &self.table;
         let mut conn = pool.acquire().await?;
         let mut update = sqlx::query(AssertSqlSafe(update)).bind(lease_ms);
         for (name, owner, token) in holds {

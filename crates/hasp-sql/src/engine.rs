@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "postgres")]
 use sqlx::postgres::PgListener;
 use tokio::sync::{watch, Notify};
 
@@ -67,6 +68,7 @@ impl Engine {
             _shutdown: shutdown,
         });
         tokio::spawn(renew(Arc::downgrade(&engine), stop.clone()));
+        #[cfg(feature = "postgres")]
         if let Some(pool) = engine.db.postgres() {
             let listener = PgListener::connect_with(pool).await?;
             tokio::spawn(listen(Arc::downgrade(&engine), listener, stop));
@@ -237,6 +239,7 @@ impl Engine {
         }
     }
 
+    #[cfg(feature = "postgres")]
     fn wake_all(&self) {
         for (notify, _) in guard(&self.wakers).values() {
             notify.notify_waiters();
@@ -305,6 +308,7 @@ async fn renew(inner: std::sync::Weak<Engine>, mut stop: watch::Receiver<()>) {
 /// PostgreSQL: wakes this client's waiters of the name each release
 /// notification carries; after a reconnect (notifications sent meanwhile
 /// are lost), every waiter.
+#[cfg(feature = "postgres")]
 async fn listen(
     inner: std::sync::Weak<Engine>,
     mut listener: PgListener,

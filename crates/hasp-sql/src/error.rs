@@ -68,21 +68,26 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
         sqlx::Error::Database(d) => {
+            #[cfg(feature = "sqlite")]
             if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
                 // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their
                 // extended codes (the primary code is the low byte).
                 let code = d.code().and_then(|c| c.parse::<i64>().ok()).unwrap_or(0);
-                matches!(code & 0xff, 5 | 6)
-            } else if let Some(e) = d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                return matches!(code & 0xff, 5 | 6);
+            }
+            #[cfg(feature = "postgres")]
+            if let Some(e) = d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
                 // lock_not_available, deadlock_detected, too_many_connections,
                 // cannot_connect_now, admin_shutdown
-                matches!(e.code(), "55P03" | "40P01" | "53300" | "57P03" | "57P01")
-            } else if let Some(e) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                // lock wait timeout, deadlock, too many connections
-                matches!(e.number(), 1205 | 1213 | 1040)
-            } else {
-                false
+                return matches!(e.code(), "55P03" | "40P01" | "53300" | "57P03" | "57P01");
             }
+            #[cfg(feature = "mysql")]
+            if let Some(e) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                // lock wait timeout, deadlock, too many connections
+                return matches!(e.number(), 1205 | 1213 | 1040);
+            }
+            let _ = d;
+            false
         }
         _ => false,
     }

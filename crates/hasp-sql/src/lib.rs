@@ -26,6 +26,14 @@
 //! # }
 //! ```
 //!
+//! ## Drivers
+//!
+//! Each database's driver is a cargo feature, all three on by default:
+//! `postgres`, `mysql` (MySQL and MariaDB), `sqlite`. A build with
+//! `default-features = false, features = ["postgres"]` compiles no other
+//! driver, and a URL for a driver left out is refused with an error naming
+//! its feature.
+//!
 //! ## How it works
 //!
 //! * **One atomic statement per attempt**, never select-then-insert:
@@ -76,6 +84,9 @@
 //! network filesystems are unreliable).
 
 #![warn(missing_docs)]
+
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+compile_error!("hasp-sql needs at least one driver: enable `postgres`, `mysql` or `sqlite`");
 
 mod backend;
 mod client;

@@ -362,7 +362,7 @@ async fn run(args: Args) {
 
 /// What `Settings::set_replica_ack(1, ...)` costs: lock() latency and
 /// pairs/s at C = 1 against a master with one healthy replica, with and
-/// without waiting for it (faults spec 16).
+/// without waiting for it (faults 16).
 async fn replica_ack_cost(duration: Duration) {
     println!("\n## wait: replica acknowledgement, master + 1 replica, C = 1\n");
     println!("| mode | pairs/s | lock() p50 | lock() p99 |");
@@ -1365,7 +1365,7 @@ where
     }
 }
 
-/// Section a: what the adaptive lease saves (seeds spec 5): renewal script
+/// Section a: what the adaptive lease saves (adaptive 5): renewal script
 /// calls while many short sections run, watchdog mode beside adaptive mode.
 async fn adaptive_renewals(duration: Duration) {
     println!("\n## a: renewal calls, 400 tasks, 5–50 ms sections, {duration:?}\n");
@@ -1468,8 +1468,8 @@ fn family_pair(client: &Client, kind: &str, name: &str) -> Pair {
     }
 }
 
-/// Section f: the synchronizer family beside the basic lock (spec family
-/// 18, research 39).
+/// Section f: the synchronizer family beside the basic lock (family 18,
+/// family detail 39).
 async fn family(duration: Duration, hasp_c1: f64) {
     println!("\n## f: the family, uncontended pairs/s (each task its own name)\n");
     println!("| kind | C = 1 | C = 64 | C = 64 / lock's |");

@@ -255,8 +255,8 @@ impl Settings {
     /// one (its calls already go out per node). Every operation on one lock takes the
     /// same lane, so each lock's operations stay in order. Each lane batches
     /// its locks' operations into one script call per round trip; several
-    /// lanes keep Redis busy while the client handles replies (at 16 tasks
-    /// on one server, 4 lanes gave 1.2-1.4x the pairs/s of 1). A client that
+    /// lanes keep Redis busy while the client handles replies (figures in
+    /// the benchmark's README). A client that
     /// holds few locks at once, or must use one connection, can set 1.
     pub fn set_lanes(mut self, lanes: usize) -> Self {
         self.lanes = lanes;

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::error::LaunchError;
 use crate::redis::free_tcp_port;
-use crate::LaunchError;
 
 /// How long chromedriver may take to answer on its port.
 const READY_WITHIN: Duration = Duration::from_secs(30);

@@ -3,8 +3,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::error::LaunchError;
 use crate::redis::free_tcp_port;
-use crate::{LaunchError, RedisServer, ServerOptions, Transport};
+use crate::redis::{RedisServer, ServerOptions, Transport};
 
 /// One line of `CLUSTER NODES`: port, whether a master, slot ranges.
 type NodeView = (u16, bool, Vec<(u16, u16)>);

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::LaunchError;
+use crate::error::LaunchError;
 
 /// How a server is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::redis::{free_tcp_port, redis_server_binary, unique_dir};
-use crate::{RedisServer, ServerOptions, Transport};
+use crate::redis::{RedisServer, ServerOptions, Transport};
 
 /// The service name the sentinels of a [`SentinelGroup`] watch.
 pub const SERVICE: &str = "hasp";

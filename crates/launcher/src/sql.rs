@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::LaunchError;
+use crate::error::LaunchError;
 
 fn temp_dir(kind: &str) -> Result<PathBuf, LaunchError> {
     use std::sync::atomic::{AtomicU64, Ordering};

@@ -62,6 +62,7 @@ pub mod db;
 pub mod domain;
 mod error;
 pub mod http;
+pub mod limits;
 pub mod live;
 pub mod metrics;
 pub mod order_life;

@@ -40,7 +40,7 @@ use serde::Deserialize;
 
 use crate::domain::voucher::{DEFAULT_PAY_WITHIN, PAY_WITHIN_RANGE};
 use crate::error::{Error, Result};
-use crate::http::{ConnectionLimits, Limit};
+use crate::limits::{ConnectionLimits, Limit};
 use crate::store::ReplicaAck;
 
 /// Which purchase path the service uses.

@@ -99,8 +99,7 @@ async fn two_instances_share_the_sale_and_the_pipeline_without_loss_or_duplicate
 
 /// An idle instance costs Redis almost nothing, however many
 /// sales it has seen: 1,000 sales that were open and ended, and 10 open
-/// ones, make fewer than 100 Redis commands a second (16,440 a second
-/// measured with 200 open sales before the blocking read). Then the 10
+/// ones, make fewer than 100 Redis commands a second. Then the 10
 /// open sales under load still get every accepted order stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_instance_with_a_thousand_ended_sales_barely_touches_redis() {

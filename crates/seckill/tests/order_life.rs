@@ -424,6 +424,17 @@ async fn an_idle_sweep_reads_one_index_and_sends_redis_nothing() {
             .unwrap_or(0)
     };
     let locking = || calls("set") + calls("evalsha") + calls("fcall") + calls("eval");
+    // The service verifies the sale state it finds (the purchase script
+    // was loaded without recording what it was verified for): measured
+    // once that is done.
+    let settled = testkit::eventually(Duration::from_secs(30), || async {
+        let mark = sale.redis.cli(&["GET", "shop:verified-history"]);
+        let purchase = redis::Script::new(include_str!("../src/scripts/purchase.lua"));
+        let armed = sale.redis.cli(&["SCRIPT", "EXISTS", purchase.get_hash()]);
+        !mark.trim().is_empty() && armed.trim() == "1"
+    })
+    .await;
+    assert!(settled, "the service never verified the sale state");
     let before = locking();
     // Time is the subject: at least 20 sweep periods.
     tokio::time::sleep(Duration::from_secs(1)).await;

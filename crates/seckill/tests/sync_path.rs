@@ -119,7 +119,7 @@ async fn two_instances_sell_exactly_the_stock_one_per_user_on_postgres() {
     two_instances_sell_exactly_the_stock(db).await;
 }
 
-/// Seed 004 in the service: the sync path with its user locks in the
+/// The table lock in the service: the sync path with its user locks in the
 /// database (no Redis lock) sells exactly the stock, one per user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_locks_sell_exactly_the_stock_one_per_user_on_sqlite_and_postgres() {

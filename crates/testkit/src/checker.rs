@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use crate::RedisServer;
+use launcher::RedisServer;
 
 /// Microseconds on the system-wide monotonic clock (`CLOCK_MONOTONIC`): the
 /// same clock in every process of the machine.

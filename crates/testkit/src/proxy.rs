@@ -108,7 +108,7 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 impl FaultProxy {
     /// A proxy on a free port of 127.0.0.1 in front of `server`, passing
     /// everything.
-    pub fn start(server: &crate::RedisServer) -> Self {
+    pub fn start(server: &launcher::RedisServer) -> Self {
         let upstream = upstream_of(server);
         let listener = StdListener::bind("127.0.0.1:0").expect("bind the proxy");
         let port = listener.local_addr().expect("proxy address").port();
@@ -175,7 +175,7 @@ impl FaultProxy {
 
     /// Sends new connections to `server` from now on (a failover); open
     /// connections stay where they are until closed.
-    pub fn set_upstream(&self, server: &crate::RedisServer) {
+    pub fn set_upstream(&self, server: &launcher::RedisServer) {
         lock(&self.state).upstream = upstream_of(server);
     }
 
@@ -218,7 +218,7 @@ impl Drop for FaultProxy {
     }
 }
 
-fn upstream_of(server: &crate::RedisServer) -> Upstream {
+fn upstream_of(server: &launcher::RedisServer) -> Upstream {
     match server.port() {
         Some(port) => Upstream::Tcp(port),
         None => Upstream::Unix(server.socket_path()),

@@ -9,7 +9,7 @@
 //! with `READONLY`: the old master, demoted) says so ([`Endpoint::stale`]);
 //! every other connection of the client then reconnects too
 //! ([`Endpoint::generation`]), and the reconnect makes the client re-check
-//! its holds (faults spec 5) — a failover may have lost them.
+//! its holds (faults 5) — a failover may have lost them.
 //!
 //! Waiting for `READONLY` is not enough: a sentinel reconfigures the old
 //! master only when it next polls it (seconds later), and until then the

@@ -12,7 +12,7 @@
 //! subscribe racing an unsubscribe always ends in the state the set says.
 //! The connection is made at once and kept even with nothing subscribed: its
 //! loss and return are how a client notices that Redis went away and came
-//! back while it only holds locks (faults spec 5).
+//! back while it only holds locks (faults 5).
 //!
 //! To a Redis Cluster the channels are sharded (`SSUBSCRIBE`): each is
 //! subscribed on the node that owns its slot, where the batch function publishes

@@ -3,9 +3,9 @@
 //!
 //! A library is run once, when it is loaded: its helpers are made then, and
 //! each call runs only the function's body. An `EVALSHA` script runs its
-//! whole text on every call, defining each of its functions again; for a
-//! call carrying one operation that was a fifth of Redis's work (measured in
-//! `benches/README.md`).
+//! whole text on every call, defining each of its functions again: for a
+//! call carrying one operation, a large share of Redis's work
+//! (`benches/README.md`).
 //!
 //! Calls send `FCALL` and, when the server answers that the function is not
 //! found (restarted without persistence, `FUNCTION FLUSH`), load the library

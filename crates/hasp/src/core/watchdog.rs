@@ -6,7 +6,7 @@
 //! as `extend` operations through the batcher (so they share its calls: at
 //! most `renew_batch` per call). When a connection to
 //! Redis is made again after it broke, it checks every hold at once, fixed
-//! leases included (faults spec 5). Holds with a learned lease (`adaptive`)
+//! leases included (faults 5). Holds with a learned lease (`adaptive`)
 //! are not renewed every period: each is renewed when its remaining lease
 //! falls below its lead, from a schedule ordered by that instant (`holds`),
 //! so the task works only for the holds that are due.

@@ -1,4 +1,4 @@
-//! The fair lock: spec/family.md 1–4, research 3–13.
+//! The fair lock: family 1–4, family detail 3–13.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,7 +32,7 @@ async fn wait_for_line(ctx: &Ctx, name: &str, len: i64) {
     assert!(reached, "the line of {name} never reached {len}");
 }
 
-/// Spec 1, research 3: waiters of three clients (ten tasks each) acquire
+/// Family 1, family detail 3: waiters of three clients (ten tasks each) acquire
 /// in exactly the order they started waiting; nobody is overtaken.
 #[tokio::test]
 async fn waiters_across_clients_acquire_in_order_of_arrival() {
@@ -99,7 +99,7 @@ async fn a_hundred_tasks_over_two_clients_are_all_served() {
     assert_eq!(served.load(std::sync::atomic::Ordering::Acquire), 100);
 }
 
-/// Spec 2, 4 and 18, research 6: waiters whose processes are killed (three
+/// Family 2, 4 and 18, family detail 6: waiters whose processes are killed (three
 /// of them, at the head of the line and between live waiters of two
 /// clients) leave it within one waiter TTL by the server's clock; the live
 /// waiters then acquire in the order they arrived, without a message.
@@ -197,7 +197,7 @@ async fn a_live_waiter_keeps_its_place_and_places_stay_bounded() {
         .unwrap();
 }
 
-/// Spec 3, research 9 and 11: `try_lock` never queues (it fails while the
+/// Family 3, family detail 9 and 11: `try_lock` never queues (it fails while the
 /// lock is held, or while anyone waits); re-entry by the holder is
 /// immediate even with waiters in line.
 #[tokio::test]
@@ -270,7 +270,7 @@ async fn a_waiter_that_gives_up_leaves_the_line() {
     assert!(!lock.is_locked().await.unwrap());
 }
 
-/// Spec 3, research 10: a release wakes only the head of the line: twenty
+/// Family 3, family detail 10: a release wakes only the head of the line: twenty
 /// waiters, one wake-up message naming one waiter per release.
 #[tokio::test]
 async fn a_release_wakes_only_the_head() {

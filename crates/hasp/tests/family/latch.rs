@@ -1,4 +1,4 @@
-//! The count-down latch: spec/family.md 15–17, research 32–37.
+//! The count-down latch: family 15–17, family detail 32–37.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ async fn exists(ctx: &Ctx, key: &str) -> bool {
     query::<i64>(&mut raw, &["EXISTS", key]).await == 1
 }
 
-/// Spec 15, research 32: counted down from any client, the latch wakes
+/// Family 15, family detail 32: counted down from any client, the latch wakes
 /// every waiter of every client when it reaches zero.
 #[tokio::test]
 async fn every_waiter_of_every_client_wakes_at_zero() {
@@ -52,7 +52,7 @@ async fn every_waiter_of_every_client_wakes_at_zero() {
     }
 }
 
-/// Spec 15, research 32: a bounded wait returns false on time, and true
+/// Family 15, family detail 32: a bounded wait returns false on time, and true
 /// once the count reaches zero.
 #[tokio::test]
 async fn a_bounded_wait_returns_false_on_time_and_true_at_zero() {
@@ -76,7 +76,7 @@ async fn a_bounded_wait_returns_false_on_time_and_true_at_zero() {
     assert!(waiter.await.unwrap());
 }
 
-/// Spec 16, research 32, 34: counting down below zero does nothing;
+/// Family 16, family detail 32, 34: counting down below zero does nothing;
 /// re-arming a latch that still counts is refused; counting down a latch
 /// that was never set is `NotSet` and creates no key.
 #[tokio::test]
@@ -177,7 +177,7 @@ async fn deleting_a_latch_wakes_its_waiters_with_deleted() {
     assert!(!latch.delete().await.unwrap());
 }
 
-/// Spec 17: a latch with an expiry that is never counted down leaves no
+/// Family 17: a latch with an expiry that is never counted down leaves no
 /// key behind, and its waiters and their subscriptions do not stay forever.
 #[tokio::test]
 async fn a_latch_never_counted_down_expires_with_its_waiters() {

@@ -1,7 +1,6 @@
 //! The synchronizer family beyond the basic lock: every line of the
-//! "Family" section of `docs/guarantees.md` (cited as "spec/family.md N" or
-//! "family N") and of its "Family in detail" section (cited as "research
-//! N"), against real redis-server processes that each test starts for
+//! "Family" section of `docs/guarantees.md` (cited as "family N") and of
+//! its "Family in detail" section (cited as "family detail N"), against real redis-server processes that each test starts for
 //! itself.
 //!
 //! With `HASP_SPEC_DEPLOYMENT=cluster` the same tests run on a private

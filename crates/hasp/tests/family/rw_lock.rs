@@ -1,4 +1,4 @@
-//! The read-write lock: spec/family.md 5–9 and 18, research 14–23.
+//! The read-write lock: family 5–9 and 18, family detail 14–23.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,7 +44,7 @@ async fn existing(ctx: &Ctx, name: &str) -> Vec<String> {
     found
 }
 
-/// Spec 5, research 16: many readers hold at once; a writer excludes
+/// Family 5, family detail 16: many readers hold at once; a writer excludes
 /// readers and writers; a reader excludes writers.
 #[tokio::test]
 async fn readers_share_and_a_writer_excludes_everyone() {
@@ -70,7 +70,7 @@ async fn readers_share_and_a_writer_excludes_everyone() {
     assert!(existing(&ctx, "doc").await.is_empty(), "no key left idle");
 }
 
-/// Spec 6, research 17: once a writer waits, new readers wait behind it;
+/// Family 6, family detail 17: once a writer waits, new readers wait behind it;
 /// with a new reader every 5 ms holding 20 ms, the writer gets in within
 /// the longest read in progress plus a few round trips of the last read
 /// that was there before it ending.
@@ -152,7 +152,7 @@ async fn a_waiting_writer_is_not_starved_by_new_readers() {
     assert_eq!(overtook, 0, "readers that came later went first");
 }
 
-/// Spec 6, research 17: reader preference is an option: new readers enter
+/// Family 6, family detail 17: reader preference is an option: new readers enter
 /// while a writer waits.
 #[tokio::test]
 async fn reader_preference_lets_new_readers_past_a_waiting_writer() {
@@ -191,7 +191,7 @@ async fn reader_preference_lets_new_readers_past_a_waiting_writer() {
     write.unlock().await.unwrap();
 }
 
-/// Spec 7, research 20: a reader re-reads; a writer re-writes and may also
+/// Family 7, family detail 20: a reader re-reads; a writer re-writes and may also
 /// read; another owner can neither read nor write meanwhile; every count
 /// returns to zero and the keys go after the last release.
 #[tokio::test]
@@ -220,7 +220,7 @@ async fn reentrancy_of_readers_and_writers() {
     shared.unlock().await.unwrap();
 }
 
-/// Spec 7, research 21: a writer that reads and then releases the write
+/// Family 7, family detail 21: a writer that reads and then releases the write
 /// holds only the read, with no moment at which another writer can enter;
 /// waiting readers enter at the downgrade.
 #[tokio::test]
@@ -264,7 +264,7 @@ async fn a_downgrade_leaves_no_window_for_another_writer() {
     other_read.unlock().await.unwrap();
 }
 
-/// Spec 7, research 22: a read holder asking for the write lock gets
+/// Family 7, family detail 22: a read holder asking for the write lock gets
 /// `UpgradeNotSupported` at once, through its own client or another.
 #[tokio::test]
 async fn an_upgrade_is_refused_at_once() {
@@ -285,7 +285,7 @@ async fn an_upgrade_is_refused_at_once() {
     assert_eq!(line_len(&ctx, "up").await, 0);
 }
 
-/// Spec 8, research 18: each read owner has its own lease: with readers of
+/// Family 8, family detail 18: each read owner has its own lease: with readers of
 /// 600 ms and 1.5 s leases, a writer gets in once the longer ends; the
 /// hash's TTL follows the latest read deadline.
 #[tokio::test]
@@ -317,7 +317,7 @@ async fn each_read_hold_has_its_own_lease() {
     write.unlock().await.unwrap();
 }
 
-/// Spec 8, research 19: the watchdog renews every live read hold; a killed
+/// Family 8, family detail 19: the watchdog renews every live read hold; a killed
 /// client's read hold ends within one lease while others keep theirs, and
 /// a writer then gets in.
 #[tokio::test]
@@ -350,7 +350,7 @@ async fn read_holds_are_renewed_and_a_killed_readers_hold_ends() {
     write.unlock().await.unwrap();
 }
 
-/// Spec 9, research 23: the write lock carries a fencing token; read holds
+/// Family 9, family detail 23: the write lock carries a fencing token; read holds
 /// see the token of the last write; a write re-entry re-arms the lease to
 /// the requested value (it does not add to what is left).
 #[tokio::test]
@@ -389,7 +389,7 @@ async fn writes_are_fenced_and_reads_see_the_last_write() {
     read.unlock().await.unwrap();
 }
 
-/// Spec 18: processes that read and write, two of them killed, and local
+/// Family 18: processes that read and write, two of them killed, and local
 /// tasks, with a checker of who was inside when: never a writer together
 /// with anyone else.
 #[tokio::test]

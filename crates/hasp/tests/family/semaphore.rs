@@ -1,4 +1,4 @@
-//! The semaphore: spec/family.md 10–14 and 18, research 24–31.
+//! The semaphore: family 10–14 and 18, family detail 24–31.
 
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,7 +40,7 @@ async fn queue_len(ctx: &Ctx, name: &str) -> i64 {
     query(&mut raw, &["ZCARD", &sem_keys(name)[3]]).await
 }
 
-/// Spec 10, research 27: N permits; acquire(k) and release(k); try-acquire
+/// Family 10, family detail 27: N permits; acquire(k) and release(k); try-acquire
 /// with a bounded wait; available permits readable; acquire(0) at once.
 #[tokio::test]
 async fn n_permits_are_taken_and_given_back_k_at_a_time() {
@@ -88,11 +88,11 @@ async fn n_permits_are_taken_and_given_back_k_at_a_time() {
     assert_eq!(sem.available().await.unwrap(), 2);
     three.release().await.unwrap();
     assert_eq!(sem.available().await.unwrap(), 5);
-    // Idle: only the hash with the capacity the user set is left (research 2).
+    // Idle: only the hash with the capacity the user set is left (family detail 2).
     assert_eq!(existing(&ctx, "pool").await, [sem_keys("pool")[0].clone()]);
 }
 
-/// Spec 11, research 25: releasing more than this owner acquired, or
+/// Family 11, family detail 25: releasing more than this owner acquired, or
 /// without holding, is `NotHeld` and creates no permit (Redisson's
 /// `testReleaseWithoutPermits` expects the opposite).
 #[tokio::test]
@@ -123,7 +123,7 @@ async fn releasing_what_one_does_not_hold_creates_no_permit() {
     assert_eq!(sem.capacity().await.unwrap(), Some(3));
 }
 
-/// Spec 12, research 26: permits of a holder whose process is killed come
+/// Family 12, family detail 26: permits of a holder whose process is killed come
 /// back within one lease, and a waiter blocked on them acquires by then
 /// (it re-checks when the first lease ends, not only on messages).
 #[tokio::test]
@@ -160,7 +160,7 @@ async fn permits_of_a_killed_holder_come_back_within_one_lease() {
     assert_eq!(sem.available().await.unwrap(), 3, "every permit came back");
 }
 
-/// Spec 12, research 26, 31: a fixed lease ends by the server's clock and
+/// Family 12, family detail 26, 31: a fixed lease ends by the server's clock and
 /// `available()` is right at once, before any write reclaims it.
 #[tokio::test]
 async fn a_fixed_lease_returns_the_permits_when_it_ends() {
@@ -183,7 +183,7 @@ async fn a_fixed_lease_returns_the_permits_when_it_ends() {
     assert_eq!(sem.available().await.unwrap(), 2, "no permit created");
 }
 
-/// Spec 12, research 19-like: permits in watchdog mode are renewed past
+/// Family 12, family detail 19: permits in watchdog mode are renewed past
 /// their lease while held, and released without error.
 #[tokio::test]
 async fn the_watchdog_renews_permits_while_held() {
@@ -202,7 +202,7 @@ async fn the_watchdog_renews_permits_while_held() {
     assert_eq!(client.stats().held_locks, 0);
 }
 
-/// Spec 13, research 29: a request for many permits is not starved by a
+/// Family 13, family detail 29: a request for many permits is not starved by a
 /// stream of small ones that arrive after it; it completes within the
 /// longest hold in progress plus a few round trips.
 #[tokio::test]
@@ -316,7 +316,7 @@ async fn waiters_across_clients_are_served_in_order_of_arrival() {
     );
 }
 
-/// Spec 14, research 28: lowering the capacity below what is held makes
+/// Family 14, family detail 28: lowering the capacity below what is held makes
 /// `available()` negative, revokes nothing, and releases bring it back;
 /// raising it wakes waiters at once; it never goes below zero.
 #[tokio::test]
@@ -477,7 +477,7 @@ async fn a_killed_waiter_leaves_the_queue_within_one_waiter_ttl() {
     assert_eq!(queue_len(&ctx, "deadq").await, 0);
 }
 
-/// Spec 18: processes that take and give back permits, some killed, with a
+/// Family 18: processes that take and give back permits, some killed, with a
 /// checker of how many are inside at once: never more than the capacity,
 /// and every permit back once they are gone.
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! hasp under faults: every line of the "Faults" section of
-//! `docs/guarantees.md` ("faults spec N" is its line N), and the
+//! `docs/guarantees.md` (cited as "faults N"), and the
 //! regressions of the four defects the faults exposed, against
 //! real redis-server processes with real faults: a TCP proxy that delays,
 //! holds or closes connections, SIGSTOP/SIGKILL of servers and of client
@@ -29,7 +29,7 @@ use std::time::Duration;
 use hasp::{Client, Settings};
 use testkit::FaultProxy;
 
-/// Runs a scenario with a hard time limit (faults spec 3).
+/// Runs a scenario with a hard time limit (faults 3).
 pub async fn bounded<T>(limit: Duration, scenario: impl Future<Output = T>) -> T {
     tokio::time::timeout(limit, scenario)
         .await

@@ -281,7 +281,7 @@ async fn waiters_whose_pubsub_connection_was_killed_still_get_the_release() {
     .await;
 }
 
-/// One failover (faults spec 16): `names` locks acquired on a master whose
+/// One failover (faults 16): `names` locks acquired on a master whose
 /// replication stream is held back, the master killed, the replica
 /// promoted; returns (acquisitions the first client believes it has,
 /// duplicates: of those, how many a second client then takes on the

@@ -54,9 +54,9 @@ async fn the_same_name_on_three_servers_is_held_on_all_three() {
 /// multi 2: with one of three parts held by another owner, a try reports
 /// not acquired and the other two keys do not exist afterwards; a bounded
 /// wait ends the same way. Ten tasks trying at once never hold it two at a
-/// time, and those that wait all get it (research line 3 asks for exactly
-/// one winner among zero-wait tries: with parts asked in parallel, tries
-/// that collide can all fail, so that is not promised).
+/// time, and those that wait all get it (exactly one winner among zero-wait
+/// tries is not promised: with parts asked in parallel, tries that collide
+/// can all fail).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_part_or_none() {
     let servers = Servers::start(3);
@@ -147,7 +147,7 @@ async fn parts_are_requested_in_parallel() {
     );
 }
 
-/// multi 4 (research lines 6–7): two tasks looping MultiLock(A, B) and
+/// multi 4: two tasks looping MultiLock(A, B) and
 /// MultiLock(B, A) with 1 ms holds both finish: no deadlock, no livelock,
 /// no acquisition waits long, and each gets a fair share while both run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

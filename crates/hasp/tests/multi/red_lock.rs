@@ -285,7 +285,7 @@ async fn a_restart_without_persistence_is_caught_by_fencing() {
     drop(first);
 }
 
-/// multi 14 (research line 30): an extension re-takes the key a restarted
+/// multi 14: an extension re-takes the key a restarted
 /// server lost, if it is free: a lock held on 5 of 5 whose servers are
 /// restarted without persistence one at a time, rounds apart, is never
 /// lost and ends with its key on all five.
@@ -316,7 +316,7 @@ async fn restarted_servers_are_taken_again_by_the_extension() {
     assert_eq!(servers.holding("again"), 0);
 }
 
-/// multi 11 (research line 31): a holder cut off from every server learns
+/// multi 11: a holder cut off from every server learns
 /// of the loss by its validity end at the latest (sooner if an extension
 /// round fails first), with no server reachable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,5 @@
 //! The adaptive lease: the "Adaptive lease" section of `docs/guarantees.md`
-//! (its lines cited as "seed N"; "research N" names a finer point the test
-//! states itself). The estimator's arithmetic is unit-tested in
+//! (its lines cited as "adaptive N"). The estimator's arithmetic is unit-tested in
 //! `src/core/adaptive.rs`.
 
 use std::time::{Duration, Instant, SystemTime};
@@ -37,7 +36,7 @@ async fn sections(lock: &hasp::Lock, held: Duration, times: usize) {
     }
 }
 
-/// Seeds 1, 2 and 6; research 3, 4, 11, 13: a class learns from the full
+/// Adaptive 1, 2 and 6: a class learns from the full
 /// releases of all its names; before that a lease is the initial one (the
 /// watchdog timeout); the figures are readable, and live in a hash of the
 /// class's slot with an expiry, stamped by the server's clock.
@@ -107,9 +106,9 @@ async fn a_class_learns_its_lease_from_its_holds_and_shows_why() {
     assert!(stamped <= server_ms + 1000 && stamped + 10_000 > server_ms);
 }
 
-/// Seed 3, research 9: an overrun raises the lease at once, so the same
-/// long section right after it needs no renewal; research 6: a hold
-/// dropped without release teaches nothing.
+/// Adaptive 3: an overrun raises the lease at once, so the same long
+/// section right after it needs no renewal; a hold dropped without release
+/// teaches nothing.
 #[tokio::test]
 async fn an_overrun_raises_the_lease_at_once() {
     let ctx = Ctx::new();
@@ -139,7 +138,7 @@ async fn an_overrun_raises_the_lease_at_once() {
     );
 }
 
-/// Seed 4, research 17, 18: a holder running about 8× its learned lease
+/// Adaptive 4: a holder running about 8× its learned lease
 /// keeps the lock throughout (renewed by the client's scheduler, in its
 /// batches), another owner spinning on `try_lock` never gets it, and
 /// nothing is renewed once the hold is released.
@@ -176,7 +175,7 @@ async fn a_holder_that_outlasts_its_learned_lease_keeps_the_lock() {
     assert_eq!(client.stats().renew_calls, renewed, "renewed after release");
 }
 
-/// Seed 5, research 16: many short holds in adaptive mode cost no renewal
+/// Adaptive 5: many short holds in adaptive mode cost no renewal
 /// call at all, where watchdog mode sends its periodic batches.
 #[tokio::test]
 async fn short_holds_in_adaptive_mode_cost_no_renewals() {

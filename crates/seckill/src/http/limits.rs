@@ -6,7 +6,6 @@
 //! depends on them.
 
 use std::net::{IpAddr, SocketAddr};
-use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Request, State};
@@ -17,31 +16,13 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use crate::http::error::ApiError;
 use crate::http::AppState;
 
-/// Requests per second and burst; `None` turns a limit off.
-#[derive(Debug, Clone, Copy)]
-pub struct Limit {
-    /// Sustained requests per second.
-    pub per_second: NonZeroU32,
-    /// Requests allowed at once above the sustained rate.
-    pub burst: NonZeroU32,
-}
+pub use crate::limits::Limit;
 
 /// The limiters of one instance.
 #[derive(Debug, Default)]
 pub struct RateLimits {
     per_user: Option<DefaultKeyedRateLimiter<i64>>,
     per_ip: Option<DefaultKeyedRateLimiter<IpAddr>>,
-}
-
-impl Limit {
-    /// `per_second` sustained with a burst of twice that; `None` for 0 (off).
-    pub fn per_second(per_second: u32) -> Option<Self> {
-        let rate = NonZeroU32::new(per_second)?;
-        Some(Self {
-            per_second: rate,
-            burst: rate.saturating_mul(NonZeroU32::MIN.saturating_add(1)),
-        })
-    }
 }
 
 impl RateLimits {

@@ -43,36 +43,7 @@ use super::idle::Connections;
 /// connection's closing makes before it is refused.
 const ROOM_WAIT: Duration = Duration::from_secs(1);
 
-/// Connection-level limits of the HTTP server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectionLimits {
-    /// Connections open at once; more are answered 503 and closed.
-    pub max_connections: usize,
-    /// Connections open at once from one client IP address; more are
-    /// answered 503 and closed. Behind a load balancer or a proxy every
-    /// connection comes from its address: set this to `max_connections`.
-    pub max_per_address: usize,
-    /// Time for a request's head to arrive, counted from the connection's
-    /// start or the previous response: also the idle timeout.
-    pub header_timeout: Duration,
-    /// Time for a request's body to arrive.
-    pub body_timeout: Duration,
-}
-
-impl Default for ConnectionLimits {
-    /// 10,000 connections (the process needs descriptors for Redis, the
-    /// database and its files too: keep this below `ulimit -n`), 1,000 of
-    /// them from one address, 10 s for a request's head or an idle
-    /// connection, 10 s for a body.
-    fn default() -> Self {
-        Self {
-            max_connections: 10_000,
-            max_per_address: 1_000,
-            header_timeout: Duration::from_secs(10),
-            body_timeout: Duration::from_secs(10),
-        }
-    }
-}
+pub use crate::limits::ConnectionLimits;
 
 /// The answer a connection past the cap gets before it is closed.
 const OVERLOADED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\

@@ -30,8 +30,8 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Reconnection attempts behind one failing command. redis-rs' default (6,
 /// backing off to 3.2 s) holds a command for over 6 s when Redis is gone:
-/// an HTTP request hangs that long, and a service stopping without its
-/// Redis took 23 s (measured). The next command tries again anyway.
+/// an HTTP request hangs that long, and so does a service stopping
+/// without its Redis. The next command tries again anyway.
 pub const RECONNECT_RETRIES: usize = 2;
 
 /// The scheme of a cluster's seed list.

@@ -3,8 +3,8 @@
 //! `WAIT n timeout` blocks the connection it is sent on until `n` replicas
 //! acknowledged every write that connection made. Sent after each purchase
 //! on the service's shared, multiplexed connection it would block every
-//! other purchase behind it (measured: 23,100 → 6,700 purchases/s at 16 in
-//! flight, with 2 s stalls). So confirmation runs on a connection of its
+//! other purchase behind it (the README's "Durability" has the figures).
+//! So confirmation runs on a connection of its
 //! own, for many purchases at once: a purchase whose script has answered
 //! asks the [`Acker`]; the acker takes everything asked so far, writes one
 //! marker (`INCR`) and sends `WAIT` in the same round trip. The master's

@@ -31,9 +31,7 @@
 //! at moderate concurrency: its tasks' operations leave together, Redis
 //! runs them while the client waits, the replies wake the tasks together,
 //! and the client works while Redis waits. Lanes fall out of step with
-//! each other, so Redis and the client both stay busy (measured at 16
-//! tasks: one lane 57,000 pairs/s; four lanes 69,000–85,000 in six runs of
-//! seven, 57,000 in the seventh, where they fell back into step;
+//! each other, so Redis and the client both stay busy (figures in
 //! `benches/README.md`).
 //!
 //! **Lost replies.** When a call fails after it may have reached Redis
@@ -48,7 +46,7 @@
 //! **Reconnects.** A broken connection is made again within milliseconds of
 //! the server answering, without waiting for a call (`connection`), and the
 //! batcher says so ([`Batcher::start`]'s `reconnected`), so that the holds
-//! are checked at once (faults spec 5).
+//! are checked at once (faults 5).
 //!
 //! **Redis Cluster.** To a cluster the batcher splits what it gathered by
 //! node (`slots`: its map of which node serves which slot) and sends one
@@ -636,7 +634,7 @@ impl Task {
                     std::mem::take(&mut self.retries)
                 }
                 // A broken connection is made again without waiting for a
-                // call: the reconnect checks the holds (faults spec 5).
+                // call: the reconnect checks the holds (faults 5).
                 () = sleep_until(reconnect_at), if reconnect_at.is_some() => {
                     match self.connection.get().await {
                         Ok(_) => self.reconnected.notify_one(),
@@ -1233,8 +1231,7 @@ async fn sleep_until(at: Option<Instant>) {
 /// so replies that arrived meanwhile wake their tasks in time to join as
 /// well. A lone operation on an idle lane leaves at once: the yield would
 /// find nothing to add and cost a pass of the I/O driver and a wake-up of
-/// the other worker (measured: 3 `epoll_wait` and 2 futex or eventfd
-/// calls per lock/unlock pair at one task, against 1 and 0 without).
+/// the other worker (system calls per pair: `benches/README.md`).
 async fn gather(
     first: Request,
     queue: &mut mpsc::UnboundedReceiver<Request>,
