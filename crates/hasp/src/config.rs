@@ -38,6 +38,7 @@ pub struct Settings {
     pub(crate) replica_ack: Option<ReplicaAck>,
     pub(crate) waiter_ttl: Duration,
     pub(crate) adaptive: AdaptiveLease,
+    pub(crate) tls: Option<crate::tls::Tls>,
 }
 
 /// How a lock in adaptive mode ([`Lock::with_adaptive_lease`](crate::lock::Lock::with_adaptive_lease))
@@ -223,11 +224,21 @@ impl Default for Settings {
             replica_ack: None,
             waiter_ttl: Duration::from_secs(10),
             adaptive: AdaptiveLease::default(),
+            tls: None,
         }
     }
 }
 
 impl Settings {
+    /// Which certificates TLS connections trust and present (see
+    /// [`Tls`](crate::Tls)); TLS itself is asked for by a `rediss://`
+    /// address. Without it, a `rediss://` server must have a certificate
+    /// the system trusts.
+    pub fn set_tls(mut self, tls: crate::Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Prefix of every key and channel (default `"hasp"`). It must not
     /// contain `{` or `}`: the hash tag is reserved for the lock name.
     pub fn set_prefix(mut self, prefix: impl Into<String>) -> Self {

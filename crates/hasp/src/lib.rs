@@ -143,6 +143,7 @@ mod plain_lock;
 mod rw_lock;
 mod semaphore;
 mod terms;
+mod tls;
 
 /// Not part of the API: what the lock benchmark (`benches/lock.rs`) needs to
 /// drive Redis with hasp's own script, without a copy of its wire format.
@@ -189,3 +190,4 @@ pub use multi::red_lock::{RedGuard, RedLock};
 pub use plain_lock::{PlainGuard, PlainLock};
 pub use rw_lock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
+pub use tls::Tls;

@@ -29,10 +29,12 @@ mod error;
 mod redis;
 mod sentinel;
 mod sql;
+mod tls;
 
 pub use browser::ChromeDriver;
 pub use cluster::RedisCluster;
 pub use error::LaunchError;
-pub use redis::{free_tcp_port, RedisServer, ServerOptions, Transport};
+pub use redis::{free_tcp_port, RedisServer, ServerOptions, TlsOptions, Transport};
 pub use sentinel::{Sentinel, SentinelGroup, SERVICE as SENTINEL_SERVICE};
 pub use sql::{MariaDbServer, PostgresServer};
+pub use tls::{TestCa, Use as CertificateUse};

@@ -32,6 +32,24 @@ pub struct ServerOptions {
     /// The server binary (`None`: `$REDIS_SERVER`, else `redis-server`);
     /// `valkey-server` takes the same arguments.
     pub binary: Option<PathBuf>,
+    /// Serve TLS only, on the TCP port (`rediss://`); the launcher itself
+    /// talks to the server on a private unix socket beside it.
+    pub tls: Option<TlsOptions>,
+}
+
+/// A TLS server's certificate, key and CA (PEM files; see
+/// [`TestCa`](crate::TestCa)).
+#[derive(Debug, Clone)]
+pub struct TlsOptions {
+    /// The server's certificate.
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
+    /// The CA clients' certificates (and replicas' masters') must chain to.
+    pub ca: PathBuf,
+    /// Whether clients must present a certificate of that CA
+    /// (`tls-auth-clients yes`).
+    pub client_certs: bool,
 }
 
 impl ServerOptions {
@@ -57,6 +75,7 @@ impl Default for ServerOptions {
             extra_args: Vec::new(),
             replica_of: None,
             binary: None,
+            tls: None,
         }
     }
 }
@@ -150,9 +169,9 @@ impl RedisServer {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let port = match options.transport {
-                Transport::Tcp => Some(free_tcp_port()),
-                Transport::Unix => None,
+            let port = match (options.transport, &options.tls) {
+                (Transport::Tcp, _) | (_, Some(_)) => Some(free_tcp_port()),
+                (Transport::Unix, None) => None,
             };
             let mut server = Self {
                 child: None,
@@ -193,14 +212,37 @@ impl RedisServer {
             // DEBUG SLEEP is one of the fault tests' nemeses.
             .arg("--enable-debug-command")
             .arg("local");
-        match self.port {
-            Some(port) => {
+        match (self.port, &self.options.tls) {
+            (Some(port), Some(tls)) => {
+                cmd.arg("--port")
+                    .arg("0")
+                    .arg("--tls-port")
+                    .arg(port.to_string())
+                    .arg("--bind")
+                    .arg("127.0.0.1")
+                    .arg("--tls-cert-file")
+                    .arg(&tls.cert)
+                    .arg("--tls-key-file")
+                    .arg(&tls.key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca)
+                    .arg("--tls-auth-clients")
+                    .arg(if tls.client_certs { "yes" } else { "no" })
+                    .arg("--tls-replication")
+                    .arg("yes")
+                    // The launcher's own way in (pings, redis-cli).
+                    .arg("--unixsocket")
+                    .arg(self.socket_path())
+                    .arg("--unixsocketperm")
+                    .arg("700");
+            }
+            (Some(port), None) => {
                 cmd.arg("--port")
                     .arg(port.to_string())
                     .arg("--bind")
                     .arg("127.0.0.1");
             }
-            None => {
+            (None, _) => {
                 cmd.arg("--port")
                     .arg("0")
                     .arg("--unixsocket")
@@ -309,7 +351,7 @@ impl RedisServer {
             }
         }
         let timeout = Some(Duration::from_millis(200));
-        match self.port {
+        match self.port.filter(|_| self.options.tls.is_none()) {
             Some(port) => {
                 let s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
                 s.set_read_timeout(timeout).ok()?;
@@ -332,6 +374,9 @@ impl RedisServer {
             .map(|p| format!(":{p}@"))
             .unwrap_or_default();
         match self.port {
+            Some(port) if self.options.tls.is_some() => {
+                format!("rediss://{auth}127.0.0.1:{port}/")
+            }
             Some(port) => format!("redis://{auth}127.0.0.1:{port}/"),
             None => match &self.options.password {
                 Some(p) => format!("redis+unix://{}?pass={p}", self.socket_path().display()),
@@ -340,9 +385,26 @@ impl RedisServer {
         }
     }
 
+    /// A plain URL for looking at the server behind a client's back: its
+    /// [`url`](Self::url), or for a TLS server its private unix socket.
+    pub fn control_url(&self) -> String {
+        match &self.options.tls {
+            Some(_) => match &self.options.password {
+                Some(p) => format!("redis+unix://{}?pass={p}", self.socket_path().display()),
+                None => format!("redis+unix://{}", self.socket_path().display()),
+            },
+            None => self.url(),
+        }
+    }
+
+    /// Whether the server speaks TLS on its TCP port.
+    pub fn is_tls(&self) -> bool {
+        self.options.tls.is_some()
+    }
+
     /// Arguments that point `redis-cli` / `redis-benchmark` at this server.
     pub fn cli_args(&self) -> Vec<String> {
-        let mut args = match self.port {
+        let mut args = match self.port.filter(|_| self.options.tls.is_none()) {
             Some(port) => vec![
                 "-p".into(),
                 port.to_string(),
@@ -357,7 +419,7 @@ impl RedisServer {
         args
     }
 
-    /// The TCP port, for a server started with [`Transport::Tcp`].
+    /// The TCP port, for a server started with [`Transport::Tcp`] or TLS.
     pub fn port(&self) -> Option<u16> {
         self.port
     }
@@ -370,6 +432,7 @@ impl RedisServer {
             transport: Transport::Tcp,
             password: primary.options.password.clone(),
             replica_of: Some(port),
+            tls: primary.options.tls.clone(),
             ..ServerOptions::default()
         });
         let deadline = Instant::now() + Duration::from_secs(10);

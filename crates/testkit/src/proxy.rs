@@ -72,6 +72,8 @@ struct Link {
 
 struct State {
     upstream: Upstream,
+    /// Whether the upstream speaks TLS (clients then do too).
+    tls: bool,
     default: Modes,
     links: BTreeMap<u64, Link>,
     next_id: u64,
@@ -117,6 +119,7 @@ impl FaultProxy {
             .expect("non-blocking listener");
         let state = Arc::new(Mutex::new(State {
             upstream,
+            tls: server.is_tls(),
             default: Modes {
                 to_server: Mode::Pass,
                 to_client: Mode::Pass,
@@ -150,9 +153,15 @@ impl FaultProxy {
         self.port
     }
 
-    /// The URL a client connects to through the proxy.
+    /// The URL a client connects to through the proxy (`rediss://` in
+    /// front of a TLS server: the proxy passes the encrypted bytes).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if lock(&self.state).tls {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     /// Sets `mode` for `direction` on every open connection and on those to
@@ -176,7 +185,9 @@ impl FaultProxy {
     /// Sends new connections to `server` from now on (a failover); open
     /// connections stay where they are until closed.
     pub fn set_upstream(&self, server: &launcher::RedisServer) {
-        lock(&self.state).upstream = upstream_of(server);
+        let mut state = lock(&self.state);
+        state.upstream = upstream_of(server);
+        state.tls = server.is_tls();
     }
 
     /// The ids of the open connections, oldest first.

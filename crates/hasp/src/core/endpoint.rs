@@ -31,6 +31,9 @@ pub(crate) struct Endpoint {
     kind: Kind,
     /// Changes whenever connections must re-resolve the server.
     generation: watch::Sender<u64>,
+    /// How the client's own connections (the batching lanes) speak TLS to
+    /// a `rediss://` server.
+    tls: crate::tls::Connectors,
 }
 
 enum Kind {
@@ -48,36 +51,47 @@ impl std::fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
-    /// The server `client` points at.
-    pub(crate) fn direct(client: redis::Client) -> Arc<Self> {
+    /// The server `client` points at; TLS (for a `rediss://` address) as
+    /// `tls` says.
+    pub(crate) fn direct(client: redis::Client, tls: crate::tls::Connectors) -> Arc<Self> {
         Arc::new(Self {
             kind: Kind::Direct(client),
             generation: watch::Sender::new(0),
+            tls,
         })
     }
 
     /// The current master of `service`, as the sentinels at `sentinels`
     /// say; connections to it use `node` (database, credentials, TCP
-    /// settings).
+    /// settings). Sentinels named by `rediss://` are reached over TLS, and
+    /// so is the master they name, with `tls`'s trust.
     pub(crate) fn sentinel(
         sentinels: Vec<redis::ConnectionInfo>,
         service: &str,
         node: SentinelNodeConnectionInfo,
+        tls: Option<&crate::tls::Tls>,
     ) -> RedisResult<Arc<Self>> {
+        let secure = sentinels
+            .iter()
+            .any(|s| matches!(s.addr(), redis::ConnectionAddr::TcpTls { .. }));
         let announcers = sentinels
             .iter()
             .cloned()
-            .map(redis::Client::open)
+            .map(|info| crate::tls::client(info, tls))
             .collect::<RedisResult<Vec<_>>>()?;
-        let client = SentinelClient::build(
-            sentinels,
-            String::from(service),
-            Some(node),
-            SentinelServerType::Master,
-        )?;
+        let client = match secure {
+            false => SentinelClient::build(
+                sentinels,
+                String::from(service),
+                Some(node),
+                SentinelServerType::Master,
+            )?,
+            true => crate::tls::sentinel_client(sentinels, service, tls)?,
+        };
         let endpoint = Arc::new(Self {
             kind: Kind::Sentinel(Mutex::new(client)),
             generation: watch::Sender::new(0),
+            tls: crate::tls::Connectors::new(tls),
         });
         tokio::spawn(follow_master_switches(
             Arc::downgrade(&endpoint),
@@ -103,6 +117,11 @@ impl Endpoint {
             tracing::info!("the master changed: reconnecting to the new one");
             self.generation.send_modify(|g| *g += 1);
         }
+    }
+
+    /// The connectors of the lanes' TLS connections.
+    pub(crate) fn tls(&self) -> &crate::tls::Connectors {
+        &self.tls
     }
 
     /// Whether each connection asks the sentinels where the master is.

@@ -144,9 +144,22 @@ impl Core {
             db => format!("{}/{db}", info.addr()),
         }
         .into();
-        let redis = redis::Client::open(info).map_err(invalid_url)?;
-        let commands = Commands::fixed(redis.clone(), &settings).await?;
-        let endpoint = Endpoint::direct(redis);
+        let tls = settings.tls.as_ref();
+        let plain_tcp = matches!(info.addr(), redis::ConnectionAddr::Tcp(..));
+        let redis = crate::tls::client(info, tls).map_err(invalid_url)?;
+        // The first connection, its TLS handshake included, within the
+        // connection timeout: a TLS client at a plain port gets no answer
+        // to its hello, and must hear that, not hang.
+        let first = Commands::fixed(redis.clone(), &settings);
+        let commands = match tokio::time::timeout(settings.connection_timeout, first).await {
+            Ok(Ok(commands)) => commands,
+            Ok(Err(Error::Redis(e))) if plain_tcp => {
+                return Err(Error::Redis(crate::tls::explain_plain(e)))
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(Error::Redis(crate::tls::no_answer(plain_tcp, &server))),
+        };
+        let endpoint = Endpoint::direct(redis, crate::tls::Connectors::new(tls));
         let target = Target::Server(endpoint.clone());
         let pubsub = pubsub::Target::Server(endpoint);
         Self::start(server, target, pubsub, commands, settings).await
@@ -165,7 +178,20 @@ impl Core {
             ));
         }
         let (pushes, push_rx) = tokio::sync::mpsc::unbounded_channel();
-        let cluster = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
+        let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.to_vec());
+        if seeds.iter().any(|s| s.starts_with("rediss://")) {
+            // TLS to every node, with the client's trust.
+            let insecure = settings.tls.as_ref().is_some_and(|t| t.insecure)
+                || seeds.iter().any(|s| s.ends_with("#insecure"));
+            builder = builder.tls(match insecure {
+                true => redis::TlsMode::Insecure,
+                false => redis::TlsMode::Secure,
+            });
+            if let (Some(tls), false) = (&settings.tls, insecure) {
+                builder = builder.certs(tls.redis_certificates());
+            }
+        }
+        let cluster = builder
             .use_protocol(redis::ProtocolVersion::RESP3)
             .push_sender(pushes)
             // A script call sent twice could apply twice: redirects and
@@ -204,7 +230,7 @@ impl Core {
         }
         let infos = endpoint::sentinel_infos(sentinels)
             .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
-        let endpoint = Endpoint::sentinel(infos, service, node)
+        let endpoint = Endpoint::sentinel(infos, service, node, settings.tls.as_ref())
             .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
         let commands = Commands::following(endpoint.clone(), &settings).await?;
         let target = Target::Server(endpoint.clone());

@@ -14,5 +14,6 @@ mod connect;
 mod fencing;
 mod input;
 mod plain_lock;
+mod tls;
 mod waiting;
 mod watchdog;

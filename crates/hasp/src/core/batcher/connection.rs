@@ -288,7 +288,14 @@ impl Connection {
         let connect = async {
             let client = self.endpoint.resolve().await?;
             let info = client.get_connection_info();
-            Socket::connect(info.addr(), info.redis_settings(), self.response_timeout).await
+            let tls = self.endpoint.tls();
+            Socket::connect(
+                info.addr(),
+                info.redis_settings(),
+                self.response_timeout,
+                tls,
+            )
+            .await
         };
         let (socket, native) = tokio::time::timeout(self.connect_timeout, async {
             let mut socket = connect.await?;

@@ -135,6 +135,8 @@ impl Awaited {
 
 enum Stream {
     Tcp(tokio::net::TcpStream),
+    /// TLS over TCP (`rediss://`).
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
     #[cfg(unix)]
     Unix(tokio::net::UnixStream),
 }
@@ -143,35 +145,69 @@ impl Stream {
     fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self {
             Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             #[cfg(unix)]
             Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+
+    /// Sends what a TLS session still holds of earlier writes (a TCP or
+    /// unix socket holds nothing back).
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            _ => Poll::Ready(Ok(())),
         }
     }
 
     fn poll_write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self {
             Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             #[cfg(unix)]
             Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 }
 
+/// A TCP connection to `host:port`, never held back by Nagle (small,
+/// latency-bound calls).
+async fn tcp(host: &str, port: u16) -> RedisResult<tokio::net::TcpStream> {
+    let stream = tokio::net::TcpStream::connect((host, port)).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
 impl Socket {
-    /// Connects to `addr`, logs in and selects the database as `redis`
+    /// Connects to `addr` (over TLS with `tls`'s connectors for a
+    /// `rediss://` address), logs in and selects the database as `redis`
     /// says; then the socket is ready for commands (which wait at most
     /// `response_timeout` for their replies).
     pub(super) async fn connect(
         addr: &ConnectionAddr,
         redis: &RedisConnectionInfo,
         response_timeout: Duration,
+        tls: &crate::tls::Connectors,
     ) -> RedisResult<Socket> {
         let stream = match addr {
-            ConnectionAddr::Tcp(host, port) => {
-                let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
-                // Small, latency-bound calls: never held back by Nagle.
-                stream.set_nodelay(true)?;
-                Stream::Tcp(stream)
+            ConnectionAddr::Tcp(host, port) => Stream::Tcp(tcp(host, *port).await?),
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                ..
+            } => {
+                let connector = tls.get(*insecure)?;
+                let name = crate::tls::server_name(host)?;
+                let tcp = tcp(host, *port).await?;
+                let stream = connector.connect(name, tcp).await.map_err(|e| {
+                    RedisError::from((
+                        ErrorKind::Io,
+                        "TLS handshake failed",
+                        format!("{host}:{port}: {e}"),
+                    ))
+                })?;
+                Stream::Tls(Box::new(stream))
             }
             #[cfg(unix)]
             ConnectionAddr::Unix(path) => {
@@ -290,7 +326,10 @@ impl Io {
         }
         shared.out.clear();
         shared.written = 0;
-        Ok(())
+        match self.stream.poll_flush(cx) {
+            Poll::Ready(Err(e)) => Err(e.into()),
+            _ => Ok(()),
+        }
     }
 
     fn read(&mut self, shared: &mut Shared, cx: &mut Context<'_>) -> RedisResult<()> {
@@ -569,7 +608,8 @@ mod tests {
     async fn open(url: &str, timeout: Duration) -> (Handle, Socket) {
         let client = redis::Client::open(url).unwrap();
         let info = client.get_connection_info();
-        let socket = Socket::connect(info.addr(), info.redis_settings(), timeout)
+        let tls = crate::tls::Connectors::default();
+        let socket = Socket::connect(info.addr(), info.redis_settings(), timeout, &tls)
             .await
             .unwrap();
         (socket.handle(), socket)

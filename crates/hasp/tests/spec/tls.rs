@@ -1,0 +1,242 @@
+//! TLS (`docs/guarantees.md`, lock 35 and 36): a client of a `rediss://`
+//! server locks, waits, renews and fences over TLS on every connection,
+//! presents a client certificate where the server asks for one, and a
+//! connection that cannot be made safely fails at once with its cause.
+
+use std::time::{Duration, Instant};
+
+use hasp::{Client, Error, Settings, Tls};
+use testkit::{CertificateUse, RedisServer, ServerOptions, TestCa, Transport};
+
+use crate::helpers::on_cluster;
+
+/// A private CA in a directory of its own, removed when dropped.
+struct Ca {
+    ca: TestCa,
+    dir: std::path::PathBuf,
+}
+
+impl Ca {
+    fn new(what: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("hasp-tls-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Self {
+            ca: TestCa::create(&dir).expect("a test CA"),
+            dir,
+        }
+    }
+
+    /// A TLS server with this CA's server certificate.
+    fn server(&self, client_certs: bool) -> RedisServer {
+        RedisServer::start_with(ServerOptions {
+            transport: Transport::Tcp,
+            tls: Some(self.ca.server_options(client_certs)),
+            ..ServerOptions::default()
+        })
+    }
+
+    fn trust(&self) -> Tls {
+        Tls::new().with_ca_file(self.ca.ca_file()).unwrap()
+    }
+}
+
+impl Drop for Ca {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn settings(tls: Tls) -> Settings {
+    Settings::default()
+        .set_tls(tls)
+        .set_connection_timeout(Duration::from_secs(2))
+}
+
+/// Lock 35: over TLS (batching lanes, pub/sub and queries alike), a lock
+/// and a plain lock are taken and released, a waiter is woken by the
+/// release, a hold outlives its watchdog timeout by renewals, and tokens
+/// rise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_locks_wait_renew_and_fence_as_on_plain_tcp() {
+    if on_cluster() {
+        return; // one server's TLS; the cluster pass runs the rest
+    }
+    let ca = Ca::new("tour");
+    let server = ca.server(false);
+    assert!(server.url().starts_with("rediss://"), "{}", server.url());
+    let settings = settings(ca.trust()).set_watchdog_timeout(Duration::from_millis(300));
+    let a = Client::open_with(&server.url(), settings.clone())
+        .await
+        .unwrap();
+    let b = Client::open_with(&server.url(), settings).await.unwrap();
+
+    let first = a.lock("tls:a").unwrap().lock().await.unwrap();
+    let waiter = {
+        let lock = b.lock("tls:a").unwrap();
+        tokio::spawn(async move { lock.lock_within(Duration::from_secs(10)).await })
+    };
+    // Held past three watchdog timeouts: renewed, not lost.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(!first.is_lost(), "the hold was not renewed over TLS");
+    let token = first.fencing_token();
+    first.unlock().await.unwrap();
+    let second = waiter.await.unwrap().expect("the waiter got the lock");
+    assert!(second.fencing_token() > token);
+    second.unlock().await.unwrap();
+
+    let plain = a.plain_lock("tls:plain").unwrap();
+    let guard = plain.lock().await.unwrap();
+    assert!(plain.try_lock().await.unwrap().is_none() || plain.is_held_by_me().await.unwrap());
+    guard.unlock().await.unwrap();
+    assert!(!plain.is_locked().await.unwrap());
+}
+
+/// Lock 35: a server that asks for client certificates (`tls-auth-clients
+/// yes`) takes a client that presents one of its CA, and refuses one that
+/// presents none, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_presented_where_the_server_asks() {
+    if on_cluster() {
+        return;
+    }
+    let ca = Ca::new("mutual");
+    let server = ca.server(true);
+    let identity = ca
+        .trust()
+        .with_identity_files(ca.ca.client_cert_file(), ca.ca.client_key_file())
+        .unwrap();
+    let client = Client::open_with(&server.url(), settings(identity))
+        .await
+        .unwrap();
+    client
+        .lock("mutual")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .unlock()
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    let refused = Client::open_with(&server.url(), settings(ca.trust())).await;
+    let error = refused.expect_err("no client certificate, and yet connected");
+    println!(
+        "figure: no client certificate: {error} after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// How opening `url` with `settings` fails: the error's text and how long
+/// it took (it must fail; a hang is cut at 10 s).
+async fn failure(url: &str, settings: Settings) -> (String, Duration) {
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), Client::open_with(url, settings))
+        .await
+        .expect("opening hung");
+    let took = started.elapsed();
+    let error = match outcome {
+        Ok(_) => panic!("{url}: connected where it must not"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(error, Error::Redis(_) | Error::InvalidArgument { .. }),
+        "{error:?}"
+    );
+    (error.to_string(), took)
+}
+
+/// Lock 36: each way a TLS connection cannot be made is an error naming
+/// its cause, never a hang and never retried behind the caller's back: a
+/// plain client at a TLS port, a certificate of another CA, one for
+/// another host, and one that expired, each well within the connection
+/// timeout (2 s here); a TLS client at a plain port, at the timeout (such
+/// a server never answers a TLS hello: silence is all there is to go by).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_cannot_be_made_safely_fails_at_once_naming_why() {
+    if on_cluster() {
+        return;
+    }
+    let ca = Ca::new("failures");
+    let tls = ca.server(false);
+    let port = tls.port().unwrap();
+    let plain = RedisServer::start_tcp();
+    let other = ca.ca.another().unwrap();
+    let (host_cert, host_key) = ca
+        .ca
+        .issue(
+            "elsewhere",
+            CertificateUse::Server,
+            &["db.elsewhere.test"],
+            false,
+        )
+        .unwrap();
+    let (old_cert, old_key) = ca
+        .ca
+        .issue("expired", CertificateUse::Server, &["127.0.0.1"], true)
+        .unwrap();
+    let serving = |cert, key| {
+        RedisServer::start_with(ServerOptions {
+            transport: Transport::Tcp,
+            tls: Some(testkit::TlsOptions {
+                cert,
+                key,
+                ca: ca.ca.ca_file(),
+                client_certs: false,
+            }),
+            ..ServerOptions::default()
+        })
+    };
+    let wrong_ca = serving(other.server_cert_file(), other.server_key_file());
+    let wrong_host = serving(host_cert, host_key);
+    let expired = serving(old_cert, old_key);
+    let timeout = Duration::from_secs(2);
+    let at_once = timeout;
+    let at_the_timeout = timeout + Duration::from_secs(1);
+    let cases = [
+        (
+            "plain client, TLS port",
+            format!("redis://127.0.0.1:{port}/"),
+            vec!["TLS", "rediss"],
+            at_once,
+        ),
+        (
+            "TLS client, plain port",
+            plain.url().replace("redis://", "rediss://"),
+            vec!["TLS", "handshake"],
+            at_the_timeout,
+        ),
+        (
+            "certificate of another CA",
+            wrong_ca.url(),
+            vec!["UnknownIssuer"],
+            at_once,
+        ),
+        (
+            "certificate for another host",
+            wrong_host.url(),
+            vec!["not valid for name"],
+            at_once,
+        ),
+        (
+            "expired certificate",
+            expired.url(),
+            vec!["xpired"],
+            at_once,
+        ),
+    ];
+    for (what, url, causes, within) in cases {
+        let (error, took) = failure(&url, settings(ca.trust())).await;
+        println!("figure: {what}: {error} after {took:?}");
+        assert!(
+            causes.iter().all(|c| error.contains(c)),
+            "{what}: {error:?} does not name {causes:?}"
+        );
+        assert!(took < within, "{what}: after {took:?}");
+    }
+}
