@@ -9,8 +9,10 @@ scripts/ensure-deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
-# The single-lock and family suites again, on a private 3-master Redis Cluster (spec multi 21).
+# The single-lock and family suites again, on a private 3-master Redis Cluster (multi 21),
+# and on one server that speaks TLS only (lock 35).
 HASP_SPEC_DEPLOYMENT=cluster cargo test -p hasp --test spec --test family --locked
+HASP_SPEC_DEPLOYMENT=tls cargo test -p hasp --test spec --test family --locked
 # The single-lock, fault and family suites again on Valkey 9.1, whose
 # conditional commands (DELIFEQ, SET IFEQ) hasp sends natively
 # (scripts/ensure-valkey.sh fetches the binary into .cache/).

@@ -31,6 +31,7 @@ impl ChildProcess {
             ])
             .env("HASP_CHILD_ROLE", role)
             .env("HASP_CHILD_URLS", urls.join(","))
+            .env(crate::helpers::CA_FILE_VAR, crate::helpers::ca_file())
             .env("HASP_CHILD_ARGS", args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

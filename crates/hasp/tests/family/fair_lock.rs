@@ -281,7 +281,7 @@ async fn a_release_wakes_only_the_head() {
     let client = ctx.client().await;
     let lock = client.fair_lock("bell").unwrap();
     let holder = lock.lock().await.unwrap();
-    let mut pubsub = redis::Client::open(ctx.urls()[0].as_str())
+    let mut pubsub = redis::Client::open(ctx.control_urls()[0].as_str())
         .unwrap()
         .get_async_pubsub()
         .await

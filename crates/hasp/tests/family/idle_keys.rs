@@ -18,7 +18,7 @@ const LEASE: Duration = Duration::from_millis(300);
 /// reclaimed it yet).
 async fn keys(ctx: &Ctx) -> Vec<String> {
     let mut found = Vec::new();
-    for url in ctx.urls() {
+    for url in ctx.control_urls() {
         let mut conn = redis::Client::open(url)
             .unwrap()
             .get_multiplexed_async_connection()

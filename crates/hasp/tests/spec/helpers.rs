@@ -4,14 +4,56 @@ use hasp::{Client, Settings};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
-use testkit::{RedisCluster, RedisServer};
+use testkit::{RedisCluster, RedisServer, ServerOptions, TestCa, Transport};
 
 /// Where the suite runs: `HASP_SPEC_DEPLOYMENT=cluster` runs every test on a
-/// private 3-master Redis Cluster instead of one redis-server (spec multi
-/// 21); the tests about one server's faults then inject them into the
-/// master that serves their lock.
+/// private 3-master Redis Cluster instead of one redis-server (multi 21);
+/// the tests about one server's faults then inject them into the master
+/// that serves their lock. `HASP_SPEC_DEPLOYMENT=tls` runs them on one
+/// server that speaks TLS only (lock 35), every client trusting a private
+/// CA.
 pub fn on_cluster() -> bool {
     std::env::var("HASP_SPEC_DEPLOYMENT").is_ok_and(|d| d == "cluster")
+}
+
+/// Whether the suite runs on a TLS server (see [`on_cluster`]).
+pub fn on_tls() -> bool {
+    std::env::var("HASP_SPEC_DEPLOYMENT").is_ok_and(|d| d == "tls")
+}
+
+/// The private CA of a TLS run, made once per test process.
+pub fn test_ca() -> &'static TestCa {
+    static CA: std::sync::OnceLock<TestCa> = std::sync::OnceLock::new();
+    CA.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("hasp-suite-ca-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        TestCa::create(dir).expect("a test CA")
+    })
+}
+
+/// The environment variable that gives a child process the parent's CA.
+pub const CA_FILE_VAR: &str = "HASP_TEST_CA_FILE";
+
+/// The CA certificate clients trust on a TLS run: the parent's, in a
+/// child process.
+pub fn ca_file() -> std::path::PathBuf {
+    match std::env::var_os(CA_FILE_VAR) {
+        Some(file) => file.into(),
+        None if on_tls() => test_ca().ca_file(),
+        None => std::path::PathBuf::new(), // a plain run trusts nothing
+    }
+}
+
+/// `settings` trusting the test CA on a TLS run.
+pub fn with_trust(settings: Settings) -> Settings {
+    if !on_tls() {
+        return settings;
+    }
+    settings.set_tls(
+        hasp::Tls::new()
+            .with_ca_file(ca_file())
+            .expect("the test CA"),
+    )
 }
 
 enum Deployment {
@@ -29,6 +71,12 @@ impl Ctx {
         Self {
             deployment: if on_cluster() {
                 Deployment::Cluster(RedisCluster::start(3))
+            } else if on_tls() {
+                Deployment::Server(RedisServer::start_with(ServerOptions {
+                    transport: Transport::Tcp,
+                    tls: Some(test_ca().server_options(false)),
+                    ..ServerOptions::default()
+                }))
             } else {
                 Deployment::Server(RedisServer::start())
             },
@@ -39,6 +87,15 @@ impl Ctx {
     pub fn urls(&self) -> Vec<String> {
         match &self.deployment {
             Deployment::Server(server) => vec![server.url()],
+            Deployment::Cluster(cluster) => cluster.urls(),
+        }
+    }
+
+    /// Plain URLs to look at the servers behind the clients' backs (a TLS
+    /// server's private unix socket).
+    pub fn control_urls(&self) -> Vec<String> {
+        match &self.deployment {
+            Deployment::Server(server) => vec![server.control_url()],
             Deployment::Cluster(cluster) => cluster.urls(),
         }
     }
@@ -105,7 +162,7 @@ impl Ctx {
     pub async fn raw(&self) -> Raw {
         match &self.deployment {
             Deployment::Server(server) => Raw::Server(
-                redis::Client::open(server.url())
+                redis::Client::open(server.control_url())
                     .unwrap()
                     .get_multiplexed_async_connection()
                     .await
@@ -132,7 +189,7 @@ impl Ctx {
     pub async fn command_calls(&self, command: &str) -> u64 {
         let prefix = format!("cmdstat_{command}:calls=");
         let mut calls = 0;
-        for url in self.urls() {
+        for url in self.control_urls() {
             let mut conn = redis::Client::open(url)
                 .unwrap()
                 .get_multiplexed_async_connection()
@@ -156,6 +213,7 @@ impl Ctx {
 
 /// A client of `urls`: one server's URL, or a cluster's seeds.
 pub async fn open(urls: &[String], settings: Settings) -> hasp::Result<Client> {
+    let settings = with_trust(settings);
     if on_cluster() {
         let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
         Client::open_cluster(&seeds, settings).await

@@ -3,8 +3,10 @@
 //! "§N" name line N of that section.
 //!
 //! With `HASP_SPEC_DEPLOYMENT=cluster` the same tests run on a private
-//! 3-master Redis Cluster each (multi 21; `scripts/test.sh` runs
-//! both); faults meant for "the server" hit the master of the lock's slot.
+//! 3-master Redis Cluster each (multi 21); faults meant for "the server"
+//! hit the master of the lock's slot. With `HASP_SPEC_DEPLOYMENT=tls` they
+//! run on one server that speaks TLS only (lock 35). `scripts/test.sh`
+//! runs all three.
 
 mod helpers;
 

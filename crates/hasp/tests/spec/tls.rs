@@ -240,3 +240,63 @@ async fn a_connection_that_cannot_be_made_safely_fails_at_once_naming_why() {
         assert!(took < within, "{what}: after {took:?}");
     }
 }
+
+/// Faults over TLS (lock 35; faults 5, 12 and 14): after the server
+/// restarts without its data the holder learns of the loss at the
+/// reconnect and a new token is greater; a holder cut off (a proxy that
+/// passes the encrypted bytes, then holds them) learns of the loss at its
+/// belief end, before the key can expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_restart_and_a_partition_are_learnt_as_on_plain_tcp() {
+    if on_cluster() {
+        return;
+    }
+    let ca = Ca::new("faults");
+    let mut server = ca.server(false);
+    let client = Client::open_with(&server.url(), settings(ca.trust()))
+        .await
+        .unwrap();
+    let held = client.lock("tls:restart").unwrap().lock().await.unwrap();
+    server.restart();
+    let restarted = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("the holder never learnt of the loss");
+    println!(
+        "figure: TLS, restart: holder told {:?} after",
+        restarted.elapsed()
+    );
+    let again = client.lock("tls:restart").unwrap().lock().await.unwrap();
+    assert!(again.fencing_token() > held.fencing_token());
+    again.unlock().await.unwrap();
+
+    let proxy = testkit::FaultProxy::start(&server);
+    assert!(proxy.url().starts_with("rediss://"), "{}", proxy.url());
+    let lease = Duration::from_millis(800);
+    let cut_off = Client::open_with(
+        &proxy.url(),
+        settings(ca.trust()).set_response_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    let guard = cut_off
+        .lock("tls:partition")
+        .unwrap()
+        .with_lease(lease)
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let until = guard.valid_until();
+    let cut = Instant::now();
+    proxy.set(testkit::Direction::Both, testkit::Mode::BlackHole);
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the cut-off holder never learnt of the loss");
+    println!(
+        "figure: TLS, partition: holder told {:?} after the cut, lease {lease:?}",
+        cut.elapsed()
+    );
+    assert!(guard.is_lost());
+    assert!(Instant::now() >= until, "told before its belief end");
+}

@@ -52,6 +52,7 @@ async fn a_dead_holders_lock_frees_within_one_watchdog_timeout() {
             "--nocapture",
         ])
         .env("HASP_CHILD_URL", ctx.urls().join(","))
+        .env(crate::helpers::CA_FILE_VAR, crate::helpers::ca_file())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -362,7 +363,7 @@ async fn the_loss_of_an_old_hold_is_not_signalled_on_the_owners_new_hold() {
     let new = lock.lock_within(Duration::from_secs(10)).await.unwrap();
     assert_ne!(new.fencing_token(), old.fencing_token());
     // Every hold checked at once, and several renewal rounds.
-    for url in ctx.urls() {
+    for url in ctx.control_urls() {
         let mut conn = redis::Client::open(url)
             .unwrap()
             .get_multiplexed_async_connection()
