@@ -274,7 +274,7 @@ async fn a_large_request_is_not_starved_by_small_ones() {
     assert_eq!(big.available().await.unwrap(), 4);
 }
 
-/// Research 29 (the fair-queue order, as spec 1 asks of the fair lock):
+/// Family detail 29 (the fair-queue order, as family 1 asks of the fair lock):
 /// waiters of three clients acquire in the order they started waiting.
 #[tokio::test]
 async fn waiters_across_clients_are_served_in_order_of_arrival() {

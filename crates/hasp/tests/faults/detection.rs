@@ -1,4 +1,4 @@
-//! Faults spec 4–7: a holder knows when its belief ends, and learns of a
+//! Faults 4–7: a holder knows when its belief ends, and learns of a
 //! loss at once when Redis can tell it.
 
 use std::time::{Duration, Instant};
@@ -19,7 +19,7 @@ async fn key_gone(raw: &mut Raw, name: &str) -> Instant {
     }
 }
 
-/// Faults spec 4: cut off from Redis, a holder with a fixed lease is told
+/// Faults 4: cut off from Redis, a holder with a fixed lease is told
 /// it lost the lock at its belief end (send time of the acquire + lease),
 /// which comes no later than the key's expiry on the server.
 #[tokio::test]
@@ -109,7 +109,7 @@ async fn a_partitioned_holder_is_told_before_another_client_takes_the_lock() {
     .await;
 }
 
-/// Faults spec 4: in watchdog mode, renewals that cannot reach Redis do not
+/// Faults 4: in watchdog mode, renewals that cannot reach Redis do not
 /// move the belief end: the holder is told at the end of the last confirmed
 /// renewal's lease, while Redis is still unreachable.
 #[tokio::test]
@@ -134,7 +134,7 @@ async fn a_partitioned_holder_in_watchdog_mode_learns_the_loss_while_still_cut_o
     .await;
 }
 
-/// Faults spec 5: after Redis restarts without its data, a holder learns of
+/// Faults 5: after Redis restarts without its data, a holder learns of
 /// the loss within about a round trip of the reconnect, not at the next
 /// renewal (watchdog 30 s: renewals every 10 s).
 #[tokio::test]
@@ -163,7 +163,7 @@ async fn after_a_restart_every_hold_is_checked_at_once() {
     .await;
 }
 
-/// Faults spec 5: after Redis restarts without its data, a plain lock's
+/// Faults 5: after Redis restarts without its data, a plain lock's
 /// holder (no token: a stale write of it goes through) learns of the loss
 /// within milliseconds of Redis answering again, while the client sends
 /// nothing: its batching connections are made again as soon as the server
@@ -198,7 +198,7 @@ async fn after_a_restart_a_plain_holder_learns_of_the_loss_within_milliseconds()
     .await;
 }
 
-/// Faults spec 5: a killed connection is made again and the holds are
+/// Faults 5: a killed connection is made again and the holds are
 /// re-checked; those still in Redis are kept.
 #[tokio::test]
 async fn a_killed_connection_is_remade_and_live_holds_survive_the_check() {
@@ -217,7 +217,7 @@ async fn a_killed_connection_is_remade_and_live_holds_survive_the_check() {
     .await;
 }
 
-/// Faults spec 6 and 7: a renewal that finds the lock owned by another
+/// Faults 6 and 7: a renewal that finds the lock owned by another
 /// owner marks it lost at once and extends nothing; the old holder's
 /// release is "not held" and leaves the new owner's lock as it is.
 #[tokio::test]
@@ -255,7 +255,7 @@ async fn a_renewal_finding_another_owner_marks_the_loss_and_touches_nothing() {
     .await;
 }
 
-/// Faults spec 7: a holder that learnt of the loss at its belief end (Redis
+/// Faults 7: a holder that learnt of the loss at its belief end (Redis
 /// unreachable) gets "not held" on release, and the release removes nothing
 /// of the owner that took the lock since.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Faults spec 8 and 9: fencing tokens never go back, and a fenced
+//! Faults 8 and 9: fencing tokens never go back, and a fenced
 //! resource rejects a stale holder.
 
 use std::time::Duration;
@@ -19,7 +19,7 @@ async fn take_and_release(lock: &hasp::Lock, times: usize) -> Vec<u64> {
     tokens
 }
 
-/// Faults spec 8 (and 12): a lock taken and released three times, then held;
+/// Faults 8 (and 12): a lock taken and released three times, then held;
 /// Redis restarted without persistence; the next token for the name is
 /// greater than all four (it was 1 before: tokens 1–4 were issued twice).
 #[tokio::test]
@@ -50,7 +50,7 @@ async fn tokens_never_go_back_when_redis_loses_its_data() {
     .await;
 }
 
-/// Faults spec 8: after a failover to a replica that missed the last
+/// Faults 8: after a failover to a replica that missed the last
 /// increments of the counter, tokens still do not go back (the failover
 /// taking 100 ms or more, as `lock.lua` documents).
 #[tokio::test]
@@ -96,7 +96,7 @@ async fn tokens_never_go_back_after_a_failover_to_a_lagging_replica() {
     .await;
 }
 
-/// Faults spec 9 (and 11): a holder frozen past its lease resumes and
+/// Faults 9 (and 11): a holder frozen past its lease resumes and
 /// writes with its old token; the register, which has seen the next
 /// holder's token, rejects it.
 #[tokio::test]

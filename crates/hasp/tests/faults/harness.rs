@@ -1,4 +1,4 @@
-//! Faults spec 1–3: the harness the scenarios stand on (the proxy's modes
+//! Faults 1–3: the harness the scenarios stand on (the proxy's modes
 //! and the register are tested in testkit's own `harness` tests).
 
 use std::time::Duration;
@@ -12,7 +12,7 @@ fn process_exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Faults spec 1 and 3: a scenario's proxy, server and client process are
+/// Faults 1 and 3: a scenario's proxy, server and client process are
 /// gone when it ends, whatever state the faults left them in (paused,
 /// black-holed).
 #[tokio::test]
@@ -55,7 +55,7 @@ async fn a_scenario_leaves_no_process_behind() {
     .await;
 }
 
-/// Faults spec 2: the history and its checker, on one scenario's events:
+/// Faults 2: the history and its checker, on one scenario's events:
 /// holders that hand over in turn show no overlap and no duplicate token.
 #[tokio::test]
 async fn histories_of_holders_taking_turns_check_clean() {

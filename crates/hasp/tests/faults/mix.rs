@@ -1,4 +1,4 @@
-//! Faults spec 18 (and the runs that found the defects): several client processes, each with
+//! Faults 18 (and the runs that found the defects): several client processes, each with
 //! many tasks locking a few names, writing to a fenced register while they
 //! hold, cancelling some acquires; meanwhile a nemesis kills connections
 //! (`CLIENT KILL`), pauses Redis for less than the lease, restarts it (AOF
@@ -176,7 +176,7 @@ impl Children {
     }
 }
 
-/// Faults spec 18: the random mix (see the module docs).
+/// Faults 18: the random mix (see the module docs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_random_mix_of_faults_breaks_no_exclusion_and_leaves_nothing_behind() {
     let seconds = env_or("HASP_FAULTS_MIX_SECS", 8);

@@ -1,4 +1,4 @@
-//! Faults spec 10–17: each fault of the harness and its expected outcome.
+//! Faults 10–17: each fault of the harness and its expected outcome.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +9,7 @@ use crate::bounded;
 use crate::child::{belief_end_us, ChildProcess};
 use crate::helpers::*;
 
-/// Faults spec 10: a holder process killed with SIGKILL frees its lock
+/// Faults 10: a holder process killed with SIGKILL frees its lock
 /// within one lease (fixed lease; the watchdog case is in the spec suite).
 #[tokio::test]
 async fn a_killed_holder_with_a_lease_frees_the_lock_within_the_lease() {
@@ -39,7 +39,7 @@ async fn a_killed_holder_with_a_lease_frees_the_lock_within_the_lease() {
     .await;
 }
 
-/// Faults spec 13: Redis restarted with AOF `always` while a lock is held
+/// Faults 13: Redis restarted with AOF `always` while a lock is held
 /// and another client waits: the hold survives with its lease (no loss
 /// reported), and the waiter gets the lock after the release.
 #[tokio::test]
@@ -82,7 +82,7 @@ async fn with_aof_always_a_restart_loses_nothing() {
     .await;
 }
 
-/// Faults spec 14: a holder cut off (proxy black-hole) for longer than its
+/// Faults 14: a holder cut off (proxy black-hole) for longer than its
 /// lease learns of the loss no later than its belief end, which comes
 /// before another client can take the lock: the two beliefs do not overlap.
 #[tokio::test]
@@ -132,7 +132,7 @@ async fn a_partitioned_holder_stops_believing_before_another_takes_over() {
     .await;
 }
 
-/// Faults spec 15: Redis blocked (`DEBUG SLEEP`) for less than the lease:
+/// Faults 15: Redis blocked (`DEBUG SLEEP`) for less than the lease:
 /// nothing is lost and operations resume.
 #[tokio::test]
 async fn a_redis_pause_shorter_than_the_lease_loses_nothing() {
@@ -169,7 +169,7 @@ async fn a_redis_pause_shorter_than_the_lease_loses_nothing() {
     .await;
 }
 
-/// Faults spec 15: every client's commands held (`CLIENT PAUSE`) for less
+/// Faults 15: every client's commands held (`CLIENT PAUSE`) for less
 /// than the lease: renewals wait and go through, nothing is lost, and a
 /// release made meanwhile takes effect when the pause ends.
 #[tokio::test]
@@ -197,7 +197,7 @@ async fn a_client_pause_shorter_than_the_lease_loses_nothing() {
     .await;
 }
 
-/// Faults spec 15 (and 12): Redis blocked for longer than the lease: the
+/// Faults 15 (and 12): Redis blocked for longer than the lease: the
 /// key expires meanwhile (Redis's clock runs on), the holder learns of the
 /// loss, and another owner can take the lock.
 #[tokio::test]
@@ -226,7 +226,7 @@ async fn a_redis_pause_longer_than_the_lease_is_a_loss() {
     .await;
 }
 
-/// Faults spec 17: with the pub/sub connection killed while tasks wait, the
+/// Faults 17: with the pub/sub connection killed while tasks wait, the
 /// waiters still get the lock soon after the release (they re-subscribe and
 /// are woken), not when the holder's 30 s lease would have run out.
 #[tokio::test]
@@ -341,7 +341,7 @@ async fn failover(replica_ack: Option<Duration>, names: usize) -> (usize, usize)
     (believed.len(), duplicates)
 }
 
-/// Faults spec 16: master killed right after acquisitions its replica had
+/// Faults 16: master killed right after acquisitions its replica had
 /// not received, replica promoted. Without replica acknowledgement every
 /// such acquisition has a duplicate holder; with `set_replica_ack(1, 100
 /// ms)` none is believed, so none is duplicated. (Latency cost: see the
@@ -360,7 +360,7 @@ async fn replica_acknowledgement_prevents_duplicate_holders_after_a_failover() {
     .await;
 }
 
-/// Faults spec 16: with a healthy replica, acquisitions and renewals are
+/// Faults 16: with a healthy replica, acquisitions and renewals are
 /// confirmed and work as usual.
 #[tokio::test]
 async fn with_a_healthy_replica_acknowledged_locks_work_as_usual() {

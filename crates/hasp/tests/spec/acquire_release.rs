@@ -1,4 +1,4 @@
-//! Spec §1–14: acquire and release.
+//! Lock 1–14: acquire and release.
 
 use std::time::{Duration, Instant};
 
@@ -98,7 +98,7 @@ async fn an_explicit_owner_reenters_from_another_task_and_a_guard_moves_between_
     assert!(!lock.is_locked().await.unwrap());
 }
 
-/// Spec lock 2 and 3 (reentrancy): two tasks of one explicit owner that lock at
+/// Lock 2 and 3 (reentrancy): two tasks of one explicit owner that lock at
 /// the same moment both reach Redis, which counts two holds; the last
 /// guard's release gives both back in one operation (the wire's `R`), and
 /// the lock is free.

@@ -1,4 +1,4 @@
-//! Spec §25–26: fencing tokens.
+//! Lock 25–26: fencing tokens.
 
 use std::time::Duration;
 

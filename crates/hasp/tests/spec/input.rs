@@ -1,4 +1,4 @@
-//! Spec §27–28: input validation and opaque names.
+//! Lock 27–28: input validation and opaque names.
 
 use std::time::Duration;
 

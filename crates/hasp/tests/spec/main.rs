@@ -1,6 +1,6 @@
 //! Every line of the "Lock" section of `docs/guarantees.md`, against real
-//! redis-server processes that each test starts for itself. "Spec N" and
-//! "§N" name line N of that section.
+//! redis-server processes that each test starts for itself, cited as
+//! "lock N".
 //!
 //! With `HASP_SPEC_DEPLOYMENT=cluster` the same tests run on a private
 //! 3-master Redis Cluster each (multi 21); faults meant for "the server"

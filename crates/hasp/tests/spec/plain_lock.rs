@@ -1,4 +1,4 @@
-//! Spec §30–34: the plain lock, and operations sent as native commands.
+//! Lock 30–34: the plain lock, and operations sent as native commands.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! Spec §21–24: waiting for a held lock.
+//! Lock 21–24: waiting for a held lock.
 
 use std::time::{Duration, Instant};
 

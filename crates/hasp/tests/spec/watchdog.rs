@@ -1,4 +1,4 @@
-//! Spec §15–20: lease renewal by the watchdog.
+//! Lock 15–20: lease renewal by the watchdog.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -88,7 +88,7 @@ async fn a_dead_holders_lock_frees_within_one_watchdog_timeout() {
     guard.unlock().await.unwrap();
 }
 
-/// Spec lock 17: 10,000 held locks cost about 10,000 / 100 renewal calls
+/// Lock 17: 10,000 held locks cost about 10,000 / 100 renewal calls
 /// per period. The client's lanes (4 by default) each renew their own
 /// locks, in calls of at most 100: a round is 100 calls per node, plus at
 /// most one part-filled call per lane but the first.
