@@ -226,7 +226,7 @@ async fn short_holds_in_adaptive_mode_cost_no_renewals() {
     assert!(watchdog_calls > 0, "the watchdog renewed periodically");
 }
 
-/// Research 14: a shared history that is absurd is ignored (no lease
+/// Adaptive 2: a shared history that is absurd is ignored (no lease
 /// outside [min, max]) and overwritten by the next merge with samples.
 #[tokio::test]
 async fn an_absurd_shared_history_is_ignored_and_overwritten() {
@@ -265,7 +265,7 @@ async fn an_absurd_shared_history_is_ignored_and_overwritten() {
     assert!(srtt.parse::<f64>().unwrap() > 0.0, "overwritten: {srtt}");
 }
 
-/// Research 2: invalid settings are refused before any connection.
+/// Adaptive 1: invalid settings are refused before any connection.
 #[tokio::test]
 async fn invalid_adaptive_settings_are_refused() {
     let ctx = Ctx::new();
