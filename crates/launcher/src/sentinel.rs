@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::redis::{free_tcp_port, redis_server_binary, unique_dir};
-use crate::redis::{RedisServer, ServerOptions, Transport};
+use crate::redis::{RedisServer, ServerOptions, TlsOptions, Transport};
 
 /// The service name the sentinels of a [`SentinelGroup`] watch.
 pub const SERVICE: &str = "hasp";
@@ -17,25 +17,36 @@ pub struct Sentinel {
     child: Child,
     dir: PathBuf,
     port: u16,
+    /// Its TLS port, when the group speaks TLS.
+    tls_port: Option<u16>,
 }
 
 impl Sentinel {
-    fn start(master_port: u16, quorum: usize) -> Self {
+    fn start(master_port: u16, quorum: usize, tls: Option<&TlsOptions>) -> Self {
         let dir = unique_dir().expect("create a directory for a sentinel");
         let port = free_tcp_port();
+        let tls_port = tls.map(|_| free_tcp_port());
         let config = dir.join("sentinel.conf");
-        std::fs::write(
-            &config,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\n\
-                 sentinel monitor {SERVICE} 127.0.0.1 {master_port} {quorum}\n\
-                 sentinel down-after-milliseconds {SERVICE} 1000\n\
-                 sentinel failover-timeout {SERVICE} 3000\n\
-                 sentinel parallel-syncs {SERVICE} 1\n",
-                dir.display()
-            ),
-        )
-        .expect("write sentinel.conf");
+        let mut text = format!(
+            "port {port}\nbind 127.0.0.1\ndir {}\n\
+             sentinel monitor {SERVICE} 127.0.0.1 {master_port} {quorum}\n\
+             sentinel down-after-milliseconds {SERVICE} 1000\n\
+             sentinel failover-timeout {SERVICE} 3000\n\
+             sentinel parallel-syncs {SERVICE} 1\n",
+            dir.display()
+        );
+        if let (Some(tls), Some(tls_port)) = (tls, tls_port) {
+            // Clients over TLS on its TLS port, and TLS to the servers it
+            // watches; the plain port stays for the launcher's own checks.
+            text.push_str(&format!(
+                "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\n\
+                 tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n",
+                tls.cert.display(),
+                tls.key.display(),
+                tls.ca.display()
+            ));
+        }
+        std::fs::write(&config, text).expect("write sentinel.conf");
         let log = std::fs::File::create(dir.join("sentinel.log")).expect("create sentinel.log");
         let child = Command::new(redis_server_binary())
             .arg(&config)
@@ -45,7 +56,12 @@ impl Sentinel {
             .stderr(log)
             .spawn()
             .expect("start redis-server --sentinel");
-        let sentinel = Self { child, dir, port };
+        let sentinel = Self {
+            child,
+            dir,
+            port,
+            tls_port,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !sentinel.cli(&["PING"]).contains("PONG") {
             assert!(Instant::now() < deadline, "sentinel did not start");
@@ -54,9 +70,12 @@ impl Sentinel {
         sentinel
     }
 
-    /// The sentinel's URL.
+    /// The sentinel's URL (`rediss://` on its TLS port in a TLS group).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        match self.tls_port {
+            Some(port) => format!("rediss://127.0.0.1:{port}/"),
+            None => format!("redis://127.0.0.1:{}/", self.port),
+        }
     }
 
     /// Runs `redis-cli` against this sentinel; returns its output.
@@ -93,8 +112,16 @@ impl SentinelGroup {
     /// Starts the group and returns once every sentinel knows the master
     /// and its replicas.
     pub fn start(replicas: usize, sentinels: usize) -> Self {
+        Self::start_with_tls(replicas, sentinels, None)
+    }
+
+    /// As [`start`](Self::start), every server and sentinel speaking TLS
+    /// with `tls`'s certificates (the sentinels to the servers too) when
+    /// given.
+    pub fn start_with_tls(replicas: usize, sentinels: usize, tls: Option<TlsOptions>) -> Self {
         let master = RedisServer::start_with(ServerOptions {
             transport: Transport::Tcp,
+            tls: tls.clone(),
             ..ServerOptions::default()
         });
         let master_port = master.port().expect("tcp");
@@ -104,7 +131,7 @@ impl SentinelGroup {
             servers.push(replica);
         }
         let sentinels: Vec<Sentinel> = (0..sentinels)
-            .map(|_| Sentinel::start(master_port, sentinels / 2 + 1))
+            .map(|_| Sentinel::start(master_port, sentinels / 2 + 1, tls.as_ref()))
             .collect();
         let group = Self { sentinels, servers };
         let deadline = Instant::now() + Duration::from_secs(15);

@@ -34,7 +34,12 @@ async fn main() -> anyhow::Result<()> {
         seckill::store::Redis::new(conn.clone(), "seckill"),
         OrderIdGenerator::new(seckill::store::Redis::new(conn.clone(), "seckill"), 1_000)?,
     ));
-    let locks = seckill::store::lock_client(&redis.url(), hasp::Settings::default()).await?;
+    let locks = seckill::store::lock_client(
+        &redis.url(),
+        &seckill::store::RedisTls::default(),
+        hasp::Settings::default(),
+    )
+    .await?;
     let repair = Arc::new(SaleRepair::new(fast.clone(), db.clone(), locks, None));
     let sales = Sales::new(PurchasePath::Async, fast.clone(), db.clone(), repair);
     println!("| orders in the stream | lookup | p50 ms | p99 ms | max ms | lookups/s | found |");

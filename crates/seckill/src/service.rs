@@ -51,11 +51,16 @@ impl Service {
         let db = Database::connect(&config.database_url).await?;
         db.migrate().await?;
         let redis = Redis::new(
-            crate::store::connect(&config.redis_url).await?,
+            crate::store::connect_with(&config.redis_url, &config.redis_tls).await?,
             &config.prefix,
         );
         let fast = Arc::new(fast_path(&config, &redis).await?);
-        let locks = crate::store::lock_client(&config.redis_url, hasp::Settings::default()).await?;
+        let locks = crate::store::lock_client(
+            &config.redis_url,
+            &config.redis_tls,
+            hasp::Settings::default(),
+        )
+        .await?;
         let purchases = purchase_path(&config, &db, &redis, &locks).await?;
         let metrics =
             crate::metrics::Metrics::new().map_err(|e| anyhow::anyhow!("metrics registry: {e}"))?;
@@ -126,7 +131,7 @@ impl Service {
         // streams cannot share one read (polled instead).
         let reader = match redis.connection() {
             crate::store::RedisConn::Server(_) | crate::store::RedisConn::Sentinel(_) => {
-                Some(crate::store::connect(&config.redis_url).await?)
+                Some(crate::store::connect_with(&config.redis_url, &config.redis_tls).await?)
             }
             crate::store::RedisConn::Cluster(_) => None,
         };
@@ -199,7 +204,10 @@ async fn fast_path(config: &Settings, redis: &Redis) -> anyhow::Result<FastPath>
     let fast = FastPath::new(redis.clone(), OrderIdGenerator::new(redis.clone(), 1000)?);
     Ok(match config.replica_ack {
         // WAIT blocks its connection: confirmation gets its own.
-        Some(ack) => fast.with_replica_ack(ack, crate::store::connect(&config.redis_url).await?)?,
+        Some(ack) => fast.with_replica_ack(
+            ack,
+            crate::store::connect_with(&config.redis_url, &config.redis_tls).await?,
+        )?,
         None => fast,
     })
 }

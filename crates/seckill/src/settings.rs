@@ -12,6 +12,9 @@
 //! | setting | flag / environment / file key | default |
 //! |---|---|---|
 //! | Redis URL | `--redis-url` `SECKILL_REDIS_URL` `redis_url` | `redis://127.0.0.1:6379/` |
+//! | Redis TLS: CA to trust instead of the system's | `--redis-tls-ca-file` … `redis_tls_ca_file` | none |
+//! | Redis TLS: client certificate and key | `--redis-tls-cert-file`, `--redis-tls-key-file` … | none |
+//! | Redis TLS: accept any certificate (development only) | `--redis-tls-insecure` … `redis_tls_insecure` | false |
 //! | database URL | `--database-url` `SECKILL_DATABASE_URL` `database_url` | `sqlite://data/seckill.db` |
 //! | listen address | `--listen` `SECKILL_LISTEN` `listen` | `127.0.0.1:8080` |
 //! | token secret | `--token-secret` `SECKILL_TOKEN_SECRET` `token_secret` | none: required |
@@ -41,7 +44,7 @@ use serde::Deserialize;
 use crate::domain::voucher::{DEFAULT_PAY_WITHIN, PAY_WITHIN_RANGE};
 use crate::error::{Error, Result};
 use crate::limits::{ConnectionLimits, Limit};
-use crate::store::ReplicaAck;
+use crate::store::{RedisTls, ReplicaAck};
 
 /// Which purchase path the service uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
@@ -70,8 +73,10 @@ pub enum UserLocks {
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Redis URL (`redis://…`, `redis+unix://…`, `redis+sentinel://…`,
-    /// `redis+cluster://…`).
+    /// `redis+cluster://…`; `rediss…` for TLS).
     pub redis_url: String,
+    /// What the Redis connections trust and present over TLS.
+    pub redis_tls: RedisTls,
     /// Database URL (`sqlite://…`, `postgres://…`, `mysql://…`).
     pub database_url: String,
     /// Address to listen on (port 0: any free port).
@@ -137,6 +142,8 @@ impl Settings {
 pub struct Storage {
     /// Redis URL.
     pub redis_url: String,
+    /// What the Redis connections trust and present over TLS.
+    pub redis_tls: RedisTls,
     /// Database URL.
     pub database_url: String,
     /// Key prefix.
@@ -148,9 +155,21 @@ pub struct Storage {
 #[derive(Debug, Default, Clone, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Layer {
-    /// Redis URL [default: redis://127.0.0.1:6379/].
+    /// Redis URL; rediss://, rediss+sentinel://, rediss+cluster:// for TLS [default: redis://127.0.0.1:6379/].
     #[arg(long, env = "SECKILL_REDIS_URL")]
     pub redis_url: Option<String>,
+    /// Redis TLS: PEM file of the CA certificates to trust instead of the system's (which honour SSL_CERT_FILE).
+    #[arg(long, env = "SECKILL_REDIS_TLS_CA_FILE")]
+    pub redis_tls_ca_file: Option<std::path::PathBuf>,
+    /// Redis TLS: PEM file of the client certificate, for servers that ask for one (with --redis-tls-key-file).
+    #[arg(long, env = "SECKILL_REDIS_TLS_CERT_FILE")]
+    pub redis_tls_cert_file: Option<std::path::PathBuf>,
+    /// Redis TLS: PEM file of the client certificate's private key.
+    #[arg(long, env = "SECKILL_REDIS_TLS_KEY_FILE")]
+    pub redis_tls_key_file: Option<std::path::PathBuf>,
+    /// Redis TLS: accept any server certificate (encrypted, not authenticated: development only) [default: false].
+    #[arg(long, env = "SECKILL_REDIS_TLS_INSECURE")]
+    pub redis_tls_insecure: Option<bool>,
     /// Database URL: sqlite://FILE, postgres://…, mysql://… [default: sqlite://data/seckill.db].
     #[arg(long, env = "SECKILL_DATABASE_URL")]
     pub database_url: Option<String>,
@@ -238,6 +257,10 @@ impl Layer {
         let connections = ConnectionLimits::default();
         Self {
             redis_url: Some("redis://127.0.0.1:6379/".into()),
+            redis_tls_ca_file: None,
+            redis_tls_cert_file: None,
+            redis_tls_key_file: None,
+            redis_tls_insecure: Some(false),
             database_url: Some("sqlite://data/seckill.db".into()),
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
             token_secret: None,
@@ -277,6 +300,10 @@ impl Layer {
     pub fn over(self, lower: Layer) -> Layer {
         Layer {
             redis_url: self.redis_url.or(lower.redis_url),
+            redis_tls_ca_file: self.redis_tls_ca_file.or(lower.redis_tls_ca_file),
+            redis_tls_cert_file: self.redis_tls_cert_file.or(lower.redis_tls_cert_file),
+            redis_tls_key_file: self.redis_tls_key_file.or(lower.redis_tls_key_file),
+            redis_tls_insecure: self.redis_tls_insecure.or(lower.redis_tls_insecure),
             database_url: self.database_url.or(lower.database_url),
             listen: self.listen.or(lower.listen),
             token_secret: self.token_secret.or(lower.token_secret),
@@ -315,8 +342,17 @@ impl Layer {
                 "must be 1 to 64 bytes without braces or spaces",
             ));
         }
+        let redis_tls = RedisTls {
+            ca_file: all.redis_tls_ca_file,
+            cert_file: all.redis_tls_cert_file,
+            key_file: all.redis_tls_key_file,
+            insecure: set(all.redis_tls_insecure, "redis_tls_insecure")?,
+        };
+        // Read now: a missing file is a setting's error, not a connection's.
+        redis_tls.certificates()?;
         Ok(Storage {
             redis_url: set(all.redis_url, "redis_url")?,
+            redis_tls,
             database_url: set(all.database_url, "database_url")?,
             prefix,
         })
@@ -332,6 +368,10 @@ impl Layer {
         let all = self.over(Layer::defaults());
         let storage_layer = Layer {
             redis_url: all.redis_url.clone(),
+            redis_tls_ca_file: all.redis_tls_ca_file.clone(),
+            redis_tls_cert_file: all.redis_tls_cert_file.clone(),
+            redis_tls_key_file: all.redis_tls_key_file.clone(),
+            redis_tls_insecure: all.redis_tls_insecure,
             database_url: all.database_url.clone(),
             prefix: all.prefix.clone(),
             ..Layer::default()
@@ -385,6 +425,7 @@ impl Layer {
         }
         Ok(Settings {
             redis_url: storage.redis_url,
+            redis_tls: storage.redis_tls,
             database_url: storage.database_url,
             prefix: storage.prefix,
             listen,

@@ -359,9 +359,13 @@ async fn a_sale_restored_after_returns_counts_each_returned_unit_once() {
         .await
         .unwrap();
     sale.redis.cli(&["FLUSHALL"]);
-    let locks = seckill::store::lock_client(&sale.redis.url(), hasp::Settings::default())
-        .await
-        .unwrap();
+    let locks = seckill::store::lock_client(
+        &sale.redis.url(),
+        &seckill::store::RedisTls::default(),
+        hasp::Settings::default(),
+    )
+    .await
+    .unwrap();
     let repair = SaleRepair::new(sale.fast.clone(), sale.db.clone(), locks, None);
     let report = repair.run(Scope::Voucher(sale.voucher)).await.unwrap();
     assert_eq!(report.restored, 1);

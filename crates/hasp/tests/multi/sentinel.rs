@@ -8,9 +8,13 @@ use testkit::{SentinelGroup, SENTINEL_SERVICE};
 use crate::helpers::quick;
 
 async fn sentinel_client(group: &SentinelGroup) -> Client {
+    sentinel_client_with(group, quick()).await
+}
+
+async fn sentinel_client_with(group: &SentinelGroup, settings: hasp::Settings) -> Client {
     let urls = group.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let settings = quick().set_watchdog_timeout(Duration::from_millis(3_000));
+    let settings = settings.set_watchdog_timeout(Duration::from_millis(3_000));
     Client::open_sentinel(&urls, SENTINEL_SERVICE, settings)
         .await
         .expect("open through sentinel")
@@ -24,6 +28,26 @@ async fn sentinel_client(group: &SentinelGroup) -> Client {
 async fn a_sentinel_client_follows_a_failover() {
     let group = SentinelGroup::start(1, 3);
     let client = sentinel_client(&group).await;
+    follows_a_failover(&group, &client).await;
+}
+
+/// multi 20 and lock 35: the same over TLS, to the sentinels (`rediss://`)
+/// and to the masters they name, trusting a private CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_client_follows_a_failover_over_tls() {
+    let dir = std::env::temp_dir().join(format!("hasp-sentinel-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ca = testkit::TestCa::create(&dir).unwrap();
+    let group = SentinelGroup::start_with_tls(1, 3, Some(ca.server_options(false)));
+    assert!(group.urls()[0].starts_with("rediss://"));
+    let tls = hasp::Tls::new().with_ca_file(ca.ca_file()).unwrap();
+    let client = sentinel_client_with(&group, quick().set_tls(tls)).await;
+    follows_a_failover(&group, &client).await;
+    drop(group);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+async fn follows_a_failover(group: &SentinelGroup, client: &Client) {
     let lock = client.lock("kept").unwrap();
     let guard = lock.lock().await.unwrap();
     let old_port = group.master_port();

@@ -7,7 +7,8 @@
 //! a cluster, `redis+cluster://host:port,host:port,...` (any of its nodes;
 //! the rest are discovered). Every key of one voucher shares a hash
 //! tag (`keys`), so each purchase script and each voucher's pipeline work
-//! stays on one slot.
+//! stays on one slot. The `rediss` forms (`rediss://`,
+//! `rediss+sentinel://`, `rediss+cluster://`) speak TLS (`tls`).
 
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::sentinel::{sentinel_service, SentinelConn};
+use super::tls::RedisTls;
 use crate::error::{Error, Result};
 
 /// How long a command may wait for its answer. redis-rs' default is 500 ms,
@@ -36,6 +38,9 @@ pub const RECONNECT_RETRIES: usize = 2;
 
 /// The scheme of a cluster's seed list.
 pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// The scheme of a cluster's seed list, over TLS.
+pub const CLUSTER_TLS_SCHEME: &str = "rediss+cluster://";
 
 /// A cloneable, multiplexed connection to the service's Redis.
 #[derive(Clone)]
@@ -108,15 +113,19 @@ impl ConnectionLike for RedisConn {
 /// # Errors
 /// [`Error::Invalid`] for a cluster URL without nodes.
 pub fn cluster_seeds(redis_url: &str) -> Result<Option<Vec<String>>> {
-    let Some(rest) = redis_url.strip_prefix(CLUSTER_SCHEME) else {
-        return Ok(None);
+    let (rest, scheme) = match redis_url.strip_prefix(CLUSTER_SCHEME) {
+        Some(rest) => (rest, "redis"),
+        None => match redis_url.strip_prefix(CLUSTER_TLS_SCHEME) {
+            Some(rest) => (rest, "rediss"),
+            None => return Ok(None),
+        },
     };
     let seeds: Vec<String> = rest
         .trim_end_matches('/')
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|node| format!("redis://{node}/"))
+        .map(|node| format!("{scheme}://{node}/"))
         .collect();
     if seeds.is_empty() {
         return Err(Error::Invalid {
@@ -128,14 +137,31 @@ pub fn cluster_seeds(redis_url: &str) -> Result<Option<Vec<String>>> {
 }
 
 /// One multiplexed connection to `redis_url` (see the module docs), with
-/// the timeouts and retries above.
+/// the timeouts and retries above; over TLS it trusts the system's roots
+/// ([`connect_with`] for more).
 ///
 /// # Errors
 /// [`Error::Redis`](crate::Error::Redis) for a bad URL or an unreachable
 /// server.
 pub async fn connect(redis_url: &str) -> Result<RedisConn> {
+    connect_with(redis_url, &RedisTls::default()).await
+}
+
+/// [`connect`], with `tls`'s trust for a `rediss` URL.
+///
+/// # Errors
+/// As [`connect`], and [`Error::Invalid`] for TLS files that cannot be
+/// read.
+pub async fn connect_with(redis_url: &str, tls: &RedisTls) -> Result<RedisConn> {
     if let Some(seeds) = cluster_seeds(redis_url)? {
-        let client = redis::cluster::ClusterClientBuilder::new(seeds)
+        let mut builder = redis::cluster::ClusterClientBuilder::new(seeds);
+        if redis_url.starts_with(CLUSTER_TLS_SCHEME) {
+            builder = builder.tls(tls.mode());
+            if let (Some(certificates), false) = (tls.certificates()?, tls.insecure) {
+                builder = builder.certs(certificates);
+            }
+        }
+        let client = builder
             .retries(0)
             .response_timeout(RESPONSE_TIMEOUT)
             .connection_timeout(CONNECTION_TIMEOUT)
@@ -149,20 +175,26 @@ pub async fn connect(redis_url: &str) -> Result<RedisConn> {
         .set_max_delay(Duration::from_secs(1));
     if let Some((sentinels, service)) = sentinel_service(redis_url)? {
         return Ok(RedisConn::Sentinel(
-            SentinelConn::connect(&sentinels, &service, config).await?,
+            SentinelConn::connect(&sentinels, &service, config, tls).await?,
         ));
     }
-    let client = redis::Client::open(redis_url)?;
+    let client = tls.client(redis_url)?;
     Ok(RedisConn::Server(
         ConnectionManager::new_with_config(client, config).await?,
     ))
 }
 
-/// A hasp client on the same Redis as `redis_url`.
+/// A hasp client on the same Redis as `redis_url`, over TLS with `tls`'s
+/// trust for a `rediss` URL.
 ///
 /// # Errors
 /// As [`connect`]; [`Error::Lock`](crate::Error::Lock) if hasp cannot connect.
-pub async fn lock_client(redis_url: &str, settings: hasp::Settings) -> Result<hasp::Client> {
+pub async fn lock_client(
+    redis_url: &str,
+    tls: &RedisTls,
+    settings: hasp::Settings,
+) -> Result<hasp::Client> {
+    let settings = settings.set_tls(tls.for_locks()?);
     if let Some((sentinels, service)) = sentinel_service(redis_url)? {
         let sentinels: Vec<&str> = sentinels.iter().map(String::as_str).collect();
         return Ok(hasp::Client::open_sentinel(&sentinels, &service, settings).await?);

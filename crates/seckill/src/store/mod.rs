@@ -5,6 +5,7 @@
 //! | module | what |
 //! |---|---|
 //! | `connect` | the connection: one server, a Sentinel service or a cluster; the lock client |
+//! | `tls` | what the connections trust and present over TLS |
 //! | `sentinel` | a connection that follows the master of a Sentinel service |
 //! | `redis` | the connection and key prefix every view below takes |
 //! | `keys` | the key layout |
@@ -28,12 +29,13 @@ mod redis;
 mod replica_ack;
 mod sale_audit;
 mod sentinel;
+mod tls;
 mod verification;
 
 pub use self::redis::Redis;
 pub use connect::{
-    cluster_seeds, connect, lock_client, RedisConn, CLUSTER_SCHEME, CONNECTION_TIMEOUT,
-    RESPONSE_TIMEOUT,
+    cluster_seeds, connect, connect_with, lock_client, RedisConn, CLUSTER_SCHEME,
+    CLUSTER_TLS_SCHEME, CONNECTION_TIMEOUT, RESPONSE_TIMEOUT,
 };
 pub use fast_path::{FastPath, ReplicaAck, TakeBack, SOLD_OUT_MEMORY};
 pub use keys::{dead_letter_stream, VoucherKeys};
@@ -42,5 +44,8 @@ pub use order_lookup::order_in_redis;
 pub use order_stream::{is_missing_group, Delivery, OrderStreams};
 pub use reachability::PROBE_INTERVAL;
 pub use sale_audit::{add_buyers, lower_stock, read_sale, RedisSale};
-pub use sentinel::{sentinel_service, OnSwitch, SentinelConn, SENTINEL_SCHEME};
+pub use sentinel::{
+    sentinel_service, OnSwitch, SentinelConn, SENTINEL_SCHEME, SENTINEL_TLS_SCHEME,
+};
+pub use tls::RedisTls;
 pub use verification::History;

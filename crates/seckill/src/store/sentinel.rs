@@ -26,14 +26,22 @@ use crate::error::{Error, Result};
 /// The scheme of a Sentinel service's address.
 pub const SENTINEL_SCHEME: &str = "redis+sentinel://";
 
+/// The scheme of a Sentinel service's address over TLS (to the sentinels
+/// and to the master they name).
+pub const SENTINEL_TLS_SCHEME: &str = "rediss+sentinel://";
+
 /// The sentinels' URLs and the service name of a `redis+sentinel://` URL,
 /// or `None` for another one.
 ///
 /// # Errors
 /// [`Error::Invalid`] for a Sentinel URL without sentinels or service.
 pub fn sentinel_service(redis_url: &str) -> Result<Option<(Vec<String>, String)>> {
-    let Some(rest) = redis_url.strip_prefix(SENTINEL_SCHEME) else {
-        return Ok(None);
+    let (rest, scheme) = match redis_url.strip_prefix(SENTINEL_SCHEME) {
+        Some(rest) => (rest, "redis"),
+        None => match redis_url.strip_prefix(SENTINEL_TLS_SCHEME) {
+            Some(rest) => (rest, "rediss"),
+            None => return Ok(None),
+        },
     };
     let invalid = |reason: &str| Error::Invalid {
         field: "redis_url",
@@ -48,7 +56,7 @@ pub fn sentinel_service(redis_url: &str) -> Result<Option<(Vec<String>, String)>
         .split(',')
         .map(str::trim)
         .filter(|h| !h.is_empty())
-        .map(|h| format!("redis://{h}/"))
+        .map(|h| format!("{scheme}://{h}/"))
         .collect();
     if sentinels.is_empty() {
         return Err(invalid("no sentinel"));
@@ -103,22 +111,41 @@ impl SentinelConn {
         sentinels: &[String],
         service: &str,
         config: ConnectionManagerConfig,
+        tls: &super::tls::RedisTls,
     ) -> Result<Self> {
         let infos = sentinels
             .iter()
             .map(|s| s.as_str().into_connection_info())
             .collect::<redis::RedisResult<Vec<_>>>()?;
-        let announcers = infos
+        let announcers = sentinels
             .iter()
-            .cloned()
-            .map(redis::Client::open)
-            .collect::<redis::RedisResult<Vec<_>>>()?;
-        let client = SentinelClient::build(
-            infos,
-            String::from(service),
-            None,
-            SentinelServerType::Master,
-        )?;
+            .map(|s| tls.client(s))
+            .collect::<Result<Vec<_>>>()?;
+        let secure = sentinels.iter().any(|s| s.starts_with("rediss://"));
+        let client = match secure {
+            false => SentinelClient::build(
+                infos,
+                String::from(service),
+                None,
+                SentinelServerType::Master,
+            )?,
+            true => {
+                let addrs = infos.into_iter().map(|i| i.addr().clone());
+                let mut builder = redis::sentinel::SentinelClientBuilder::new(
+                    addrs,
+                    service,
+                    SentinelServerType::Master,
+                )?
+                .set_client_to_sentinel_tls_mode(tls.mode())
+                .set_client_to_redis_tls_mode(tls.mode());
+                if let (Some(certificates), false) = (tls.certificates()?, tls.insecure) {
+                    builder = builder
+                        .set_client_to_sentinel_certificates(certificates.clone())
+                        .set_client_to_redis_certificates(certificates);
+                }
+                builder.build()?
+            }
+        };
         let conn = Self {
             inner: Arc::new(Inner {
                 sentinel: tokio::sync::Mutex::new(client),

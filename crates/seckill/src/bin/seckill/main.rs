@@ -136,7 +136,10 @@ async fn reconcile_all(storage: &Storage, repair: bool) -> anyhow::Result<bool> 
     use seckill::repair::{SaleRepair, Scope};
     use seckill::store::{FastPath, OrderIdGenerator, Redis};
     let db = seckill::db::Database::connect(database_url).await?;
-    let redis = Redis::new(seckill::store::connect(redis_url).await?, prefix);
+    let redis = Redis::new(
+        seckill::store::connect_with(redis_url, &storage.redis_tls).await?,
+        prefix,
+    );
     // The service's own repair: restores a sale Redis lost, repairs one
     // behind the database, under the lock the instances use.
     let repairs = SaleRepair::new(
@@ -145,7 +148,8 @@ async fn reconcile_all(storage: &Storage, repair: bool) -> anyhow::Result<bool> 
             OrderIdGenerator::new(redis.clone(), 1)?,
         )),
         db.clone(),
-        seckill::store::lock_client(redis_url, hasp::Settings::default()).await?,
+        seckill::store::lock_client(redis_url, &storage.redis_tls, hasp::Settings::default())
+            .await?,
         None,
     );
     let mut consistent = true;
