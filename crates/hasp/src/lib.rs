@@ -130,6 +130,7 @@
 
 #![warn(missing_docs)]
 
+mod acl;
 mod client;
 mod config;
 mod core;
@@ -175,6 +176,7 @@ pub mod sentinel {
     pub use crate::core::endpoint::follow_master_switches;
 }
 
+pub use acl::acl_rules;
 pub use client::{Client, Stats};
 pub use config::{AdaptiveLease, ReplicaAck, Settings, MAX_LEASE};
 pub use core::lease::LearnedLease;

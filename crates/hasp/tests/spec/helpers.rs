@@ -11,7 +11,8 @@ use testkit::{RedisCluster, RedisServer, ServerOptions, TestCa, Transport};
 /// the tests about one server's faults then inject them into the master
 /// that serves their lock. `HASP_SPEC_DEPLOYMENT=tls` runs them on one
 /// server that speaks TLS only (lock 35), every client trusting a private
-/// CA.
+/// CA and logging in as a user with no more rights than
+/// [`hasp::acl_rules`] gives (lock 37).
 pub fn on_cluster() -> bool {
     std::env::var("HASP_SPEC_DEPLOYMENT").is_ok_and(|d| d == "cluster")
 }
@@ -29,6 +30,21 @@ pub fn test_ca() -> &'static TestCa {
         let _ = std::fs::remove_dir_all(&dir);
         TestCa::create(dir).expect("a test CA")
     })
+}
+
+/// The user a TLS run's clients log in as, and its password.
+pub const ACL_USER: &str = "locks";
+const ACL_PASSWORD: &str = "locks-password";
+
+/// The server arguments that make [`ACL_USER`], with the rules hasp
+/// documents for its default prefix, and the prefix one test uses (`shop`).
+fn restricted_user() -> Vec<String> {
+    let rules = format!("{} ~shop:* &shop:*", hasp::acl_rules("hasp"));
+    ["--user", ACL_USER, "on", &format!(">{ACL_PASSWORD}")]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(rules.split(' ').map(str::to_owned))
+        .collect()
 }
 
 /// The environment variable that gives a child process the parent's CA.
@@ -75,6 +91,8 @@ impl Ctx {
                 Deployment::Server(RedisServer::start_with(ServerOptions {
                     transport: Transport::Tcp,
                     tls: Some(test_ca().server_options(false)),
+                    // In the configuration: it outlives a restart.
+                    extra_args: restricted_user(),
                     ..ServerOptions::default()
                 }))
             } else {
@@ -83,9 +101,15 @@ impl Ctx {
         }
     }
 
-    /// The URLs a client opens: the server's, or the cluster's nodes.
+    /// The URLs a client opens: the server's (as the restricted user on a
+    /// TLS run), or the cluster's nodes.
     pub fn urls(&self) -> Vec<String> {
         match &self.deployment {
+            Deployment::Server(server) if on_tls() => vec![server.url().replacen(
+                "rediss://",
+                &format!("rediss://{ACL_USER}:{ACL_PASSWORD}@"),
+                1,
+            )],
             Deployment::Server(server) => vec![server.url()],
             Deployment::Cluster(cluster) => cluster.urls(),
         }

@@ -10,6 +10,7 @@
 
 mod helpers;
 
+mod acl;
 mod acquire_release;
 mod adaptive;
 mod connect;
