@@ -184,6 +184,55 @@ pub async fn connect_with(redis_url: &str, tls: &RedisTls) -> Result<RedisConn> 
     ))
 }
 
+/// The ACL rules (`ACL SETUSER <user> on ><password> …`) that let a user
+/// run the service with key prefix `prefix`: its keys (`~prefix:*`), the
+/// purchase and return scripts and the commands they run, the order
+/// streams' consumer group, the checks of the sale state's verification
+/// (`INFO`, `SCRIPT EXISTS`/`LOAD`/`FLUSH`: the service flushes the scripts
+/// of a server it must verify again, which on a shared Redis also drops
+/// other applications' cached scripts), `WAIT` for replica
+/// acknowledgement; and the rules of its locks ([`hasp::acl_rules`] for
+/// hasp's default prefix). Nothing else.
+///
+/// ```
+/// let rules = seckill::store::acl_rules("seckill");
+/// assert!(rules.contains("~seckill:*") && rules.contains("~hasp:*"));
+/// ```
+pub fn acl_rules(prefix: &str) -> String {
+    let commands = [
+        "+eval",
+        "+evalsha",
+        "+script|load",
+        "+script|exists",
+        "+script|flush",
+        "+info",
+        "+multi",
+        "+exec",
+        "+incrby",
+        "+expire",
+        "+hsetnx",
+        "+hmset",
+        "+srem",
+        "+sismember",
+        "+smembers",
+        "+xadd",
+        "+xrange",
+        "+xrevrange",
+        "+xlen",
+        "+xack",
+        "+xdel",
+        "+xreadgroup",
+        "+xgroup|create",
+        "+xpending",
+        "+xclaim",
+    ];
+    format!(
+        "{} ~{prefix}:* {}",
+        hasp::acl_rules(hasp::Settings::default().prefix()),
+        commands.join(" ")
+    )
+}
+
 /// A hasp client on the same Redis as `redis_url`, over TLS with `tls`'s
 /// trust for a `rediss` URL.
 ///

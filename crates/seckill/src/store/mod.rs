@@ -34,7 +34,7 @@ mod verification;
 
 pub use self::redis::Redis;
 pub use connect::{
-    cluster_seeds, connect, connect_with, lock_client, RedisConn, CLUSTER_SCHEME,
+    acl_rules, cluster_seeds, connect, connect_with, lock_client, RedisConn, CLUSTER_SCHEME,
     CLUSTER_TLS_SCHEME, CONNECTION_TIMEOUT, RESPONSE_TIMEOUT,
 };
 pub use fast_path::{FastPath, ReplicaAck, TakeBack, SOLD_OUT_MEMORY};
