@@ -12,7 +12,6 @@ use reqwest::StatusCode;
 use seckill::auth::{Principal, Tokens};
 use seckill::db::Database;
 use seckill::service::Service;
-use seckill::settings::Settings;
 use serde_json::Value;
 use testkit::{RedisServer, ServerOptions, Transport};
 
