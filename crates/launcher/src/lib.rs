@@ -37,4 +37,4 @@ pub use error::LaunchError;
 pub use redis::{free_tcp_port, RedisServer, ServerOptions, TlsOptions, Transport};
 pub use sentinel::{Sentinel, SentinelGroup, SERVICE as SENTINEL_SERVICE};
 pub use sql::{MariaDbServer, PostgresServer};
-pub use tls::{TestCa, Use as CertificateUse};
+pub use tls::{JwtKey, JwtKeyKind, TestCa, Use as CertificateUse};

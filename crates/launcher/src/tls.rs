@@ -170,3 +170,65 @@ impl TestCa {
         }
     }
 }
+
+/// A key pair to sign JSON Web Tokens with in tests: its private key
+/// (PKCS#8 PEM) and its public key as a JWK (RFC 7517) under a key id.
+#[derive(Debug, Clone)]
+pub struct JwtKey {
+    /// The private key, PKCS#8 PEM.
+    pub pem: String,
+    /// The public key as a JWK (JSON), with `kid`.
+    pub jwk: String,
+    /// The key id.
+    pub kid: String,
+}
+
+/// The kind of a [`JwtKey`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JwtKeyKind {
+    /// P-256, signing ES256.
+    P256,
+    /// Ed25519, signing EdDSA.
+    Ed25519,
+}
+
+impl JwtKey {
+    /// A fresh key of `kind` named `kid`.
+    ///
+    /// # Errors
+    /// [`LaunchError`] if it cannot be made.
+    pub fn generate(kind: JwtKeyKind, kid: &str) -> Result<Self, LaunchError> {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        use base64::Engine;
+        let algorithm = match kind {
+            JwtKeyKind::P256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+            JwtKeyKind::Ed25519 => &rcgen::PKCS_ED25519,
+        };
+        let key = KeyPair::generate_for(algorithm).map_err(|e| failed("JWT key", e))?;
+        let raw = key.public_key_raw();
+        let b64 = |bytes: &[u8]| URL_SAFE_NO_PAD.encode(bytes);
+        let jwk = match kind {
+            // An uncompressed point: 0x04, then x and y.
+            JwtKeyKind::P256 => format!(
+                r#"{{"kty":"EC","crv":"P-256","x":"{}","y":"{}","kid":"{kid}","use":"sig","alg":"ES256"}}"#,
+                b64(&raw[1..33]),
+                b64(&raw[33..65])
+            ),
+            JwtKeyKind::Ed25519 => format!(
+                r#"{{"kty":"OKP","crv":"Ed25519","x":"{}","kid":"{kid}","use":"sig","alg":"EdDSA"}}"#,
+                b64(raw)
+            ),
+        };
+        Ok(Self {
+            pem: key.serialize_pem(),
+            jwk,
+            kid: kid.to_owned(),
+        })
+    }
+
+    /// A JWKS document (`{"keys": [...]}`) of `keys`.
+    pub fn set(keys: &[&JwtKey]) -> String {
+        let keys: Vec<&str> = keys.iter().map(|k| k.jwk.as_str()).collect();
+        format!(r#"{{"keys":[{}]}}"#, keys.join(","))
+    }
+}

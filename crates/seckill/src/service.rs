@@ -102,12 +102,18 @@ impl Service {
             metrics.clone(),
         ));
         let live = Live::new(stop.clone());
+        let secret = config
+            .token_secret
+            .as_ref()
+            .map(|s| s.expose_secret().as_bytes());
+        let tokens = Tokens::open(secret, config.tokens.clone()).await?;
+        tokens.refresh_until_stopped(stop.clone());
         let state = AppState {
             db: db.clone(),
             sales,
             orders: orders.clone(),
             pay_within: config.pay_within,
-            tokens: Tokens::new(config.token_secret.expose_secret().as_bytes())?,
+            tokens: tokens.clone(),
             limits: RateLimits::new(config.user_limit, config.ip_limit),
             metrics: metrics.clone(),
             live: live.clone(),

@@ -17,7 +17,13 @@
 //! | Redis TLS: accept any certificate (development only) | `--redis-tls-insecure` … `redis_tls_insecure` | false |
 //! | database URL | `--database-url` `SECKILL_DATABASE_URL` `database_url` | `sqlite://data/seckill.db` |
 //! | listen address | `--listen` `SECKILL_LISTEN` `listen` | `127.0.0.1:8080` |
-//! | token secret | `--token-secret` `SECKILL_TOKEN_SECRET` `token_secret` | none: required |
+//! | token secret: signs the service's own tokens (HS256) | `--token-secret` `SECKILL_TOKEN_SECRET` `token_secret` | none: required unless `jwks` is set |
+//! | identity provider's key set: a JWKS file or URL | `--jwks` … `jwks` | none |
+//! | its tokens' issuer, audience | `--jwt-issuer`, `--jwt-audience` … | none: required with `jwks` |
+//! | leeway for `exp`/`nbf` | `--jwt-leeway-s` … `jwt_leeway_s` | 30 |
+//! | claim of the user id, of the roles, the operator role | `--jwt-user-claim`, `--jwt-role-claim`, `--jwt-admin-role` … | `sub`, `roles`, `seckill-admin` |
+//! | key set reloaded every | `--jwks-refresh-ms` … `jwks_refresh_ms` | 300,000 |
+//! | the first token format still taken (change-over only) | `--legacy-tokens` … `legacy_tokens` | false |
 //! | purchase path | `--mode` `SECKILL_MODE` `mode` | `async` |
 //! | sync path's user locks | `--user-locks` `SECKILL_USER_LOCKS` `user_locks` | `redis` |
 //! | key prefix | `--prefix` `SECKILL_PREFIX` `prefix` | `seckill` |
@@ -41,6 +47,7 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
+use crate::auth::{JwksSource, Provider, TokenPolicy};
 use crate::domain::voucher::{DEFAULT_PAY_WITHIN, PAY_WITHIN_RANGE};
 use crate::error::{Error, Result};
 use crate::limits::{ConnectionLimits, Limit};
@@ -81,8 +88,11 @@ pub struct Settings {
     pub database_url: String,
     /// Address to listen on (port 0: any free port).
     pub listen: SocketAddr,
-    /// Secret that signs bearer tokens (never printed).
-    pub token_secret: SecretString,
+    /// Secret that signs the service's own bearer tokens (never printed);
+    /// `None`: only an identity provider's are taken.
+    pub token_secret: Option<SecretString>,
+    /// Which tokens are taken and whom they name.
+    pub tokens: TokenPolicy,
     /// Purchase path.
     pub mode: Mode,
     /// Where the sync path keeps its per-user locks.
@@ -176,9 +186,36 @@ pub struct Layer {
     /// Listen address [default: 127.0.0.1:8080].
     #[arg(long, env = "SECKILL_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Secret signing bearer tokens (at least 16 bytes; required).
+    /// Secret signing the service's own bearer tokens, HS256 JWTs (at least 16 bytes; required unless --jwks is set).
     #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true, value_parser = secret)]
     pub token_secret: Option<SecretString>,
+    /// An identity provider's public keys (RS256, ES256, EdDSA): a JWKS file, or an https:// URL fetched and refreshed.
+    #[arg(long, env = "SECKILL_JWKS")]
+    pub jwks: Option<String>,
+    /// The issuer (iss) the identity provider's tokens must carry (required with --jwks).
+    #[arg(long, env = "SECKILL_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// The audience (aud) they must carry (required with --jwks; the service's own tokens carry it too).
+    #[arg(long, env = "SECKILL_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+    /// Seconds of leeway for exp and nbf [default: 30].
+    #[arg(long, env = "SECKILL_JWT_LEEWAY_S")]
+    pub jwt_leeway_s: Option<u64>,
+    /// The claim holding the user id: a number, or a string made into a stable id [default: sub].
+    #[arg(long, env = "SECKILL_JWT_USER_CLAIM")]
+    pub jwt_user_claim: Option<String>,
+    /// The claim holding the roles, a dotted path for a nested one (realm_access.roles) [default: roles].
+    #[arg(long, env = "SECKILL_JWT_ROLE_CLAIM")]
+    pub jwt_role_claim: Option<String>,
+    /// The role that makes a token the operator's [default: seckill-admin].
+    #[arg(long, env = "SECKILL_JWT_ADMIN_ROLE")]
+    pub jwt_admin_role: Option<String>,
+    /// Reload the key set this often [default: 300000].
+    #[arg(long, env = "SECKILL_JWKS_REFRESH_MS")]
+    pub jwks_refresh_ms: Option<u64>,
+    /// Still take tokens of the first format (v1.<role>.<user>.<expiry>.<hmac>), for a change-over only: goes in the next release [default: false].
+    #[arg(long, env = "SECKILL_LEGACY_TOKENS")]
+    pub legacy_tokens: Option<bool>,
     /// Purchase path [default: async].
     #[arg(long, env = "SECKILL_MODE", value_enum)]
     pub mode: Option<Mode>,
@@ -264,6 +301,15 @@ impl Layer {
             database_url: Some("sqlite://data/seckill.db".into()),
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
             token_secret: None,
+            jwks: None,
+            jwt_issuer: None,
+            jwt_audience: None,
+            jwt_leeway_s: Some(30),
+            jwt_user_claim: Some("sub".into()),
+            jwt_role_claim: Some("roles".into()),
+            jwt_admin_role: Some(crate::auth::ADMIN_ROLE.into()),
+            jwks_refresh_ms: Some(300_000),
+            legacy_tokens: Some(false),
             mode: Some(Mode::Async),
             user_locks: Some(UserLocks::Redis),
             prefix: Some("seckill".into()),
@@ -307,6 +353,15 @@ impl Layer {
             database_url: self.database_url.or(lower.database_url),
             listen: self.listen.or(lower.listen),
             token_secret: self.token_secret.or(lower.token_secret),
+            jwks: self.jwks.or(lower.jwks),
+            jwt_issuer: self.jwt_issuer.or(lower.jwt_issuer),
+            jwt_audience: self.jwt_audience.or(lower.jwt_audience),
+            jwt_leeway_s: self.jwt_leeway_s.or(lower.jwt_leeway_s),
+            jwt_user_claim: self.jwt_user_claim.or(lower.jwt_user_claim),
+            jwt_role_claim: self.jwt_role_claim.or(lower.jwt_role_claim),
+            jwt_admin_role: self.jwt_admin_role.or(lower.jwt_admin_role),
+            jwks_refresh_ms: self.jwks_refresh_ms.or(lower.jwks_refresh_ms),
+            legacy_tokens: self.legacy_tokens.or(lower.legacy_tokens),
             mode: self.mode.or(lower.mode),
             user_locks: self.user_locks.or(lower.user_locks),
             prefix: self.prefix.or(lower.prefix),
@@ -404,12 +459,37 @@ impl Layer {
                 timeout: ms(all.replica_ack_timeout_ms, "replica_ack_timeout_ms")?,
             }),
         };
-        let token_secret = all.token_secret.ok_or_else(|| {
-            Error::invalid(
+        let provider = match all.jwks.clone() {
+            None => None,
+            Some(jwks) => Some(Provider {
+                jwks: JwksSource::parse(&jwks),
+                issuer: all
+                    .jwt_issuer
+                    .clone()
+                    .ok_or_else(|| Error::invalid("jwt_issuer", "required with jwks"))?,
+                audience: all
+                    .jwt_audience
+                    .clone()
+                    .ok_or_else(|| Error::invalid("jwt_audience", "required with jwks"))?,
+                refresh: ms(all.jwks_refresh_ms, "jwks_refresh_ms")?,
+            }),
+        };
+        let token_secret = all.token_secret.clone();
+        if token_secret.is_none() && provider.is_none() {
+            return Err(Error::invalid(
                 "token_secret",
-                "not set: use --token-secret, SECKILL_TOKEN_SECRET or token_secret in the config file",
-            )
-        })?;
+                "not set: use --token-secret, SECKILL_TOKEN_SECRET or token_secret in the config \
+                 file, or name an identity provider's keys (--jwks)",
+            ));
+        }
+        let tokens = TokenPolicy {
+            provider,
+            leeway: Duration::from_secs(set(all.jwt_leeway_s, "jwt_leeway_s")?),
+            user_claim: set(all.jwt_user_claim.clone(), "jwt_user_claim")?,
+            role_claim: set(all.jwt_role_claim.clone(), "jwt_role_claim")?,
+            admin_role: set(all.jwt_admin_role.clone(), "jwt_admin_role")?,
+            legacy: set(all.legacy_tokens, "legacy_tokens")?,
+        };
         let storage = storage_layer.storage()?;
         let consumer = set(all.consumer, "consumer")?;
         if consumer.is_empty() {
@@ -423,6 +503,12 @@ impl Layer {
                 "hands anyone any token: only with a loopback listen address",
             ));
         }
+        if demo_sign_in && token_secret.is_none() {
+            return Err(Error::invalid(
+                "demo_sign_in",
+                "mints the service's own tokens: needs token_secret",
+            ));
+        }
         Ok(Settings {
             redis_url: storage.redis_url,
             redis_tls: storage.redis_tls,
@@ -430,6 +516,7 @@ impl Layer {
             prefix: storage.prefix,
             listen,
             token_secret,
+            tokens,
             mode: set(all.mode, "mode")?,
             user_locks: set(all.user_locks, "user_locks")?,
             consumer,
@@ -520,8 +607,10 @@ mod tests {
         assert_eq!(s.listen.port(), 9100, "flag over file");
         assert_eq!(s.prefix, "flags", "flag over file");
         assert_eq!(
-            secrecy::ExposeSecret::expose_secret(&s.token_secret),
-            "file-secret-0123456789"
+            s.token_secret
+                .as_ref()
+                .map(secrecy::ExposeSecret::expose_secret),
+            Some("file-secret-0123456789")
         );
         assert_eq!(s.mode, Mode::Sync, "file over default");
         assert!(s.ip_limit.is_none(), "0 turns the limit off");

@@ -13,9 +13,9 @@ mod checker;
 mod proxy;
 pub use checker::{now_us, write_at, Event, FencedRegister, History, RegisterClient, Report};
 pub use launcher::{
-    free_tcp_port, CertificateUse, ChromeDriver, LaunchError, MariaDbServer, PostgresServer,
-    RedisCluster, RedisServer, Sentinel, SentinelGroup, ServerOptions, TestCa, TlsOptions,
-    Transport, SENTINEL_SERVICE,
+    free_tcp_port, CertificateUse, ChromeDriver, JwtKey, JwtKeyKind, LaunchError, MariaDbServer,
+    PostgresServer, RedisCluster, RedisServer, Sentinel, SentinelGroup, ServerOptions, TestCa,
+    TlsOptions, Transport, SENTINEL_SERVICE,
 };
 pub use proxy::{Direction, FaultProxy, Mode};
 

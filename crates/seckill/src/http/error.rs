@@ -12,8 +12,10 @@ use crate::payments::PaymentError;
 /// Everything a handler can answer besides success.
 #[derive(Debug)]
 pub enum ApiError {
-    /// 401: no bearer token, or one that does not verify.
+    /// 401: no bearer token, or one not in the `Bearer` scheme.
     Unauthorized(&'static str),
+    /// 401: a bearer token that does not verify, and why.
+    BadToken(crate::auth::TokenError),
     /// 403: a valid token without the right (user on an admin route).
     Forbidden,
     /// 404: no such resource.
@@ -128,6 +130,12 @@ impl IntoResponse for ApiError {
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 why.to_owned(),
+                None,
+            ),
+            ApiError::BadToken(why) => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                why.to_string(),
                 None,
             ),
             ApiError::Forbidden => (

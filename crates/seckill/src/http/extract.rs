@@ -7,11 +7,11 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
-use crate::auth::{Principal, TokenError};
+use crate::auth::Principal;
 use crate::http::error::ApiError;
 use crate::http::AppState;
 
-fn principal(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {
+async fn principal(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {
     let header = parts
         .headers
         .get(AUTHORIZATION)
@@ -29,13 +29,7 @@ fn principal(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {
         .ok_or(ApiError::Unauthorized(
             "expected `Authorization: Bearer <token>`",
         ))?;
-    state.tokens.verify(token).map_err(|e| {
-        ApiError::Unauthorized(match e {
-            TokenError::Malformed => "malformed token",
-            TokenError::BadSignature => "bad token signature",
-            TokenError::Expired => "token expired",
-        })
-    })
+    state.tokens.verify(token).await.map_err(ApiError::BadToken)
 }
 
 /// The `{id}` segment of a route as an integer; anything else is a 400
@@ -60,6 +54,18 @@ impl FromRequestParts<AppState> for PathId {
     }
 }
 
+/// Whoever a valid bearer token speaks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Bearer(pub Principal);
+
+impl FromRequestParts<AppState> for Bearer {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        principal(parts, state).await.map(Bearer)
+    }
+}
+
 /// A signed-in buyer.
 #[derive(Debug, Clone, Copy)]
 pub struct User(pub i64);
@@ -68,7 +74,7 @@ impl FromRequestParts<AppState> for User {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        match principal(parts, state)? {
+        match principal(parts, state).await? {
             Principal::User(id) => Ok(User(id)),
             Principal::Admin => Err(ApiError::Forbidden),
         }
@@ -83,7 +89,7 @@ impl FromRequestParts<AppState> for Admin {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        match principal(parts, state)? {
+        match principal(parts, state).await? {
             Principal::Admin => Ok(Admin),
             Principal::User(_) => Err(ApiError::Forbidden),
         }

@@ -106,6 +106,7 @@ pub fn router(state: AppState) -> Router {
                 .route("/api/live", get(live::storefront))
                 .route("/api/admin/live", get(live::console))
                 .route("/api/demo/sign-in", post(pages::demo_sign_in))
+                .route("/api/me", get(pages::me))
                 .route("/api/vouchers", post(vouchers::create).get(vouchers::list))
                 .route("/api/vouchers/{id}", get(vouchers::show))
                 .route(

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::Principal;
 use crate::http::error::ApiError;
-use crate::http::extract::ApiJson;
+use crate::http::extract::{ApiJson, Bearer};
 use crate::http::AppState;
 
 const STOREFRONT: &str = include_str!("assets/storefront.html");
@@ -72,6 +72,31 @@ pub struct DemoToken {
 }
 
 /// `POST /api/demo/sign-in`: a 404 unless the demo sign-in is on.
+/// Who the caller's token speaks for, as `GET /api/me` answers.
+#[derive(Debug, Serialize)]
+pub struct Me {
+    /// `user` or `operator`.
+    role: &'static str,
+    /// The buyer's id (a user only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user_id: Option<i64>,
+}
+
+/// `GET /api/me`: whom the bearer token names (the pages show it; a token
+/// is opaque to them).
+pub(crate) async fn me(Bearer(who): Bearer) -> Json<Me> {
+    Json(match who {
+        Principal::User(id) => Me {
+            role: "user",
+            user_id: Some(id),
+        },
+        Principal::Admin => Me {
+            role: "operator",
+            user_id: None,
+        },
+    })
+}
+
 pub(crate) async fn demo_sign_in(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<DemoSignIn>,
@@ -90,6 +115,6 @@ pub(crate) async fn demo_sign_in(
         }
     };
     Ok(Json(DemoToken {
-        token: state.tokens.mint(who, DEMO_TOKEN_TTL),
+        token: state.tokens.try_mint(who, DEMO_TOKEN_TTL)?,
     }))
 }

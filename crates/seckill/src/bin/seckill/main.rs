@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use seckill::auth::{Principal, Tokens};
+use seckill::auth::{Principal, SigningKey, Tokens};
 
 use seckill::service::Service;
 use seckill::settings::Storage;
@@ -35,20 +35,37 @@ enum LogFormat {
 enum Command {
     /// Serve the HTTP API and consume the order pipeline.
     Serve(ServeArgs),
-    /// Mint a bearer token.
+    /// Mint a development bearer token: a JWT signed with the shared
+    /// secret (HS256, issuer `seckill`), or with a local key (ES256 or
+    /// EdDSA) under a key id a JWKS the service reads can name.
     Token {
         /// User id (omit with --admin).
         #[arg(long, required_unless_present = "admin")]
         user: Option<i64>,
-        /// An admin token instead.
+        /// An operator's token instead.
         #[arg(long)]
         admin: bool,
         /// Validity in seconds.
         #[arg(long, default_value_t = 3600)]
         ttl: u64,
-        /// Signing secret.
-        #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true, value_parser = seckill::settings::secret)]
-        token_secret: secrecy::SecretString,
+        /// Signing secret (HS256).
+        #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true, value_parser = seckill::settings::secret, required_unless_present = "signing_key_file")]
+        token_secret: Option<secrecy::SecretString>,
+        /// Sign with this PKCS#8 PEM private key (P-256 or Ed25519) instead.
+        #[arg(long, requires_all = ["kid", "issuer"])]
+        signing_key_file: Option<std::path::PathBuf>,
+        /// The key id (kid) of --signing-key-file in the service's JWKS.
+        #[arg(long)]
+        kid: Option<String>,
+        /// The issuer (iss) the service expects (--jwt-issuer).
+        #[arg(long)]
+        issuer: Option<String>,
+        /// The audience (aud) the service expects of a provider's token (--jwt-audience) [default: seckill].
+        #[arg(long, default_value = "seckill")]
+        audience: String,
+        /// The first format (v1.<role>.<user>.<expiry>.<hmac>) instead, for a change-over.
+        #[arg(long)]
+        legacy: bool,
     },
     /// Apply the database migrations and exit.
     Migrate(ServeArgs),
@@ -84,15 +101,36 @@ async fn main() -> anyhow::Result<()> {
             admin,
             ttl,
             token_secret,
+            signing_key_file,
+            kid,
+            issuer,
+            audience,
+            legacy,
         } => {
-            let tokens =
-                Tokens::new(secrecy::ExposeSecret::expose_secret(&token_secret).as_bytes())?;
             let who = match (admin, user) {
                 (true, _) => Principal::Admin,
                 (false, Some(id)) if id > 0 => Principal::User(id),
                 _ => anyhow::bail!("--user must be a positive id"),
             };
-            println!("{}", tokens.mint(who, Duration::from_secs(ttl)));
+            let ttl = Duration::from_secs(ttl);
+            let token = match (signing_key_file, token_secret) {
+                (Some(file), _) => {
+                    let pem = std::fs::read(&file)
+                        .with_context(|| format!("reading {}", file.display()))?;
+                    let key = SigningKey::from_pem(&pem, kid.unwrap_or_default())?;
+                    key.mint(who, ttl, &issuer.unwrap_or_default(), &audience)?
+                }
+                (None, Some(secret)) => {
+                    let tokens =
+                        Tokens::new(secrecy::ExposeSecret::expose_secret(&secret).as_bytes())?;
+                    match legacy {
+                        true => tokens.mint_legacy(who, ttl)?,
+                        false => tokens.try_mint(who, ttl)?,
+                    }
+                }
+                (None, None) => anyhow::bail!("give --token-secret or --signing-key-file"),
+            };
+            println!("{token}");
             Ok(())
         }
         Command::Migrate(args) => {

@@ -95,17 +95,18 @@ function setMessage(el, text, kind) {
   el.className = el.className.replace(/\b(ok|error)\b/g, "").trim() + (kind ? " " + kind : "");
 }
 
-function whoIsSignedIn() {
-  const t = token();
-  if (!t) return null;
-  const parts = t.split(".");
-  if (parts[0] !== "v1") return "a token";
-  return parts[1] === "a" ? "the operator" : "user " + parts[2];
+// Who the kept token speaks for, as the server says (a token is opaque to
+// the page): null without one, a phrase otherwise.
+async function whoIsSignedIn() {
+  if (!token()) return null;
+  const answer = await api("GET", "/api/me");
+  if (answer.status !== 200 || !answer.body) return "a token the server refuses";
+  return answer.body.role === "operator" ? "the operator" : "user " + answer.body.user_id;
 }
 
 function setUpSignIn(onChange) {
-  const show = () => {
-    const who = whoIsSignedIn();
+  const show = async () => {
+    const who = await whoIsSignedIn();
     $("#who").textContent = who ? "Signed in as " + who + "." : $("#who").dataset.anonymous;
   };
   $("#who").dataset.anonymous = $("#who").textContent;

@@ -1,6 +1,6 @@
-//! Bearer tokens: HMAC-SHA256 signed, carrying a role, a user id and an
-//! expiry. Stateless, so every service instance verifies any instance's
-//! tokens with the shared secret.
+//! The service's first token format, accepted only while the
+//! `legacy_tokens` setting says so (see the module docs above): bearer
+//! tokens HMAC-SHA256 signed, carrying a role, a user id and an expiry.
 //!
 //! Format: `v1.<role>.<user id>.<expiry, Unix seconds>.<signature>`, where
 //! role is `u` (user) or `a` (admin) and the signature is the unpadded
@@ -13,55 +13,23 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::error::{Error, Result};
+use super::{Principal, TokenError};
 
-/// Who a verified token speaks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Principal {
-    /// A buyer.
-    User(i64),
-    /// An administrator (creates vouchers).
-    Admin,
-}
-
-/// Why a token was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum TokenError {
-    /// Not in the token format.
-    #[error("malformed token")]
-    Malformed,
-    /// The signature does not match: forged, or signed with another secret.
-    #[error("bad token signature")]
-    BadSignature,
-    /// Past its expiry.
-    #[error("token expired")]
-    Expired,
-}
-
-/// Mints and verifies tokens with one secret.
+/// Mints and verifies tokens of the first format with one secret.
 #[derive(Clone)]
-pub struct Tokens {
+pub(crate) struct LegacyTokens {
     /// The keyed MAC, cloned per use (keying once).
     mac: Hmac<Sha256>,
 }
 
-impl std::fmt::Debug for Tokens {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Tokens { key: <redacted> }")
-    }
-}
-
-impl Tokens {
-    /// Tokens signed with `secret` (at least 16 bytes).
+impl LegacyTokens {
+    /// Tokens signed with `secret` (its length checked by the caller).
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a short secret.
-    pub fn new(secret: &[u8]) -> Result<Self> {
-        if secret.len() < 16 {
-            return Err(Error::invalid("token_secret", "must be at least 16 bytes"));
-        }
+    /// [`Error::Invalid`] if the MAC refuses the key (HMAC takes any).
+    pub(crate) fn new(secret: &[u8]) -> crate::Result<Self> {
         let mac = Hmac::<Sha256>::new_from_slice(secret)
-            .map_err(|e| Error::invalid("token_secret", e.to_string()))?;
+            .map_err(|e| crate::Error::invalid("token_secret", e.to_string()))?;
         Ok(Self { mac })
     }
 
@@ -72,7 +40,7 @@ impl Tokens {
     }
 
     /// A token for `who`, valid for `ttl`.
-    pub fn mint(&self, who: Principal, ttl: Duration) -> String {
+    pub(crate) fn mint(&self, who: Principal, ttl: Duration) -> String {
         let expiry = unix_now().saturating_add(ttl.as_secs());
         let (role, user) = match who {
             Principal::User(id) => ("u", id),
@@ -87,7 +55,7 @@ impl Tokens {
     ///
     /// # Errors
     /// A [`TokenError`] saying why it was refused.
-    pub fn verify(&self, token: &str) -> Result<Principal, TokenError> {
+    pub(crate) fn verify(&self, token: &str) -> Result<Principal, TokenError> {
         let (payload, signature) = token.rsplit_once('.').ok_or(TokenError::Malformed)?;
         let signature = URL_SAFE_NO_PAD
             .decode(signature)
@@ -129,8 +97,8 @@ fn unix_now() -> u64 {
 mod tests {
     use super::*;
 
-    fn tokens() -> Tokens {
-        Tokens::new(b"0123456789abcdef-test").unwrap()
+    fn tokens() -> LegacyTokens {
+        LegacyTokens::new(b"0123456789abcdef-test").unwrap()
     }
 
     #[test]
@@ -153,7 +121,7 @@ mod tests {
         let good = t.mint(Principal::User(42), Duration::from_secs(3600));
         let tampered = good.replacen(".42.", ".43.", 1);
         assert_eq!(t.verify(&tampered), Err(TokenError::BadSignature));
-        let other = Tokens::new(b"another-secret-0123456789").unwrap();
+        let other = LegacyTokens::new(b"another-secret-0123456789").unwrap();
         assert_eq!(other.verify(&good), Err(TokenError::BadSignature));
         assert_eq!(
             t.verify(&t.mint(Principal::User(1), Duration::ZERO)),
@@ -162,6 +130,5 @@ mod tests {
         for garbage in ["", "abc", "v1.u.1.2", "v1.u.1.2.!!!", "...."] {
             assert!(t.verify(garbage).is_err(), "{garbage:?}");
         }
-        assert!(Tokens::new(b"short").is_err());
     }
 }
