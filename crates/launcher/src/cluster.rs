@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::LaunchError;
 use crate::redis::free_tcp_port;
-use crate::redis::{RedisServer, ServerOptions, Transport};
+use crate::redis::{RedisServer, ServerOptions, TlsOptions, Transport};
 
 /// One line of `CLUSTER NODES`: port, whether a master, slot ranges.
 type NodeView = (u16, bool, Vec<(u16, u16)>);
@@ -51,30 +51,78 @@ impl RedisCluster {
     /// [`LaunchError`] for fewer than 3 masters, a node that does not start,
     /// a failed `redis-cli --cluster create`, or a cluster not ok in 20 s.
     pub fn try_start_with_replicas(masters: usize, replicas: usize) -> Result<Self, LaunchError> {
+        Self::try_start_with_tls(masters, replicas, None)
+    }
+
+    /// As [`start_with_replicas`](Self::start_with_replicas), every node
+    /// speaking TLS with `tls`'s certificates when given: to clients, and
+    /// between the nodes (`tls-cluster yes`: the nodes announce their TLS
+    /// ports).
+    ///
+    /// # Errors
+    /// As [`RedisCluster::try_start_with_replicas`].
+    pub fn try_start_with_tls(
+        masters: usize,
+        replicas: usize,
+        tls: Option<TlsOptions>,
+    ) -> Result<Self, LaunchError> {
         if masters < 3 {
             return Err(LaunchError::Failed(
                 "a Redis Cluster needs at least 3 masters".into(),
             ));
         }
         let nodes = (0..masters * (1 + replicas))
-            .map(|_| start_node())
+            .map(|_| start_node(tls.clone()))
             .collect::<Result<Vec<RedisServer>, LaunchError>>()?;
         let addresses: Vec<String> = nodes
             .iter()
             .filter_map(RedisServer::port)
             .map(|port| format!("127.0.0.1:{port}"))
             .collect();
-        let out = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli");
+        if let Some(tls) = &tls {
+            create
+                .arg("--tls")
+                .arg("--cacert")
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(&tls.cert)
+                .arg("--key")
+                .arg(&tls.key);
+        }
+        let mut child = create
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .output()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
             .map_err(|e| LaunchError::io("running redis-cli --cluster create", e))?;
-        if !out.status.success() {
+        // redis-cli waits for the nodes to join with no end of its own.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(LaunchError::Failed(
+                        "redis-cli --cluster create: the nodes did not join in 30 s".into(),
+                    ));
+                }
+            }
+        };
+        if !status.success() {
+            let mut output = String::new();
+            if let Some(mut out) = child.stdout.take() {
+                let _ = std::io::Read::read_to_string(&mut out, &mut output);
+            }
             return Err(LaunchError::Failed(format!(
-                "cluster create failed: {}",
-                String::from_utf8_lossy(&out.stdout)
+                "cluster create failed: {output}"
             )));
         }
         let cluster = Self { nodes };
@@ -202,7 +250,8 @@ impl RedisCluster {
         }
     }
 
-    /// `redis://` URLs of every node (seed list for a cluster client).
+    /// URLs of every node (seed list for a cluster client; `rediss://` on
+    /// a TLS cluster).
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
@@ -210,13 +259,18 @@ impl RedisCluster {
 
 /// One cluster node; a bus port taken between choosing and binding it (tests
 /// start clusters in parallel) is chosen again.
-fn start_node() -> Result<RedisServer, LaunchError> {
+fn start_node(tls: Option<TlsOptions>) -> Result<RedisServer, LaunchError> {
     let mut attempts = 0;
     loop {
         attempts += 1;
+        let tls_cluster = match tls {
+            Some(_) => vec!["--tls-cluster".into(), "yes".into()],
+            None => Vec::new(),
+        };
         let started = RedisServer::try_start_with(ServerOptions {
             transport: Transport::Tcp,
-            extra_args: vec![
+            tls: tls.clone(),
+            extra_args: [
                 "--cluster-enabled".into(),
                 "yes".into(),
                 "--cluster-config-file".into(),
@@ -227,7 +281,10 @@ fn start_node() -> Result<RedisServer, LaunchError> {
                 // or past 65535 for a high free port.
                 "--cluster-port".into(),
                 free_tcp_port().to_string(),
-            ],
+            ]
+            .into_iter()
+            .chain(tls_cluster)
+            .collect(),
             ..ServerOptions::default()
         });
         match started {

@@ -27,7 +27,8 @@ impl std::fmt::Debug for TestCa {
 /// What a certificate [`TestCa::issue`] makes is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Use {
-    /// A server's (`serverAuth`).
+    /// A server's (`serverAuth`, and `clientAuth` for replication and a
+    /// cluster's bus).
     Server,
     /// A client's (`clientAuth`).
     Client,
@@ -88,10 +89,15 @@ impl TestCa {
         params
             .distinguished_name
             .push(DnType::CommonName, name.to_owned());
-        params.extended_key_usages = vec![match purpose {
-            Use::Server => ExtendedKeyUsagePurpose::ServerAuth,
-            Use::Client => ExtendedKeyUsagePurpose::ClientAuth,
-        }];
+        params.extended_key_usages = match purpose {
+            // A server is a client too: of its master when it replicates,
+            // and of the other nodes on a cluster's bus.
+            Use::Server => vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            Use::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+        };
         if expired {
             params.not_before = rcgen::date_time_ymd(2020, 1, 1);
             params.not_after = rcgen::date_time_ymd(2020, 12, 31);

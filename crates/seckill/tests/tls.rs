@@ -198,3 +198,35 @@ async fn the_service_follows_a_failover_over_tls() {
     wait_stored(&database, voucher, &accepted).await;
     service.stop().await.unwrap();
 }
+
+/// Service 19: on `rediss+cluster://` (TLS to every node and between
+/// them) the service sells and stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_sells_on_a_cluster_that_speaks_tls_only() {
+    let ca = Ca::new("cluster");
+    let cluster =
+        testkit::RedisCluster::try_start_with_tls(3, 0, Some(ca.ca.server_options(false))).unwrap();
+    let nodes: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| {
+            u.trim_start_matches("rediss://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    let url = format!("{}{}", seckill::store::CLUSTER_TLS_SCHEME, nodes.join(","));
+    let database = format!("sqlite://{}/shop.db", ca.dir.display());
+    let service = Service::start(Settings {
+        redis_tls: ca.trust(),
+        ..support::settings(url, &database, SECRET)
+    })
+    .await
+    .unwrap();
+    let base = format!("http://{}", service.addr());
+    let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
+    let http = reqwest::Client::new();
+    let (voucher, accepted) = sell(&http, &base, &tokens, 10).await;
+    wait_stored(&database, voucher, &accepted).await;
+    service.stop().await.unwrap();
+}

@@ -277,3 +277,47 @@ async fn renewals_are_batched_per_node() {
     assert!(calls >= 5 * 30, "{calls} renewal calls: renewals missing?");
     drop(guards);
 }
+
+/// multi 17 and 18, lock 35: a cluster that speaks TLS only, between its
+/// nodes too: a client of `rediss://` seeds, trusting a private CA, locks
+/// on every master and its waiters are woken through sharded pub/sub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_locks_on_every_master_and_wakes_waiters() {
+    let dir = std::env::temp_dir().join(format!("hasp-cluster-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ca = testkit::TestCa::create(&dir).unwrap();
+    let cluster = RedisCluster::try_start_with_tls(3, 0, Some(ca.server_options(false))).unwrap();
+    let urls = cluster.urls();
+    assert!(urls[0].starts_with("rediss://"), "{urls:?}");
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let settings = quick().set_tls(hasp::Tls::new().with_ca_file(ca.ca_file()).unwrap());
+    let holder = Client::open_cluster(&urls, settings.clone()).await.unwrap();
+    let waiter = Client::open_cluster(&urls, settings).await.unwrap();
+    let names: Vec<String> = (0..30).map(|i| format!("tls-{i}")).collect();
+    let guards = futures_util::future::join_all(names.iter().map(|name| {
+        let lock = holder.lock(name).unwrap();
+        async move { lock.lock().await.unwrap() }
+    }))
+    .await;
+    let masters: std::collections::HashSet<_> = names
+        .iter()
+        .map(|name| cluster.master_of(slot_of(&cluster, name)).port())
+        .collect();
+    assert_eq!(masters.len(), 3, "30 names should touch every master");
+    let waits: Vec<_> = names
+        .iter()
+        .map(|name| {
+            let lock = waiter.lock(name).unwrap();
+            tokio::spawn(async move { lock.lock_within(Duration::from_secs(10)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the waiters subscribe
+    for guard in guards {
+        guard.unlock().await.unwrap();
+    }
+    for wait in waits {
+        wait.await.unwrap().unwrap().unlock().await.unwrap();
+    }
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(dir);
+}
