@@ -10,6 +10,9 @@
 //!   connection with 64 in flight.
 //! * **w1link**: W1 at C = 1 and 16 with every reply delayed 1 ms by a
 //!   proxy, for both libraries: what a network round trip does to the gap.
+//! * **tls**: W1 at C = 1, 16, 64 against a `rediss://` Redis 7.0 (a
+//!   private CA, certificates verified), hasp, plain and rslock, beside
+//!   hasp on plain TCP: what TLS costs each library.
 //! * **W2 contended**: 8, 32 and 128 tasks on one name, each holding it
 //!   1 ms: acquisitions/s against the hand-off ceiling, hand-off latency
 //!   (release returns → next acquire returns), acquire-wait p99/max, tasks
@@ -51,13 +54,15 @@ const W1_CONCURRENCY: [usize; 4] = [1, 16, 64, 256];
 /// W1 levels over a delayed link (section `w1link`), and the delay.
 const W1_LINK_CONCURRENCY: [usize; 2] = [1, 16];
 const W1_LINK_DELAYS: [Duration; 2] = [Duration::from_micros(200), Duration::from_millis(1)];
+/// W1 levels over TLS (section `tls`).
+const W1_TLS_CONCURRENCY: [usize; 3] = [1, 16, 64];
 /// W2 task counts: a few waiters, the classic 32, and a crowd.
 const W2_TASKS: [usize; 3] = [8, 32, 128];
 const W2_HOLD: Duration = Duration::from_millis(1);
 
 struct Args {
     duration: Duration,
-    /// Sections to run (w1, w1link, rb, ri, ci, w2, wait, m, c, f, a); empty = all.
+    /// Sections to run (w1, w1link, tls, rb, ri, ci, w2, wait, m, c, f, a); empty = all.
     only: Vec<String>,
     /// W1 concurrency levels to run; empty = all of [`W1_CONCURRENCY`].
     levels: Vec<usize>,
@@ -102,7 +107,7 @@ fn parse_args() -> Args {
         if a == "--only" {
             only.extend(
                 args.next()
-                    .expect("--only w1,w1link,rb,ri,ci,w2,wait,m,c,f,a")
+                    .expect("--only w1,w1link,tls,rb,ri,ci,w2,wait,m,c,f,a")
                     .split(',')
                     .map(str::to_owned),
             );
@@ -255,6 +260,9 @@ async fn run(args: Args) {
                 }
             }
         }
+    }
+    if args.runs("tls") {
+        w1_tls_table(args.duration).await;
     }
     if args.runs("rb") {
         let server = RedisServer::start_tcp();
@@ -758,8 +766,76 @@ async fn w1_over_link(
     library.w1(&proxy.url(), c, duration).await
 }
 
+/// Section `tls`: W1 of each library against a TLS-only Redis 7.0 (the
+/// Valkey 9.1 build the scripts fetch has no TLS), each measurement on a
+/// fresh server, beside hasp on plain TCP in the same run.
+async fn w1_tls_table(duration: Duration) {
+    println!("\n## W1 over TLS: pairs/s against a `rediss://` Redis 7.0 (private CA, certificates verified)\n");
+    println!("| C | hasp TCP | hasp TLS | plain TLS | rslock TLS | hasp TLS / TCP | hasp / rslock (TLS) | plain / rslock (TLS) | Redis CPU µs/pair TLS: hasp | rslock | client CPU µs/pair TLS: hasp | rslock |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let dir = std::env::temp_dir().join(format!("hasp-bench-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ca = testkit::TestCa::create(&dir).expect("a private CA (rcgen)");
+    let redis = Server {
+        name: "Redis 7.0",
+        binary: None,
+    };
+    for c in W1_TLS_CONCURRENCY {
+        let (tcp, _, _) = w1_measured(&redis, c, duration, Library::Hasp).await;
+        let mut tls = [(0.0, 0.0, 0.0); 3];
+        for library in [Library::Hasp, Library::Plain, Library::Rslock] {
+            let server = RedisServer::start_with(testkit::ServerOptions {
+                transport: testkit::Transport::Tcp,
+                tls: Some(ca.server_options(false)),
+                ..testkit::ServerOptions::default()
+            });
+            let (cpu, me) = (server_cpu(&server), process_cpu("self"));
+            let until = Until::Time(Instant::now() + duration);
+            let pairs = match library {
+                Library::Rslock => {
+                    let certificates = redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(std::fs::read(ca.ca_file()).expect("the CA file")),
+                    };
+                    let client = redis::Client::build_with_tls(server.url(), certificates)
+                        .expect("a TLS client for rslock");
+                    w1_rslock_with(LockManager::from_clients(vec![client]), c, until).await
+                }
+                _ => {
+                    let tls = hasp::Tls::new().with_ca_file(ca.ca_file()).unwrap();
+                    let settings = Settings::default().set_tls(tls);
+                    w1_hasp_with(&server.url(), settings, c, until, library == Library::Plain).await
+                }
+            };
+            let total = pairs * duration.as_secs_f64();
+            tls[library as usize] = (
+                pairs,
+                (server_cpu(&server) - cpu) / total * 1e6,
+                (process_cpu("self") - me) / total * 1e6,
+            );
+        }
+        let [(h, h_cpu, h_me), (p, _, _), (r, r_cpu, r_me)] = tls;
+        println!(
+            "| {c} | {tcp:.0} | {h:.0} | {p:.0} | {r:.0} | {:.2} | {:.2} | {:.2} | {h_cpu:.1} | {r_cpu:.1} | {h_me:.1} | {r_me:.1} |",
+            h / tcp,
+            h / r,
+            p / r
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 async fn w1_hasp(url: &str, concurrency: usize, until: Until, plain: bool) -> f64 {
-    let mut settings = hasp::Settings::default();
+    w1_hasp_with(url, Settings::default(), concurrency, until, plain).await
+}
+
+async fn w1_hasp_with(
+    url: &str,
+    mut settings: Settings,
+    concurrency: usize,
+    until: Until,
+    plain: bool,
+) -> f64 {
     if let Some(lanes) = std::env::var("HASP_BENCH_LANES")
         .ok()
         .and_then(|l| l.parse().ok())
@@ -798,7 +874,10 @@ async fn w1_hasp(url: &str, concurrency: usize, until: Until, plain: bool) -> f6
 }
 
 async fn w1_rslock(url: &str, concurrency: usize, until: Until) -> f64 {
-    let manager = LockManager::new(vec![url.to_owned()]);
+    w1_rslock_with(LockManager::new(vec![url.to_owned()]), concurrency, until).await
+}
+
+async fn w1_rslock_with(manager: LockManager, concurrency: usize, until: Until) -> f64 {
     let started = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
         .map(|i| {
