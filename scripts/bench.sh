@@ -4,9 +4,11 @@
 # `seckill serve` processes sharing them, all in a temporary directory that
 # is removed afterwards. Arguments go to `seckill-tools bench` (see its --help);
 # without any, a 20 s closed loop with 128 in flight. The report and charts
-# land in ./bench-report unless --out says otherwise.
+# land in ./bench-report unless --out says otherwise. REDIS_TLS=1: the
+# instances reach Redis over TLS (see private-deployment.sh).
 #   scripts/bench.sh
 #   scripts/bench.sh --rate 8000 --duration 30s --out bench-open
+#   REDIS_TLS=1 scripts/bench.sh --concurrency 128 --duration 20s
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh
@@ -28,4 +30,4 @@ done
 
 args=("$@")
 ((${#args[@]})) || args=(--duration 20s --concurrency 128)
-"$tools" bench "${urls[@]}" --redis-url "$redis_url" --database-url "$database_url" "${args[@]}"
+"$tools" bench "${urls[@]}" --redis-url "$redis_url" "${redis_tls_args[@]}" --database-url "$database_url" "${args[@]}"

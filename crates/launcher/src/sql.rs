@@ -1,6 +1,8 @@
 //! Private PostgreSQL and MariaDB servers, on unix sockets in a temporary
-//! directory, with no network listener; stopped on drop. (MariaDB is for
-//! tests only: its constructor panics on failure.)
+//! directory, with no network listener unless they are asked to speak TLS
+//! (then also on a free TCP port of 127.0.0.1, refusing any client there
+//! that does not use TLS); stopped on drop. (MariaDB is for tests only: its
+//! constructors panic on failure.)
 //!
 //! PostgreSQL refuses to run as root, so when the tests run as root the
 //! server runs as the `postgres` user that Debian's package creates.
@@ -89,7 +91,15 @@ pub struct PostgresServer {
     child: Option<Child>,
     dir: PathBuf,
     bin: PathBuf,
+    /// The port (of the socket's name; of 127.0.0.1 as well with TLS).
+    port: u16,
+    /// With TLS: the CA file clients are to trust.
+    tls_ca: Option<PathBuf>,
 }
+
+/// PostgreSQL's default port, which names its unix socket when it has no
+/// TCP listener.
+const POSTGRES_PORT: u16 = 5432;
 
 impl PostgresServer {
     /// Initialises a cluster in a temporary directory and starts it.
@@ -106,6 +116,21 @@ impl PostgresServer {
     /// # Errors
     /// [`LaunchError`] if PostgreSQL is not installed or does not start.
     pub fn try_start() -> Result<Self, LaunchError> {
+        Self::try_start_inner(None)
+    }
+
+    /// As [`PostgresServer::try_start`], also listening on a free port of
+    /// 127.0.0.1 with TLS (`ca`'s server certificate, for 127.0.0.1 and
+    /// localhost) and refusing any connection there that does not use it
+    /// (`hostnossl … reject`); see [`PostgresServer::tls_url`].
+    ///
+    /// # Errors
+    /// As [`PostgresServer::try_start`].
+    pub fn try_start_with_tls(ca: &crate::TestCa) -> Result<Self, LaunchError> {
+        Self::try_start_inner(Some(ca))
+    }
+
+    fn try_start_inner(ca: Option<&crate::TestCa>) -> Result<Self, LaunchError> {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .ok()
             .and_then(|versions| {
@@ -143,10 +168,19 @@ impl PostgresServer {
         if !initialised.success() {
             return Err(LaunchError::Failed("initdb failed".into()));
         }
+        let port = match ca {
+            Some(ca) => {
+                postgres_tls_files(&dir, ca)?;
+                crate::free_tcp_port()
+            }
+            None => POSTGRES_PORT,
+        };
         let mut this = Self {
             child: None,
             dir,
             bin,
+            port,
+            tls_ca: ca.map(crate::TestCa::ca_file),
         };
         this.spawn()?;
         this.wait_ready("CREATE DATABASE test")?;
@@ -161,33 +195,36 @@ impl PostgresServer {
             .arg(self.dir.join("data"))
             .arg("-k")
             .arg(&self.dir)
-            .args([
-                "-c",
-                "listen_addresses=",
-                "-c",
-                "fsync=off",
-                "-c",
-                "full_page_writes=off",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .map_err(|e| LaunchError::io("opening postgres.log", e))?,
-            );
+            .args(["-p", &self.port.to_string()])
+            .args(["-c", "fsync=off", "-c", "full_page_writes=off"]);
+        if self.tls_ca.is_some() {
+            server.args(["-c", "listen_addresses=127.0.0.1", "-c", "ssl=on"]);
+            server
+                .arg("-c")
+                .arg(format!(
+                    "ssl_cert_file={}",
+                    self.dir.join("server.crt").display()
+                ))
+                .arg("-c")
+                .arg(format!(
+                    "ssl_key_file={}",
+                    self.dir.join("server.key").display()
+                ));
+        } else {
+            server.args(["-c", "listen_addresses="]);
+        }
+        server.stdin(Stdio::null()).stdout(Stdio::null()).stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .map_err(|e| LaunchError::io("opening postgres.log", e))?,
+        );
         as_postgres(&mut server)?;
         let mut child = server
             .spawn()
             .map_err(|e| LaunchError::io("starting postgres", e))?;
-        let ready = wait_for(
-            &self.dir.join(".s.PGSQL.5432"),
-            &mut child,
-            "postgres",
-            &log,
-        );
+        let ready = wait_for(&self.socket(), &mut child, "postgres", &log);
         self.child = Some(child);
         ready
     }
@@ -207,10 +244,15 @@ impl PostgresServer {
         Ok(())
     }
 
+    fn socket(&self) -> PathBuf {
+        self.dir.join(format!(".s.PGSQL.{}", self.port))
+    }
+
     fn psql(&self, sql: &str) -> bool {
         Command::new("psql")
             .arg("-h")
             .arg(&self.dir)
+            .args(["-p", &self.port.to_string()])
             .args(["-U", "postgres", "-d", "postgres", "-q", "-c", sql])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -230,7 +272,7 @@ impl PostgresServer {
             _ => stop(&mut self.child),
         }
         // A killed postmaster leaves its socket and lock file behind.
-        let _ = std::fs::remove_file(self.dir.join(".s.PGSQL.5432"));
+        let _ = std::fs::remove_file(self.socket());
     }
 
     /// Starts the server again on its data after [`PostgresServer::stop`]
@@ -249,10 +291,62 @@ impl PostgresServer {
     /// URL of the `test` database (sqlx form, unix socket).
     pub fn url(&self) -> String {
         format!(
-            "postgres://postgres@localhost/test?host={}",
+            "postgres://postgres@localhost:{}/test?host={}",
+            self.port,
             self.dir.display()
         )
     }
+
+    /// URL of the `test` database over TLS, verifying the server's
+    /// certificate against the CA and its name (`sslmode=verify-full`);
+    /// `None` unless started with [`PostgresServer::try_start_with_tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        let ca = self.tls_ca.as_ref()?;
+        Some(format!(
+            "postgres://postgres@127.0.0.1:{}/test?sslmode=verify-full&sslrootcert={}",
+            self.port,
+            ca.display()
+        ))
+    }
+
+    /// URL of the `test` database over TCP without TLS (which a server
+    /// started with TLS refuses); `None` without a TCP listener.
+    pub fn plain_tcp_url(&self) -> Option<String> {
+        self.tls_ca.as_ref()?;
+        Some(format!(
+            "postgres://postgres@127.0.0.1:{}/test?sslmode=disable",
+            self.port
+        ))
+    }
+}
+
+/// The server's certificate and key in its directory (PostgreSQL refuses a
+/// key others can read, and runs as `postgres` under root), and a
+/// `pg_hba.conf` that trusts the unix socket and TLS on 127.0.0.1 and
+/// rejects TCP without it.
+fn postgres_tls_files(dir: &Path, ca: &crate::TestCa) -> Result<(), LaunchError> {
+    use std::os::unix::fs::PermissionsExt;
+    let copy = |from: PathBuf, to: &str, mode: u32| -> Result<(), LaunchError> {
+        let to = dir.join(to);
+        std::fs::copy(from, &to).map_err(|e| LaunchError::io("copying a certificate", e))?;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| LaunchError::io("setting a key's permissions", e))?;
+        if running_as_root() {
+            let (uid, gid) = user_ids("postgres").ok_or_else(|| missing("the postgres user"))?;
+            std::os::unix::fs::chown(&to, Some(uid), Some(gid))
+                .map_err(|e| LaunchError::io("handing a certificate to postgres", e))?;
+        }
+        Ok(())
+    };
+    copy(ca.server_cert_file(), "server.crt", 0o644)?;
+    copy(ca.server_key_file(), "server.key", 0o600)?;
+    std::fs::write(
+        dir.join("data/pg_hba.conf"),
+        "local all all trust\n\
+         hostssl all all 127.0.0.1/32 trust\n\
+         hostnossl all all 127.0.0.1/32 reject\n",
+    )
+    .map_err(|e| LaunchError::io("writing pg_hba.conf", e))
 }
 
 /// Runs `cmd` as the `postgres` user when this process is root (PostgreSQL
@@ -277,6 +371,8 @@ impl Drop for PostgresServer {
 pub struct MariaDbServer {
     child: Option<Child>,
     dir: PathBuf,
+    /// With TLS: its port on 127.0.0.1 and the CA file clients are to trust.
+    tls: Option<(u16, PathBuf)>,
 }
 
 impl MariaDbServer {
@@ -285,6 +381,21 @@ impl MariaDbServer {
     /// # Panics
     /// If MariaDB is not installed or does not start.
     pub fn start() -> Self {
+        Self::start_inner(None)
+    }
+
+    /// As [`MariaDbServer::start`], also listening on a free port of
+    /// 127.0.0.1 with TLS (`ca`'s server certificate) and requiring it of
+    /// every TCP client (`require_secure_transport`); a user `shop`
+    /// (password `shop`) may connect there. See [`MariaDbServer::tls_url`].
+    ///
+    /// # Panics
+    /// As [`MariaDbServer::start`].
+    pub fn start_with_tls(ca: &crate::TestCa) -> Self {
+        Self::start_inner(Some(ca))
+    }
+
+    fn start_inner(ca: Option<&crate::TestCa>) -> Self {
         let dir = temp_dir("mariadb").unwrap_or_else(|e| panic!("{e}"));
         let data = dir.join("data");
         let log = dir.join("mariadb.log");
@@ -313,7 +424,9 @@ impl MariaDbServer {
             Err(_) => panic!("{}", missing("MariaDB (mariadb-install-db)")),
         }
         let socket = dir.join("mysqld.sock");
-        let mut child = Command::new("mariadbd")
+        let tls = ca.map(|ca| (crate::free_tcp_port(), ca.ca_file()));
+        let mut server = Command::new("mariadbd");
+        server
             .arg("--no-defaults")
             .arg(format!("--user={}", current_user()))
             .arg(format!("--datadir={}", data.display()))
@@ -321,7 +434,22 @@ impl MariaDbServer {
             .arg(format!("--pid-file={}", dir.join("mariadb.pid").display()))
             .arg(format!("--log-error={}", log.display()))
             .arg(format!("--tmpdir={}", tmp.display()))
-            .args(["--skip-networking", "--innodb-flush-log-at-trx-commit=0"])
+            .arg("--innodb-flush-log-at-trx-commit=0");
+        match (ca, &tls) {
+            (Some(ca), Some((port, _))) => {
+                server
+                    .arg(format!("--port={port}"))
+                    .arg("--bind-address=127.0.0.1")
+                    .arg(format!("--ssl-cert={}", ca.server_cert_file().display()))
+                    .arg(format!("--ssl-key={}", ca.server_key_file().display()))
+                    .arg(format!("--ssl-ca={}", ca.ca_file().display()))
+                    .arg("--require-secure-transport=ON");
+            }
+            _ => {
+                server.arg("--skip-networking");
+            }
+        }
+        let mut child = server
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -331,16 +459,45 @@ impl MariaDbServer {
         let this = Self {
             child: Some(child),
             dir,
+            tls,
         };
+        let mut sql = String::from("CREATE DATABASE test;");
+        if this.tls.is_some() {
+            sql.push_str(
+                "CREATE USER 'shop'@'%' IDENTIFIED BY 'shop'; \
+                 GRANT ALL ON test.* TO 'shop'@'%';",
+            );
+        }
         let created = Command::new("mariadb")
             .arg("--no-defaults")
             .arg("-S")
             .arg(&socket)
-            .args(["-u", "root", "-e", "CREATE DATABASE test"])
+            .args(["-u", "root", "-e", &sql])
             .status()
             .is_ok_and(|s| s.success());
         assert!(created, "could not create the test database");
         this
+    }
+
+    /// URL of the `test` database over TLS as `shop`, verifying the
+    /// server's certificate against the CA and its name
+    /// (`ssl-mode=VERIFY_IDENTITY`); `None` unless started with
+    /// [`MariaDbServer::start_with_tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        let (port, ca) = self.tls.as_ref()?;
+        Some(format!(
+            "mysql://shop:shop@127.0.0.1:{port}/test?ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
+            ca.display()
+        ))
+    }
+
+    /// URL of the `test` database over TCP without TLS (which the server
+    /// refuses); `None` without a TCP listener.
+    pub fn plain_tcp_url(&self) -> Option<String> {
+        let (port, _) = self.tls.as_ref()?;
+        Some(format!(
+            "mysql://shop:shop@127.0.0.1:{port}/test?ssl-mode=DISABLED"
+        ))
     }
 
     /// URL of the `test` database (sqlx form, unix socket).

@@ -53,6 +53,10 @@ pub struct ChaosArgs {
     /// Directory for `chaos-report.json` and the instances' logs.
     #[arg(long, default_value = "bench-report/chaos")]
     pub out: PathBuf,
+    /// Redis and PostgreSQL speak TLS only (certificates of a private CA
+    /// made for the run, verified by the instances and the checks).
+    #[arg(long)]
+    pub tls: bool,
     /// The `seckill` service binary to run [default: `seckill` beside this
     /// program, as cargo builds them].
     #[arg(long, env = "SECKILL_BIN")]
@@ -188,7 +192,10 @@ struct Deployment {
     database_url: String,
     instances: Vec<Instance>,
     secret: String,
+    /// With `--tls`: the run's CA, which the instances trust.
+    ca: Option<Arc<launcher::TestCa>>,
     _sqlite_dir: Option<TempDir>,
+    _ca_dir: Option<TempDir>,
     /// The `seckill` binary the instances run.
     seckill: PathBuf,
 }
@@ -210,16 +217,30 @@ struct Instance {
 
 impl Deployment {
     async fn start(args: &ChaosArgs) -> anyhow::Result<Self> {
-        let redis = blocking(|| {
-            launcher::RedisServer::try_start_with(
-                launcher::ServerOptions::default().with_aof("always"),
-            )
-        })
-        .await?;
+        let (ca, ca_dir) = if args.tls {
+            let dir = std::env::temp_dir().join(format!("seckill-chaos-ca-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let ca = launcher::TestCa::create(&dir)?;
+            (Some(Arc::new(ca)), Some(TempDir(dir)))
+        } else {
+            (None, None)
+        };
+        let mut options = launcher::ServerOptions::default().with_aof("always");
+        if let Some(ca) = &ca {
+            options.transport = launcher::Transport::Tcp;
+            options.tls = Some(ca.server_options(false));
+        }
+        let redis = blocking(move || launcher::RedisServer::try_start_with(options)).await?;
         let (postgres, database_url, sqlite_dir) = match args.database {
             ChaosDatabase::Postgres => {
-                let pg = blocking(launcher::PostgresServer::try_start).await?;
-                let url = pg.url();
+                let pg = match &ca {
+                    Some(ca) => {
+                        let ca = ca.clone();
+                        blocking(move || launcher::PostgresServer::try_start_with_tls(&ca)).await?
+                    }
+                    None => blocking(launcher::PostgresServer::try_start).await?,
+                };
+                let url = pg.tls_url().unwrap_or_else(|| pg.url());
                 (Some(Arc::new(std::sync::Mutex::new(pg))), url, None)
             }
             ChaosDatabase::Sqlite => {
@@ -238,7 +259,9 @@ impl Deployment {
             database_url,
             instances: Vec::new(),
             secret: format!("chaos-{:x}-{:x}", std::process::id(), nanos),
+            ca,
             _sqlite_dir: sqlite_dir,
+            _ca_dir: ca_dir,
             seckill: service_binary(args.seckill_bin.as_deref())?,
         };
         for i in 0..args.instances {
@@ -267,8 +290,12 @@ impl Deployment {
             .append(true)
             .open(&instance.log)
             .with_context(|| format!("opening {}", instance.log.display()))?;
-        let child = tokio::process::Command::new(exe)
-            .args(["serve", "--redis-url", &self.redis_url])
+        let mut command = tokio::process::Command::new(exe);
+        command.args(["serve", "--redis-url", &self.redis_url]);
+        if let Some(ca) = &self.ca {
+            command.arg("--redis-tls-ca-file").arg(ca.ca_file());
+        }
+        let child = command
             .args(["--database-url", &self.database_url])
             .args(["--listen", &format!("127.0.0.1:{}", instance.port)])
             .args(["--consumer", &format!("chaos-{i}")])
@@ -394,17 +421,23 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     println!(
-        "chaos: {} instance(s), Redis (AOF always), {:?}, {} purchases/s, {} phases of {}",
+        "chaos: {} instance(s), Redis (AOF always), {:?}{}, {} purchases/s, {} phases of {}",
         args.instances,
         args.database,
+        if args.tls { ", both over TLS only" } else { "" },
         args.rate,
         FAULTS.len(),
         humantime::format_duration(phase_len)
     );
     let mut deployment = Deployment::start(&args).await?;
     let tokens = Tokens::new(deployment.secret.as_bytes())?;
+    let redis_tls = seckill::store::RedisTls {
+        ca_file: deployment.ca.as_ref().map(|ca| ca.ca_file()),
+        ..seckill::store::RedisTls::default()
+    };
     let stores = Stores::connect(
         Some(&deployment.redis_url),
+        &redis_tls,
         Some(&deployment.database_url),
         "seckill",
     )

@@ -184,7 +184,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     // The sale as the purchases left it, once the pipeline stored every
     // order (the service runs on: the orders' life goes on, and an order
     // not paid in time may already have given its unit back).
-    let stores = Stores::connect(Some(&redis_url), Some(&database_url), PREFIX).await?;
+    let stores = Stores::connect(
+        Some(&redis_url),
+        &seckill::store::RedisTls::default(),
+        Some(&database_url),
+        PREFIX,
+    )
+    .await?;
     let stored_started = Instant::now();
     let verified = stores.verify(sale, Duration::from_secs(60), 0).await?;
     println!(

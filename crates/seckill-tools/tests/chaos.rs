@@ -3,15 +3,34 @@
 //! killed, Redis and PostgreSQL are restarted and Redis is paused, and
 //! while buyers pay, cancel and let orders expire; nothing may be lost,
 //! duplicated, oversold or taken back twice, and no 5xx but 503 answered.
+//! Once on plain connections, once with Redis and PostgreSQL over TLS.
 
 use serde_json::Value;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_chaos_run_loses_duplicates_and_oversells_nothing() {
-    let out = std::env::temp_dir().join(format!("seckill-chaos-test-{}", std::process::id()));
+    short_chaos_run(&[]).await;
+}
+
+/// The same with Redis and PostgreSQL speaking TLS only: the instances'
+/// connections, broken by every restart, are made again over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_chaos_run_over_tls_loses_duplicates_and_oversells_nothing() {
+    short_chaos_run(&["--tls"]).await;
+}
+
+/// A 24 s chaos run (`extra` added to its options), then its report's
+/// figures checked phase by phase.
+async fn short_chaos_run(extra: &[&str]) {
+    let out = std::env::temp_dir().join(format!(
+        "seckill-chaos-test-{}{}",
+        std::process::id(),
+        extra.concat()
+    ));
     let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill-tools"))
         .args(["chaos", "--duration", "24s", "--rate", "200", "--out"])
         .arg(&out)
+        .args(extra)
         .output()
         .await
         .unwrap();

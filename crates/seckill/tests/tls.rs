@@ -1,7 +1,8 @@
 //! The service on a Redis that speaks TLS only (`docs/guarantees.md`,
-//! service 19): one server (`rediss://`) on both purchase paths, and a
-//! Sentinel service (`rediss+sentinel://`) through a failover, trusting a
-//! private CA given by the settings.
+//! service 19): one server (`rediss://`) on both purchase paths, a
+//! Sentinel service (`rediss+sentinel://`) through a failover and a
+//! cluster (`rediss+cluster://`), trusting a private CA given by the
+//! settings; and on a PostgreSQL and a MariaDB that speak TLS only.
 
 mod support;
 
@@ -229,4 +230,83 @@ async fn the_service_sells_on_a_cluster_that_speaks_tls_only() {
     let (voucher, accepted) = sell(&http, &base, &tokens, 10).await;
     wait_stored(&database, voucher, &accepted).await;
     service.stop().await.unwrap();
+}
+
+/// Service 19: the database over TLS. PostgreSQL and MariaDB that accept
+/// TLS only on TCP (`hostnossl … reject`, `require_secure_transport`),
+/// reached with `sslmode=verify-full` / `ssl-mode=VERIFY_IDENTITY` and the
+/// private CA in the URL: the service migrates, sells and stores; the same
+/// server asked without TLS refuses, and the start says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_stores_orders_in_a_database_that_speaks_tls_only() {
+    let ca = Ca::new("database");
+    let redis = RedisServer::start();
+    let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
+    let http = reqwest::Client::new();
+    let postgres = testkit::PostgresServer::try_start_with_tls(&ca.ca).unwrap();
+    let mariadb = testkit::MariaDbServer::start_with_tls(&ca.ca);
+    let databases = [
+        (
+            "PostgreSQL",
+            postgres.tls_url().unwrap(),
+            postgres.plain_tcp_url().unwrap(),
+        ),
+        (
+            "MariaDB",
+            mariadb.tls_url().unwrap(),
+            mariadb.plain_tcp_url().unwrap(),
+        ),
+    ];
+    for (i, (name, tls_url, plain_url)) in databases.iter().enumerate() {
+        let settings = Settings {
+            prefix: format!("db-tls-{i}"),
+            ..support::settings(redis.url(), tls_url, SECRET)
+        };
+        let service = Service::start(settings).await.unwrap();
+        let base = format!("http://{}", service.addr());
+        let (voucher, accepted) = sell(&http, &base, &tokens, 20).await;
+        wait_stored(tls_url, voucher, &accepted).await;
+        service.stop().await.unwrap();
+
+        let refused = tokio::time::timeout(
+            Duration::from_secs(30),
+            Service::start(Settings {
+                prefix: format!("db-plain-{i}"),
+                ..support::settings(redis.url(), plain_url, SECRET)
+            }),
+        )
+        .await
+        .expect("the start hung");
+        let error = format!(
+            "{:#}",
+            refused.expect_err("started on a database connection without TLS")
+        );
+        // PostgreSQL names the cause ("no pg_hba.conf entry … no
+        // encryption"); MariaDB, under require_secure_transport, answers a
+        // client without TLS "Access denied" (the credentials that just
+        // worked over TLS).
+        let why = if *name == "PostgreSQL" {
+            "no encryption"
+        } else {
+            "Access denied"
+        };
+        assert!(error.contains(why), "{name}: {error}");
+    }
+
+    // A CA that did not sign the server's certificate: refused.
+    let other = ca.ca.another().unwrap();
+    let untrusted = databases[0].1.replace(
+        &ca.ca.ca_file().display().to_string(),
+        &other.ca_file().display().to_string(),
+    );
+    let refused = Service::start(Settings {
+        prefix: "db-untrusted".into(),
+        ..support::settings(redis.url(), untrusted, SECRET)
+    })
+    .await;
+    let error = format!(
+        "{:#}",
+        refused.expect_err("started on an untrusted certificate")
+    );
+    assert!(error.contains("UnknownIssuer"), "{error}");
 }

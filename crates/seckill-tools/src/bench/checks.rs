@@ -161,17 +161,22 @@ pub struct Stores {
 }
 
 impl Stores {
-    /// Connects to whichever of the two is given.
+    /// Connects to whichever of the two is given (a `rediss` URL with
+    /// `redis_tls`'s trust).
     ///
     /// # Errors
     /// If a given store cannot be reached.
     pub async fn connect(
         redis_url: Option<&str>,
+        redis_tls: &seckill::store::RedisTls,
         database_url: Option<&str>,
         prefix: &str,
     ) -> anyhow::Result<Self> {
         let redis = match redis_url {
-            Some(url) => Some(Redis::new(seckill::store::connect(url).await?, prefix)),
+            Some(url) => Some(Redis::new(
+                seckill::store::connect_with(url, redis_tls).await?,
+                prefix,
+            )),
             None => None,
         };
         let db = match database_url {

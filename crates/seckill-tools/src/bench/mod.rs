@@ -65,6 +65,9 @@ pub struct BenchArgs {
     /// Redis of the deployment, to check the sale against it.
     #[arg(long)]
     pub redis_url: Option<String>,
+    /// For a `rediss` Redis URL: the CA to trust instead of the system's.
+    #[arg(long, requires = "redis_url")]
+    pub redis_tls_ca_file: Option<PathBuf>,
     /// Database of the deployment, to check the sale against it.
     #[arg(long)]
     pub database_url: Option<String>,
@@ -200,8 +203,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
+    let redis_tls = seckill::store::RedisTls {
+        ca_file: args.redis_tls_ca_file.clone(),
+        ..seckill::store::RedisTls::default()
+    };
     let stores = checks::Stores::connect(
         args.redis_url.as_deref(),
+        &redis_tls,
         args.database_url.as_deref(),
         &args.prefix,
     )
