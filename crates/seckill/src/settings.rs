@@ -15,7 +15,7 @@
 //! | Redis TLS: CA to trust instead of the system's | `--redis-tls-ca-file` … `redis_tls_ca_file` | none |
 //! | Redis TLS: client certificate and key | `--redis-tls-cert-file`, `--redis-tls-key-file` … | none |
 //! | Redis TLS: accept any certificate (development only) | `--redis-tls-insecure` … `redis_tls_insecure` | false |
-//! | database URL | `--database-url` `SECKILL_DATABASE_URL` `database_url` | `sqlite://data/seckill.db` |
+//! | database URL (TLS in it: `?sslmode=verify-full&sslrootcert=ca.pem` for PostgreSQL, `?ssl-mode=VERIFY_IDENTITY&ssl-ca=ca.pem` for MariaDB) | `--database-url` `SECKILL_DATABASE_URL` `database_url` | `sqlite://data/seckill.db` |
 //! | listen address | `--listen` `SECKILL_LISTEN` `listen` | `127.0.0.1:8080` |
 //! | token secret: signs the service's own tokens (HS256) | `--token-secret` `SECKILL_TOKEN_SECRET` `token_secret` | none: required unless `jwks` is set |
 //! | identity provider's key set: a JWKS file or URL | `--jwks` … `jwks` | none |
@@ -180,7 +180,7 @@ pub struct Layer {
     /// Redis TLS: accept any server certificate (encrypted, not authenticated: development only) [default: false].
     #[arg(long, env = "SECKILL_REDIS_TLS_INSECURE")]
     pub redis_tls_insecure: Option<bool>,
-    /// Database URL: sqlite://FILE, postgres://…, mysql://… [default: sqlite://data/seckill.db].
+    /// Database URL: sqlite://FILE, postgres://…, mysql://…; TLS in the URL: ?sslmode=verify-full&sslrootcert=CA (PostgreSQL), ?ssl-mode=VERIFY_IDENTITY&ssl-ca=CA (MariaDB) [default: sqlite://data/seckill.db].
     #[arg(long, env = "SECKILL_DATABASE_URL")]
     pub database_url: Option<String>,
     /// Listen address [default: 127.0.0.1:8080].
