@@ -12,8 +12,11 @@
 /// cluster; and what a connection says when it opens (`HELLO`, `AUTH`,
 /// `SELECT`, `CLIENT SETNAME`, `COMMAND INFO`, `PING`, `ECHO`).
 ///
-/// The rules name Redis 7.0's commands. On Valkey 9, whose conditional
-/// commands hasp sends natively, add `+delifeq` (`SET … IFEQ` is `SET`).
+/// The rules name Redis 7.0's commands, and are enough on Valkey 9 too:
+/// there a client whose user may not send `DELIFEQ` releases by a small
+/// script instead (it tries, on a key of its prefix no lock uses, when it
+/// connects). Add `+delifeq` on Valkey 9 to release natively (`SET …
+/// IFEQ` is `SET`).
 ///
 /// A command the rules leave out is refused by Redis with `NOPERM`, which
 /// the client answers as an error at once ([`Error::Redis`](crate::Error::Redis)),

@@ -66,6 +66,13 @@ pub(crate) enum Kind {
     LeaseHistory,
 }
 
+/// A key under `prefix` that no lock uses (a lock's keys have a hash tag
+/// right after the prefix): what a connection runs `DELIFEQ` on to learn
+/// whether its ACL user may send it.
+pub(crate) fn probe_key(prefix: &str) -> String {
+    format!("{prefix}:native-probe")
+}
+
 /// The holder's id in a lock's value (`<count> <nonce> <flag> <owner>
 /// <token>`, see the layout above); `None` for a value hasp did not write.
 pub(crate) fn holder_of(value: &[u8]) -> Option<&[u8]> {

@@ -88,7 +88,7 @@ impl ConnectionLike for Conn {
 /// The batcher's way to Redis: its own connection to one server, or a
 /// cluster connection.
 pub(super) enum Link {
-    Node(Connection),
+    Node(Box<Connection>),
     Cluster {
         conn: ClusterConnection,
         /// A call failed with a broken connection since the last success:
@@ -206,6 +206,8 @@ pub(super) struct Connection {
     native: Native,
     /// Ask again (load the scripts) before the next call.
     reload: bool,
+    /// What [`probe`] sends `DELIFEQ` on (`keys::probe_key`).
+    probe_key: Arc<str>,
     /// True from the moment a live connection breaks until one is made again.
     broken: bool,
     /// When the connection broke, and when to try it again without a call.
@@ -219,9 +221,11 @@ impl Connection {
         endpoint: Arc<Endpoint>,
         connect_timeout: Duration,
         response_timeout: Duration,
+        probe_key: Arc<str>,
     ) -> Self {
         Self {
             endpoint,
+            probe_key,
             generation: 0,
             connect_timeout,
             response_timeout,
@@ -273,7 +277,8 @@ impl Connection {
                 if std::mem::take(&mut self.reload) {
                     // Until the scripts are back, their operations go
                     // through the function.
-                    let asked = tokio::time::timeout(self.response_timeout, probe(socket));
+                    let asked =
+                        tokio::time::timeout(self.response_timeout, probe(socket, &self.probe_key));
                     self.native = match asked.await {
                         Ok(Ok(native)) => native,
                         _ => Native::default(),
@@ -299,7 +304,7 @@ impl Connection {
         };
         let (socket, native) = tokio::time::timeout(self.connect_timeout, async {
             let mut socket = connect.await?;
-            let native = probe(&mut socket).await?;
+            let native = probe(&mut socket, &self.probe_key).await?;
             Ok::<_, RedisError>((socket, native))
         })
         .await
@@ -366,13 +371,18 @@ pub(crate) fn is_read_only(error: &RedisError) -> bool {
 
 /// Asks the server what it offers (`Native::probe`), on a socket nobody
 /// else drives yet. A server that refuses the question (an ACL without
-/// `COMMAND`) offers nothing as far as hasp uses.
-async fn probe(socket: &mut Socket) -> RedisResult<Native> {
+/// `COMMAND`) offers nothing as far as hasp uses, and neither does one
+/// whose conditional commands the user may not send (an ACL written for
+/// Redis 7.0): a `DELIFEQ` on `probe_key`, which is never written, says.
+async fn probe(socket: &mut Socket, probe_key: &str) -> RedisResult<Native> {
     let mut native = match socket.ask(&Native::probe()).await {
         Ok(value) => Native::from_probe(&value),
         Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => return Err(e),
         Err(_) => Native::default(),
     };
+    if native.conditional {
+        native.conditional = load(socket, &Native::probe_permission(probe_key)).await?;
+    }
     if !native.conditional {
         native.script = load(socket, &Native::load_script()).await?;
     }
@@ -380,9 +390,9 @@ async fn probe(socket: &mut Socket) -> RedisResult<Native> {
     Ok(native)
 }
 
-/// Loads a script (`SCRIPT LOAD`): whether the server took it. A server
-/// that refuses (an ACL without `SCRIPT`) leaves the operation to the
-/// function.
+/// Loads a script (`SCRIPT LOAD`), or tries a command: whether the server
+/// took it. A server that refuses (an ACL without `SCRIPT`) leaves the
+/// operation to the function.
 async fn load(socket: &mut Socket, cmd: &Cmd) -> RedisResult<bool> {
     match socket.ask(cmd).await {
         Ok(_) => Ok(true),

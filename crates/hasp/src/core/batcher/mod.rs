@@ -71,6 +71,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use super::keys;
 use super::scripts::{self, Library, BATCH, BATCH_SHARDED};
 use super::wire::lock::LockOp;
 use super::wire::native::{Native, NativeCommand};
@@ -262,6 +263,7 @@ impl Batcher {
         runtime: &tokio::runtime::Handle,
     ) -> (Queue, Connecting) {
         let nonces = Arc::new(Nonces::new());
+        let probe_key: Arc<str> = keys::probe_key(&settings.prefix).into();
         // A cluster gets one lane: its calls already go out per node, and
         // a lane per node would be the same.
         let targets: Vec<Target> = match target {
@@ -276,11 +278,12 @@ impl Batcher {
             let (requests, rx) = mpsc::unbounded_channel();
             let (connection, script) = match target {
                 Target::Server(endpoint) => (
-                    Link::Node(Connection::new(
+                    Link::Node(Box::new(Connection::new(
                         endpoint,
                         settings.connection_timeout,
                         settings.response_timeout,
-                    )),
+                        probe_key.clone(),
+                    ))),
                     &*BATCH,
                 ),
                 Target::Cluster(conn) => (

@@ -84,6 +84,16 @@ impl Native {
         cmd
     }
 
+    /// A `DELIFEQ` that deletes nothing (`key` is never written): whether
+    /// the connection's user may send it. An ACL user with the rules of
+    /// Redis 7.0 (`acl_rules`) may not, on a server that has it; its
+    /// releases then go as the script.
+    pub(crate) fn probe_permission(key: &str) -> Cmd {
+        let mut cmd = redis::cmd("DELIFEQ");
+        cmd.arg(key).arg("");
+        cmd
+    }
+
     /// The command that loads [`DELETE_IF_EQUAL`].
     pub(crate) fn load_script() -> Cmd {
         let mut cmd = redis::cmd("SCRIPT");
