@@ -2,10 +2,7 @@
 //! PostgreSQL, MySQL/MariaDB and SQLite.
 //!
 //! Every time is integer milliseconds (or microseconds, for a first token)
-//! since the Unix epoch by the **database's** clock, read inside the
-//! statement that uses it: no session time zone, no 2038 limit, no client
-//! clock. PostgreSQL reads `clock_timestamp()` (the statement's time, not
-//! the transaction's start).
+//! since the Unix epoch by the **database's** clock (`clock`).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -20,6 +17,7 @@ use sqlx::AssertSqlSafe;
 #[cfg(feature = "mysql")]
 use sqlx::Row;
 
+use crate::clock::Dialect;
 use crate::error::{Error, Result};
 
 /// A connection pool to one database.
@@ -50,19 +48,6 @@ pub(crate) enum Taken {
 pub(crate) struct Statements {
     table: String,
 }
-
-#[cfg(feature = "postgres")]
-const PG_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
-#[cfg(feature = "postgres")]
-const PG_US: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
-#[cfg(feature = "mysql")]
-const MY_MS: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)";
-#[cfg(feature = "mysql")]
-const MY_US: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000) AS SIGNED)";
-#[cfg(feature = "sqlite")]
-const LITE_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
-#[cfg(feature = "sqlite")]
-const LITE_US: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
 
 fn invalid_url(e: sqlx::Error) -> Error {
     Error::invalid("url", e.to_string())
@@ -229,11 +214,29 @@ impl Statements {
     fn sql(&self, db: &Backend, template: &'static str) -> String {
         let (ms, us, text, int, engine) = match db {
             #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => (PG_MS, PG_US, "TEXT COLLATE \"C\"", "BIGINT", ""),
+            Backend::Postgres(_) => (
+                Dialect::Postgres.now_ms(),
+                Dialect::Postgres.now_us(),
+                "TEXT COLLATE \"C\"",
+                "BIGINT",
+                "",
+            ),
             #[cfg(feature = "mysql")]
-            Backend::MySql(_) => (MY_MS, MY_US, "VARBINARY(255)", "BIGINT", " ENGINE=InnoDB"),
+            Backend::MySql(_) => (
+                Dialect::MySql.now_ms(),
+                Dialect::MySql.now_us(),
+                "VARBINARY(255)",
+                "BIGINT",
+                " ENGINE=InnoDB",
+            ),
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => (LITE_MS, LITE_US, "TEXT", "INTEGER", ""),
+            Backend::Sqlite(_) => (
+                Dialect::Sqlite.now_ms(),
+                Dialect::Sqlite.now_us(),
+                "TEXT",
+                "INTEGER",
+                "",
+            ),
         };
         let sql = template
             .replace("{t}", &self.table)
@@ -569,11 +572,11 @@ impl Statements {
         let list = vec!["(?, ?, ?)"; holds.len()].join(", ");
         let ms = match db {
             #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => PG_MS,
+            Backend::Postgres(_) => Dialect::Postgres.now_ms(),
             #[cfg(feature = "mysql")]
-            Backend::MySql(_) => MY_MS,
+            Backend::MySql(_) => Dialect::MySql.now_ms(),
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => LITE_MS,
+            Backend::Sqlite(_) => Dialect::Sqlite.now_ms(),
         };
         // Built here rather than from a template: its list of holds has a
         // length of its own.

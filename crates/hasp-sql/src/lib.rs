@@ -90,6 +90,7 @@ compile_error!("hasp-sql needs at least one driver: enable `postgres`, `mysql` o
 
 mod backend;
 mod client;
+mod clock;
 mod engine;
 mod error;
 mod hold;
@@ -97,6 +98,7 @@ mod lock;
 mod settings;
 
 pub use client::{SqlClient, SqlStats};
+pub use clock::Dialect;
 pub use error::{is_transient, Error, Result};
 pub use hasp_owner::{InvalidOwner, Owner};
 pub use lock::{SqlGuard, SqlLock};

@@ -598,7 +598,9 @@ async fn order_life_phase(
     );
     let struck = struck?;
     if let Some(figures) = outcome.figures {
-        let (_, _, cancelled, expired) = figures.states;
+        let seckill::db::StateCounts {
+            cancelled, expired, ..
+        } = figures.states;
         row.given_back = (cancelled + expired) as u64;
         if let Some((redis_stock, redis_returned)) = figures.redis {
             row.returned_twice = (redis_returned as u64).saturating_sub(row.given_back)

@@ -325,7 +325,12 @@ async fn a_bench_with_the_buyer_model_ends_with_every_unit_paid() {
     // The database, read here: every unit paid, each once.
     let db = Database::connect(&database).await.unwrap();
     let voucher = n(&r, "voucher");
-    let (reserved, paid, cancelled, expired) = db.order_states(voucher).await.unwrap();
+    let seckill::db::StateCounts {
+        reserved,
+        paid,
+        cancelled,
+        expired,
+    } = db.order_states(voucher).await.unwrap();
     assert_eq!((reserved, paid), (0, 40), "{log}");
     assert!(
         cancelled + expired > 0,

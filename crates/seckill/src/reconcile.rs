@@ -21,7 +21,7 @@
 
 use std::collections::HashSet;
 
-use crate::db::Database;
+use crate::db::{Database, OrderBuyer};
 use crate::error::Result;
 use crate::store::{add_buyers, lower_stock, read_sale, Redis};
 
@@ -99,16 +99,16 @@ pub async fn reconcile(redis: &Redis, db: &Database, voucher_id: i64) -> Result<
     // then in the stock but not in the list, which can only make the
     // expected stock higher than it is (never lowered below it).
     let taken_back: HashSet<i64> = sale.returned.iter().copied().collect();
-    let pending: Vec<(i64, i64)> = db
+    let pending: Vec<OrderBuyer> = db
         .returned_orders(voucher_id)
         .await?
         .into_iter()
-        .filter(|(order, _)| !taken_back.contains(order))
+        .filter(|o| !taken_back.contains(&o.order_id))
         .collect();
     let db_stock = db.voucher_stock(voucher_id).await?;
     let db_users: HashSet<i64> = db.order_users(voucher_id).await?.into_iter().collect();
     let streamed: HashSet<i64> = sale.in_stream.iter().map(|&(user, _)| user).collect();
-    let returning: HashSet<i64> = pending.iter().map(|&(_, user)| user).collect();
+    let returning: HashSet<i64> = pending.iter().map(|o| o.user_id).collect();
     let buyers: HashSet<i64> = sale.buyers.into_iter().collect();
     let mut lost_orders: Vec<i64> = buyers
         .iter()
@@ -138,7 +138,7 @@ pub async fn reconcile(redis: &Redis, db: &Database, voucher_id: i64) -> Result<
         lost_orders,
         missing_buyers,
         expected_redis_stock: db_stock.map(|s| s - in_flight - pending.len() as i64),
-        pending_returns: pending.into_iter().map(|(order, _)| order).collect(),
+        pending_returns: pending.into_iter().map(|o| o.order_id).collect(),
     })
 }
 

@@ -284,14 +284,14 @@ impl SaleRepair {
                 .returned_orders(id)
                 .await?
                 .into_iter()
-                .map(|(order, _)| order)
+                .map(|o| o.order_id)
                 .collect();
             let mut buyers: Vec<(i64, i64)> = self
                 .db
                 .voucher_orders(id)
                 .await?
                 .into_iter()
-                .map(|(order, user)| (user, order))
+                .map(|o| (o.user_id, o.order_id))
                 .collect();
             buyers.extend(found.in_stream_orders.iter().copied());
             if self

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use crate::db::{Database, OrderRecord, Recorded};
+use crate::db::{Database, OrderRecord, Recorded, VoucherWindow};
 use crate::domain::now_ms;
 use crate::domain::purchase::{Purchase, Refusal};
 use crate::error::Result;
@@ -105,7 +105,10 @@ impl SyncPath {
     /// (nothing committed).
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn purchase(&self, voucher_id: i64, user_id: i64) -> Result<Purchase> {
-        let Some((_, begin_ms, end_ms)) = self.db.voucher_window(voucher_id).await? else {
+        let Some(VoucherWindow {
+            begin_ms, end_ms, ..
+        }) = self.db.voucher_window(voucher_id).await?
+        else {
             return Ok(Purchase::Refused(Refusal::UnknownVoucher));
         };
         let now = now_ms();

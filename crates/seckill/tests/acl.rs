@@ -80,7 +80,7 @@ async fn the_service_runs_as_a_user_with_only_the_documented_rules() {
     assert_eq!(act(2, &accepted[1], "cancel").await, StatusCode::OK);
     // The rest expire (3 s window) and their units come back.
     let expired = testkit::eventually(Duration::from_secs(30), || async {
-        db.order_states(voucher).await.unwrap().3 == 8
+        db.order_states(voucher).await.unwrap().expired == 8
     })
     .await;
     assert!(expired, "orders did not expire");

@@ -173,7 +173,7 @@ async fn a_sweeper_killed_holding_its_lock_delays_expiry_by_about_one_period() {
         .await,
         "orders never stored"
     );
-    let reserved = || async { db.order_states(voucher).await.unwrap().0 };
+    let reserved = || async { db.order_states(voucher).await.unwrap().reserved };
 
     // Once the orders are due the instance sweeps them: freeze it the
     // moment its lock is seen held, with orders still to expire.

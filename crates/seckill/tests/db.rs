@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use seckill::db::{Backend, Database, OrderRecord, Recorded};
+use seckill::db::{Backend, Database, OrderRecord, Recorded, StateCounts};
 use seckill::domain::voucher::{SaleTerms, Title};
 use seckill::OrderId;
 use testkit::{MariaDbServer, PostgresServer};
@@ -309,7 +309,15 @@ async fn an_order_changes_once_by_its_row_on_every_backend() {
         let (t, r) = db.give_back(id(3), None, GiveBack::Expire).await.unwrap();
         assert!(matches!(t, Transition::Done(_)) && r.is_some(), "{t:?}");
         assert_eq!(db.voucher_stock(v).await.unwrap(), Some(3));
-        assert_eq!(db.order_states(v).await.unwrap(), (1, 1, 1, 1));
+        assert_eq!(
+            db.order_states(v).await.unwrap(),
+            StateCounts {
+                reserved: 1,
+                paid: 1,
+                cancelled: 1,
+                expired: 1
+            }
+        );
         for returned in [id(2), id(3)] {
             db.finish_return(returned).await.unwrap();
         }

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use seckill::db::{Database, GiveBack, Transition};
+use seckill::db::{Database, GiveBack, StateCounts, Transition};
 use seckill::domain::order::{OrderRecord, OrderState};
 use seckill::domain::purchase::{Purchase, Refusal};
 use seckill::domain::voucher::{SaleTerms, Title};
@@ -204,7 +204,12 @@ async fn a_given_back_unit_comes_back_once_whatever_repeats_or_crashes() {
     sale.assert_consistent().await;
     assert_eq!(
         sale.db.order_states(sale.voucher).await.unwrap(),
-        (3, 0, 2, 0)
+        StateCounts {
+            reserved: 3,
+            paid: 0,
+            cancelled: 2,
+            expired: 0
+        }
     );
 }
 
@@ -224,7 +229,13 @@ async fn unpaid_orders_expire_in_batches_and_every_unit_sells_again() {
     }
     let expired = testkit::eventually(Duration::from_secs(30), || async {
         sale.life.sweep().await.unwrap();
-        sale.db.order_states(sale.voucher).await.unwrap() == (0, 1, 0, UNITS - 1)
+        sale.db.order_states(sale.voucher).await.unwrap()
+            == StateCounts {
+                reserved: 0,
+                paid: 1,
+                cancelled: 0,
+                expired: UNITS - 1,
+            }
     })
     .await;
     assert!(
@@ -291,11 +302,16 @@ async fn racing_payments_cancellations_and_expiry_leave_each_order_one_state() {
     let swept = testkit::eventually(Duration::from_secs(30), || async {
         sale.life.sweep().await.unwrap();
         sale.db.due_orders(1).await.unwrap().is_empty()
-            && sale.db.order_states(sale.voucher).await.unwrap().0 == 0
+            && sale.db.order_states(sale.voucher).await.unwrap().reserved == 0
     })
     .await;
     assert!(swept, "orders left due");
-    let (reserved, paid, cancelled, expired) = sale.db.order_states(sale.voucher).await.unwrap();
+    let StateCounts {
+        reserved,
+        paid,
+        cancelled,
+        expired,
+    } = sale.db.order_states(sale.voucher).await.unwrap();
     assert_eq!(reserved + paid + cancelled + expired, UNITS);
     let available = sale.db_stock().await;
     assert_eq!(

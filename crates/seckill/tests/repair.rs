@@ -183,8 +183,8 @@ fn count(codes: &[(i64, String)], code: &str) -> usize {
 async fn assert_sale(shop: &Shop, voucher: i64, stock: i64, expected: i64) {
     shop.wait_stored(voucher, expected).await;
     let orders = shop.db.voucher_orders(voucher).await.unwrap();
-    let users: HashSet<i64> = orders.iter().map(|(_, u)| *u).collect();
-    let ids: HashSet<i64> = orders.iter().map(|(id, _)| *id).collect();
+    let users: HashSet<i64> = orders.iter().map(|o| o.user_id).collect();
+    let ids: HashSet<i64> = orders.iter().map(|o| o.order_id).collect();
     assert_eq!(orders.len() as i64, expected, "orders stored");
     assert_eq!(users.len(), orders.len(), "a user with two orders");
     assert_eq!(ids.len(), orders.len(), "an order id used twice");

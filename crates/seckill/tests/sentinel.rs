@@ -287,7 +287,11 @@ async fn sell_through_switches(
     })
     .await;
     let stored: HashSet<i64> = db.order_ids(voucher).await.unwrap().into_iter().collect();
-    for (order, user) in db.voucher_orders(voucher).await.unwrap() {
+    for seckill::db::OrderBuyer {
+        order_id: order,
+        user_id: user,
+    } in db.voucher_orders(voucher).await.unwrap()
+    {
         assert!(
             accepted.contains(&order) || unknown.contains(&user),
             "order {order} of user {user} stored, but never accepted"

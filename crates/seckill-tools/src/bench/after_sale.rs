@@ -441,7 +441,12 @@ pub fn checks(
     ];
 
     if let Some(figures) = stores {
-        let (reserved, paid, cancelled, expired) = figures.states;
+        let seckill::db::StateCounts {
+            reserved,
+            paid,
+            cancelled,
+            expired,
+        } = figures.states;
         checks.push(Check::new(
             "stock = available + reserved + paid (database)",
             figures.db_stock + reserved + paid == stock,
@@ -525,7 +530,12 @@ mod tests {
             .collect();
         assert!(failed.contains(&"no order both paid and given back (answers)".to_owned()));
         let figures = LifeFigures {
-            states: (0, 2, 1, 0),
+            states: seckill::db::StateCounts {
+                reserved: 0,
+                paid: 2,
+                cancelled: 1,
+                expired: 0,
+            },
             db_stock: 1, // a unit too many came back
             live_users: 2,
             redis: Some((1, 1)),

@@ -127,8 +127,8 @@ pub fn stored_checks(
 /// The stores' figures of a sale at the end of an after-sale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LifeFigures {
-    /// The database's `(reserved, paid, cancelled, expired)`.
-    pub states: (i64, i64, i64, i64),
+    /// How many of the database's orders are in each state.
+    pub states: seckill::db::StateCounts,
     /// The database's stock.
     pub db_stock: i64,
     /// Users holding a live order (a claim on the voucher).
@@ -197,7 +197,7 @@ impl Stores {
                 .voucher_order_states(voucher)
                 .await?
                 .into_iter()
-                .map(|(id, user, state)| (id, user, state.gave_back()))
+                .map(|o| (o.order_id, o.user_id, o.state.gave_back()))
                 .collect(),
             None => Vec::new(),
         })
@@ -344,11 +344,11 @@ impl Stores {
                 _ => None,
             };
             let quiet = db.voucher_stock(sale.voucher).await? == db_stock;
-            let stored: Vec<(i64, i64)> = orders.iter().map(|&(id, user, _)| (id, user)).collect();
+            let stored: Vec<(i64, i64)> = orders.iter().map(|o| (o.order_id, o.user_id)).collect();
             let returned: HashSet<i64> = orders
                 .iter()
-                .filter(|(_, _, state)| state.gave_back())
-                .map(|&(id, _, _)| id)
+                .filter(|o| o.state.gave_back())
+                .map(|o| o.order_id)
                 .collect();
             let settled = found.as_ref().is_none_or(|f| {
                 f.in_stream == 0 && f.pending_returns.is_empty() && f.is_consistent()

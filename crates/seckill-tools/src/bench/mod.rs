@@ -381,7 +381,8 @@ pub async fn after_sale_run(
                 let settled = found.is_none_or(|f| {
                     f.nothing_due
                         && f.redis.is_none_or(|(stock, returned)| {
-                            stock == f.db_stock && returned as i64 == f.states.2 + f.states.3
+                            stock == f.db_stock
+                                && returned as i64 == f.states.cancelled + f.states.expired
                         })
                 });
                 figures = found;

@@ -1,0 +1,178 @@
+//! A voucher's orders as lists and counts: what the repair of a lost
+//! sale, the reconciliation and the checks read.
+
+use sqlx::Row;
+
+use super::{first_column, order_state, Database};
+use crate::domain::order::OrderState;
+use crate::error::{Error, Result};
+
+/// An order and its buyer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OrderBuyer {
+    /// The order's id.
+    pub order_id: i64,
+    /// Its buyer.
+    pub user_id: i64,
+}
+
+/// An order, its buyer and its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OrderStateRow {
+    /// The order's id.
+    pub order_id: i64,
+    /// Its buyer.
+    pub user_id: i64,
+    /// Its state.
+    pub state: OrderState,
+}
+
+/// How many of a voucher's orders are in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateCounts {
+    /// Reserved: bought, not paid yet.
+    pub reserved: i64,
+    /// Paid.
+    pub paid: i64,
+    /// Cancelled by their buyers.
+    pub cancelled: i64,
+    /// Expired unpaid.
+    pub expired: i64,
+}
+
+impl Database {
+    /// Users whose order holds their one order of voucher `id` (reserved or
+    /// paid; given back too when the voucher does not let them buy again):
+    /// the buyers Redis must know.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn order_users(&self, voucher_id: i64) -> Result<Vec<i64>> {
+        let rows = sqlx::query(self.sql(
+            "SELECT claim_user_id FROM voucher_order \
+             WHERE voucher_id = ? AND claim_user_id IS NOT NULL",
+        ))
+        .bind(voucher_id)
+        .fetch_all(&self.pool)
+        .await?;
+        first_column(&rows)
+    }
+
+    /// Ids of the orders stored for voucher `id`.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn order_ids(&self, voucher_id: i64) -> Result<Vec<i64>> {
+        let rows = sqlx::query(self.sql("SELECT id FROM voucher_order WHERE voucher_id = ?"))
+            .bind(voucher_id)
+            .fetch_all(&self.pool)
+            .await?;
+        first_column(&rows)
+    }
+
+    /// The orders of voucher `id` that hold their buyer's one order of it
+    /// (see [`Database::order_users`]).
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn voucher_orders(&self, voucher_id: i64) -> Result<Vec<OrderBuyer>> {
+        self.pairs(
+            "SELECT id, user_id FROM voucher_order \
+             WHERE voucher_id = ? AND claim_user_id IS NOT NULL",
+            voucher_id,
+        )
+        .await
+    }
+
+    /// Every stored order of voucher `id`, with its buyer and state.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn voucher_order_states(&self, voucher_id: i64) -> Result<Vec<OrderStateRow>> {
+        let rows = sqlx::query(
+            self.sql("SELECT id, user_id, state FROM voucher_order WHERE voucher_id = ?"),
+        )
+        .bind(voucher_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(OrderStateRow {
+                    order_id: r.try_get(0)?,
+                    user_id: r.try_get(1)?,
+                    state: order_state(&r.try_get::<String, _>(2)?)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The orders of voucher `id` that gave their unit back (cancelled or
+    /// expired).
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn returned_orders(&self, voucher_id: i64) -> Result<Vec<OrderBuyer>> {
+        self.pairs(
+            "SELECT id, user_id FROM voucher_order \
+             WHERE voucher_id = ? AND state IN ('cancelled', 'expired')",
+            voucher_id,
+        )
+        .await
+    }
+
+    /// The orders and buyers `query` selects (`id, user_id`; one `?`: `id`).
+    async fn pairs(&self, query: &'static str, id: i64) -> Result<Vec<OrderBuyer>> {
+        let rows = sqlx::query(self.sql(query))
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(OrderBuyer {
+                    order_id: r.try_get(0)?,
+                    user_id: r.try_get(1)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Error::from)
+    }
+
+    /// Number of orders stored for voucher `id`.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn order_count(&self, voucher_id: i64) -> Result<i64> {
+        let row = sqlx::query(self.sql("SELECT COUNT(*) FROM voucher_order WHERE voucher_id = ?"))
+            .bind(voucher_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// How many orders of voucher `id` are in each state.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn order_states(&self, voucher_id: i64) -> Result<StateCounts> {
+        let rows =
+            sqlx::query(self.sql(
+                "SELECT state, COUNT(*) FROM voucher_order WHERE voucher_id = ? GROUP BY state",
+            ))
+            .bind(voucher_id)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut counts = StateCounts::default();
+        for row in &rows {
+            let n: i64 = row.try_get(1)?;
+            match order_state(&row.try_get::<String, _>(0)?)? {
+                OrderState::Reserved => counts.reserved = n,
+                OrderState::Paid => counts.paid = n,
+                OrderState::Cancelled => counts.cancelled = n,
+                OrderState::Expired => counts.expired = n,
+                // Not a stored state: an order not stored yet, or refused.
+                OrderState::Pending | OrderState::Failed => {}
+            }
+        }
+        Ok(counts)
+    }
+}
