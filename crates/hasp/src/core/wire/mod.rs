@@ -94,6 +94,17 @@ impl Reply {
     pub(crate) fn grants(&self) -> bool {
         matches!(self, Reply::Acquired { .. } | Reply::Granted)
     }
+
+    /// The reply of a release sent again after its first call's reply was
+    /// lost (by its settlement, `Op::settlement`): finding nothing to
+    /// redo means the first try applied it, or the hold is gone; either
+    /// way it is released.
+    pub(crate) fn of_redone_release(self) -> Self {
+        match self {
+            Reply::NotHeld => Reply::Released,
+            other => other,
+        }
+    }
 }
 
 impl Op {
