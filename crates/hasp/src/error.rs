@@ -133,6 +133,16 @@ impl Error {
         }
     }
 
+    /// What a `_within` method answers for what its `try_…_for` found:
+    /// `Ok(taken)`, or [`Error::TimedOut`] naming `name` if the wait ran
+    /// out with nothing.
+    pub(crate) fn unless_timed_out<T>(found: Option<T>, name: &str, waited: Duration) -> Result<T> {
+        found.ok_or_else(|| Error::TimedOut {
+            name: name.to_owned(),
+            waited,
+        })
+    }
+
     pub(crate) fn invalid(argument: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidArgument {
             argument,

@@ -237,6 +237,19 @@ impl CountDownLatch {
             .await
     }
 
+    /// As [`wait_for`](Self::wait_for), but running out of time is an
+    /// [`Error::TimedOut`].
+    ///
+    /// # Errors
+    /// [`Error::TimedOut`], and those of `wait_for`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn wait_within(&self, wait: Duration) -> Result<()> {
+        let opened = self.wait_for(wait).await?.then_some(());
+        Error::unless_timed_out(opened, self.name(), wait)
+    }
+
     /// Deletes the latch; its waiters get [`Error::Deleted`]. False if there
     /// was none.
     ///

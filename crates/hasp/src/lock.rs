@@ -294,12 +294,8 @@ impl Lock {
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Self::lock).
     pub async fn lock_within(&self, wait: Duration) -> Result<Guard> {
-        self.try_lock_for(wait)
-            .await?
-            .ok_or_else(|| Error::TimedOut {
-                name: self.name().to_owned(),
-                waited: wait,
-            })
+        let found = self.try_lock_for(wait).await?;
+        Error::unless_timed_out(found, self.name(), wait)
     }
 
     /// One try for `owner`, never queuing: a re-entry, or one call to Redis

@@ -140,6 +140,19 @@ impl RwLock {
         Ok(guard.map(ReadGuard))
     }
 
+    /// As [`try_read_for`](Self::try_read_for), but running out of time
+    /// is an [`Error::TimedOut`].
+    ///
+    /// # Errors
+    /// [`Error::TimedOut`], and those of `try_read_for`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn read_within(&self, wait: Duration) -> Result<ReadGuard> {
+        let found = self.try_read_for(wait).await?;
+        Error::unless_timed_out(found, self.name(), wait)
+    }
+
     /// Takes the write lock, waiting as long as it takes.
     ///
     /// # Errors
@@ -182,6 +195,19 @@ impl RwLock {
             .take(&self.write, &self.read, Some(deadline), !wait.is_zero())
             .await?;
         Ok(guard.map(WriteGuard))
+    }
+
+    /// As [`try_write_for`](Self::try_write_for), but running out of time
+    /// is an [`Error::TimedOut`].
+    ///
+    /// # Errors
+    /// [`Error::TimedOut`], and those of `try_write_for`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn write_within(&self, wait: Duration) -> Result<WriteGuard> {
+        let found = self.try_write_for(wait).await?;
+        Error::unless_timed_out(found, self.name(), wait)
     }
 
     async fn take(

@@ -266,6 +266,19 @@ impl Semaphore {
         self.take(permits, Some(deadline), !wait.is_zero()).await
     }
 
+    /// As [`try_acquire_for`](Self::try_acquire_for), but running out of
+    /// time is an [`Error::TimedOut`].
+    ///
+    /// # Errors
+    /// [`Error::TimedOut`], and those of `try_acquire_for`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn acquire_within(&self, permits: u32, wait: Duration) -> Result<Permit> {
+        let found = self.try_acquire_for(permits, wait).await?;
+        Error::unless_timed_out(found, self.name(), wait)
+    }
+
     async fn take(
         &self,
         permits: u32,

@@ -205,6 +205,25 @@ impl MultiLock {
         self.acquire(Some(deadline), !wait.is_zero()).await
     }
 
+    /// As [`try_lock_for`](Self::try_lock_for), but running out of time is
+    /// an [`Error::TimedOut`] (naming the parts, `name@server` joined by
+    /// `+`).
+    ///
+    /// # Errors
+    /// [`Error::TimedOut`], and those of `try_lock_for`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`lock`](Self::lock).
+    pub async fn lock_within(&self, wait: Duration) -> Result<MultiGuard> {
+        if let Some(guard) = self.try_lock_for(wait).await? {
+            return Ok(guard);
+        }
+        let parts: Vec<String> = (self.parts.locks().iter())
+            .map(|lock| format!("{}@{}", lock.name(), lock.server()))
+            .collect();
+        Error::unless_timed_out(None, &parts.join("+"), wait)
+    }
+
     async fn acquire(&self, deadline: Option<Instant>, wait: bool) -> Result<Option<MultiGuard>> {
         let owners = self.parts.owners();
         if let Some(hold) = self.holders.reenter(&owners) {

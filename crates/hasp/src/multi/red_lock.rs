@@ -281,6 +281,19 @@ impl RedLock {
         self.acquire(Some(deadline), !wait.is_zero()).await
     }
 
+    /// As [`try_lock_for`](Self::try_lock_for), but running out of time is
+    /// an [`Error::TimedOut`].
+    ///
+    /// # Errors
+    /// [`Error::TimedOut`], and those of `try_lock_for`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`lock`](Self::lock).
+    pub async fn lock_within(&self, wait: Duration) -> Result<RedGuard> {
+        let found = self.try_lock_for(wait).await?;
+        Error::unless_timed_out(found, self.name(), wait)
+    }
+
     /// Guards handed out to the current owner (0 if not held or lost).
     /// Answered locally.
     pub fn hold_count(&self) -> u32 {

@@ -67,6 +67,11 @@ async fn a_bounded_wait_returns_false_on_time_and_true_at_zero() {
         waited >= Duration::from_millis(400) && waited < Duration::from_millis(900),
         "{waited:?}"
     );
+    let timed_out = latch.wait_within(Duration::from_millis(50)).await;
+    assert!(
+        matches!(&timed_out, Err(hasp::Error::TimedOut { name, .. }) if name == "bounded"),
+        "{timed_out:?}"
+    );
     let waiter = tokio::spawn({
         let latch = latch.clone();
         async move { latch.wait_for(Duration::from_secs(10)).await.unwrap() }

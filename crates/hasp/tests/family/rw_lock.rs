@@ -59,6 +59,12 @@ async fn readers_share_and_a_writer_excludes_everyone() {
     let writer = lock(&b);
     assert_eq!(writer.reader_count().await.unwrap(), 3);
     assert!(writer.try_write().await.unwrap().is_none());
+    let timed_out = writer.write_within(Duration::from_millis(50)).await;
+    assert!(
+        matches!(&timed_out, Err(hasp::Error::TimedOut { name, .. }) if name == "doc"),
+        "{:?}",
+        timed_out.map(|_| ())
+    );
     for read in reads {
         read.unlock().await.unwrap();
     }
@@ -66,6 +72,12 @@ async fn readers_share_and_a_writer_excludes_everyone() {
     assert!(writer.is_write_locked().await.unwrap());
     assert!(lock(&a).try_read().await.unwrap().is_none());
     assert!(lock(&a).try_write().await.unwrap().is_none());
+    let timed_out = lock(&a).read_within(Duration::from_millis(50)).await;
+    assert!(
+        matches!(&timed_out, Err(hasp::Error::TimedOut { name, .. }) if name == "doc"),
+        "{:?}",
+        timed_out.map(|_| ())
+    );
     write.unlock().await.unwrap();
     assert!(existing(&ctx, "doc").await.is_empty(), "no key left idle");
 }

@@ -70,6 +70,12 @@ async fn n_permits_are_taken_and_given_back_k_at_a_time() {
         .unwrap();
     let waited = started.elapsed();
     assert!(none.is_none());
+    let timed_out = sem.acquire_within(1, Duration::from_millis(50)).await;
+    assert!(
+        matches!(&timed_out, Err(hasp::Error::TimedOut { name, .. }) if name == "pool"),
+        "{:?}",
+        timed_out.map(|p| p.permits())
+    );
     assert!(
         waited >= Duration::from_millis(300) && waited < Duration::from_secs(2),
         "{waited:?}"

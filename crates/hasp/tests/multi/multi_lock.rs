@@ -71,6 +71,12 @@ async fn every_part_or_none() {
         .await
         .unwrap()
         .is_none());
+    let timed_out = lock.lock_within(Duration::from_millis(50)).await;
+    assert!(
+        matches!(&timed_out, Err(hasp::Error::TimedOut { name, .. }) if name.matches("set@").count() == 3),
+        "{:?}",
+        timed_out.map(|_| ())
+    );
     assert!(!servers.exists(0, "set") && !servers.exists(2, "set"));
     blocker.unlock().await.unwrap();
 

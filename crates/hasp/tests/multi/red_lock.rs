@@ -149,6 +149,12 @@ async fn retries_are_jittered_and_woken_by_releases() {
         waited >= Duration::from_millis(700) && waited < Duration::from_millis(1_000),
         "{waited:?}"
     );
+    let timed_out = lock.lock_within(Duration::from_millis(50)).await;
+    assert!(
+        matches!(&timed_out, Err(hasp::Error::TimedOut { name, .. }) if name == "j"),
+        "{:?}",
+        timed_out.map(|_| ())
+    );
 
     let waiter = {
         let lock = lock.clone();
