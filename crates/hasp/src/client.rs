@@ -133,6 +133,8 @@ impl Client {
     ///
     /// # Cancel safety
     /// Cancel safe.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub async fn open_cluster(seeds: &[&str], settings: Settings) -> Result<Self> {
         Ok(Self {
             core: Core::open_cluster(seeds, settings).await?,
@@ -161,6 +163,8 @@ impl Client {
     ///
     /// # Cancel safety
     /// Cancel safe.
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
     pub async fn open_sentinel(
         sentinels: &[&str],
         service: &str,

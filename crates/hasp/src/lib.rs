@@ -32,7 +32,10 @@
 //!
 //! * [`Client`] — one per Redis deployment (a server, a Sentinel service
 //!   with [`Client::open_sentinel`], a Redis Cluster with
-//!   [`Client::open_cluster`]); clone it freely.
+//!   [`Client::open_cluster`]); clone it freely. Sentinel and Cluster
+//!   support are the crate's `sentinel` and `cluster` features, on by
+//!   default; `default-features = false` leaves them (and redis-rs's
+//!   Sentinel and Cluster code) out of the build.
 //! * [`Lock`] — a named lock handle: [`Lock::lock`] waits,
 //!   [`Lock::try_lock`] never waits, [`Lock::try_lock_for`] waits a bounded
 //!   time; [`Lock::with_lease`] / [`Lock::with_owner`] configure it, and
@@ -129,6 +132,7 @@
 //! share the hash `P:{C}:lease` (`srtt`, `rttvar`, `samples`, `updated_at`).
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acl;
 mod client;
@@ -172,6 +176,8 @@ pub mod __bench {
 
 /// Following the master of a Sentinel service, for an application's own
 /// connections beside hasp's.
+#[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub mod sentinel {
     pub use crate::core::endpoint::follow_master_switches;
 }

@@ -208,6 +208,7 @@ pub(crate) fn client(
 /// A client of the sentinels at `sentinels` (`rediss://`: TLS to them and
 /// to the master they name, with `tls`'s trust) for the master of
 /// `service`.
+#[cfg(feature = "sentinel")]
 pub(crate) fn sentinel_client(
     sentinels: Vec<redis::ConnectionInfo>,
     service: &str,

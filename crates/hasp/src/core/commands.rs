@@ -6,27 +6,39 @@
 //! to the current master whenever it breaks or the master changes
 //! (`endpoint`).
 
+#[cfg(feature = "sentinel")]
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, RedisResult};
+#[cfg(feature = "sentinel")]
+use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+#[cfg(feature = "sentinel")]
+use redis::AsyncConnectionConfig;
+use redis::RedisResult;
+#[cfg(feature = "sentinel")]
 use tokio::sync::Mutex;
 
+#[cfg(feature = "sentinel")]
 use super::endpoint::Endpoint;
 use super::scripts;
 use crate::config::Settings;
-use crate::error::{is_redirect, Result};
+#[cfg(feature = "cluster")]
+use crate::error::is_redirect;
+use crate::error::Result;
 
 /// See the module docs.
 pub(crate) enum Commands {
     Fixed(ConnectionManager),
+    #[cfg(feature = "sentinel")]
     Following(Box<Following>),
     /// A Redis Cluster: routed by key. redis-rs does not retry (see the
     /// batcher); a read redirected by a slot move is sent again here.
+    #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
+#[cfg(feature = "sentinel")]
 impl Following {
     /// The live connection, made again if there is none or the master
     /// changed since it was made.
@@ -48,6 +60,7 @@ impl Following {
 }
 
 /// A connection to a Sentinel service's current master.
+#[cfg(feature = "sentinel")]
 pub(crate) struct Following {
     endpoint: Arc<Endpoint>,
     config: AsyncConnectionConfig,
@@ -59,7 +72,9 @@ impl std::fmt::Debug for Commands {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Commands::Fixed(_) => "Commands(fixed)",
+            #[cfg(feature = "sentinel")]
             Commands::Following(_) => "Commands(following)",
+            #[cfg(feature = "cluster")]
             Commands::Cluster(_) => "Commands(cluster)",
         })
     }
@@ -80,6 +95,7 @@ impl Commands {
 
     /// Connects to the endpoint's current master and loads the script
     /// there.
+    #[cfg(feature = "sentinel")]
     pub(crate) async fn following(endpoint: Arc<Endpoint>, settings: &Settings) -> Result<Self> {
         let config = AsyncConnectionConfig::new()
             .set_response_timeout(Some(settings.response_timeout))
@@ -95,6 +111,7 @@ impl Commands {
     }
 
     /// Loads the cluster form of the script on every master.
+    #[cfg(feature = "cluster")]
     pub(crate) async fn cluster(mut conn: redis::cluster_async::ClusterConnection) -> Result<Self> {
         scripts::BATCH_SHARDED.load(&mut conn).await?;
         Ok(Commands::Cluster(conn))
@@ -103,6 +120,7 @@ impl Commands {
     async fn once<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
         match self {
             Commands::Fixed(conn) => cmd.query_async(&mut conn.clone()).await,
+            #[cfg(feature = "cluster")]
             Commands::Cluster(conn) => {
                 let mut tries = 0;
                 loop {
@@ -115,6 +133,7 @@ impl Commands {
                     }
                 }
             }
+            #[cfg(feature = "sentinel")]
             Commands::Following(following) => {
                 let result = cmd.query_async(&mut following.connection().await?).await;
                 if matches!(&result, Err(e) if e.is_connection_dropped() || e.is_io_error()) {

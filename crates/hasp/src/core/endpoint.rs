@@ -18,13 +18,20 @@
 //! listens to the sentinels' `+switch-master` announcements and moves every
 //! connection as soon as one names its service.
 
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::Arc;
+#[cfg(feature = "sentinel")]
+use std::{sync::Weak, time::Duration};
 
+#[cfg(feature = "sentinel")]
 use futures_util::StreamExt;
+#[cfg(feature = "sentinel")]
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{IntoConnectionInfo, RedisResult};
-use tokio::sync::{watch, Mutex};
+#[cfg(feature = "sentinel")]
+use redis::IntoConnectionInfo;
+use redis::RedisResult;
+use tokio::sync::watch;
+#[cfg(feature = "sentinel")]
+use tokio::sync::Mutex;
 
 /// A client's server (see the module docs).
 pub(crate) struct Endpoint {
@@ -38,6 +45,7 @@ pub(crate) struct Endpoint {
 
 enum Kind {
     Direct(redis::Client),
+    #[cfg(feature = "sentinel")]
     Sentinel(Mutex<SentinelClient>),
 }
 
@@ -45,6 +53,7 @@ impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
             Kind::Direct(client) => write!(f, "Endpoint({})", client.get_connection_info().addr()),
+            #[cfg(feature = "sentinel")]
             Kind::Sentinel(_) => f.write_str("Endpoint(sentinel)"),
         }
     }
@@ -65,6 +74,7 @@ impl Endpoint {
     /// say; connections to it use `node` (database, credentials, TCP
     /// settings). Sentinels named by `rediss://` are reached over TLS, and
     /// so is the master they name, with `tls`'s trust.
+    #[cfg(feature = "sentinel")]
     pub(crate) fn sentinel(
         sentinels: Vec<redis::ConnectionInfo>,
         service: &str,
@@ -106,6 +116,7 @@ impl Endpoint {
     pub(crate) async fn resolve(&self) -> RedisResult<redis::Client> {
         match &self.kind {
             Kind::Direct(client) => Ok(client.clone()),
+            #[cfg(feature = "sentinel")]
             Kind::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await,
         }
     }
@@ -113,7 +124,7 @@ impl Endpoint {
     /// A connection found that its server is no longer the master: every
     /// connection re-resolves. (A direct endpoint has nowhere else to go.)
     pub(crate) fn stale(&self) {
-        if matches!(self.kind, Kind::Sentinel(_)) {
+        if self.is_sentinel() {
             tracing::info!("the master changed: reconnecting to the new one");
             self.generation.send_modify(|g| *g += 1);
         }
@@ -126,7 +137,11 @@ impl Endpoint {
 
     /// Whether each connection asks the sentinels where the master is.
     pub(crate) fn is_sentinel(&self) -> bool {
-        matches!(self.kind, Kind::Sentinel(_))
+        match self.kind {
+            Kind::Direct(_) => false,
+            #[cfg(feature = "sentinel")]
+            Kind::Sentinel(_) => true,
+        }
     }
 
     /// The current generation, to compare with later.
@@ -153,6 +168,7 @@ impl Endpoint {
 ///
 /// # Cancel safety
 /// Cancel safe: it only listens; dropping it stops the listening.
+#[cfg(feature = "sentinel")]
 pub async fn follow_master_switches<T>(
     owner: Weak<T>,
     sentinels: Vec<redis::Client>,
@@ -200,6 +216,7 @@ pub async fn follow_master_switches<T>(
 }
 
 /// Parses sentinel URLs.
+#[cfg(feature = "sentinel")]
 pub(crate) fn sentinel_infos(urls: &[&str]) -> RedisResult<Vec<redis::ConnectionInfo>> {
     urls.iter().map(|u| u.into_connection_info()).collect()
 }

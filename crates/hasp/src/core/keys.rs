@@ -99,6 +99,7 @@ pub(crate) struct LockKeys {
     /// for every handle on the name (FNV-1a of the name).
     pub(crate) shard: usize,
     /// The Redis Cluster slot of every key of the lock (that of `{E}`).
+    #[cfg(feature = "cluster")]
     pub(crate) slot: u16,
     /// The other keys of a kind that has more than one (a semaphore's
     /// grants, leases, queue and due); empty for a lock.
@@ -161,6 +162,7 @@ impl LockKeys {
         Self::with_base(Kind::Latch, base, name, &tag, &["ids"])
     }
 
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))] // `tag`: for the slot
     fn with_base(kind: Kind, lock: String, name: &str, tag: &str, extra: &[&str]) -> Self {
         Self {
             kind,
@@ -172,6 +174,7 @@ impl LockKeys {
                 (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
             }) as usize,
             lock: lock.into(),
+            #[cfg(feature = "cluster")]
             slot: slot(tag.as_bytes()),
         }
     }
@@ -179,6 +182,7 @@ impl LockKeys {
 
 /// The Redis Cluster slot of a key whose hash tag is `tag`: CRC16-XMODEM
 /// modulo 16384.
+#[cfg(feature = "cluster")]
 fn slot(tag: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tag) % 16384
 }
@@ -243,6 +247,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "cluster")]
     fn slots_are_redis_clusters() {
         // `CLUSTER KEYSLOT {3}` = 1584, `{w}` = 3696, `a` = 15495.
         assert_eq!(LockKeys::new("hasp", "3").slot, 1584);

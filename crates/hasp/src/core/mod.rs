@@ -166,6 +166,7 @@ impl Core {
     }
 
     /// Connects to the Redis Cluster that `seeds` belong to.
+    #[cfg(feature = "cluster")]
     pub(crate) async fn open_cluster(seeds: &[&str], settings: Settings) -> Result<Arc<Self>> {
         settings.validate()?;
         if seeds.is_empty() {
@@ -212,6 +213,7 @@ impl Core {
 
     /// Connects to the current master of `service`, as the sentinels at
     /// `sentinels` report it, and follows it across failovers.
+    #[cfg(feature = "sentinel")]
     pub(crate) async fn open_sentinel(
         sentinels: &[&str],
         service: &str,

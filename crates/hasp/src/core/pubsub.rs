@@ -25,7 +25,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
+#[cfg(feature = "cluster")]
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, watch};
 
@@ -72,6 +74,7 @@ pub(crate) enum Target {
     /// One server (or a Sentinel service's current master).
     Server(Arc<Endpoint>),
     /// A Redis Cluster: the connection, made with RESP3, and its pushes.
+    #[cfg(feature = "cluster")]
     Cluster(ClusterConnection, mpsc::UnboundedReceiver<PushInfo>),
 }
 
@@ -97,6 +100,7 @@ impl PubSub {
                 };
                 runtime.spawn(task.run(rx));
             }
+            #[cfg(feature = "cluster")]
             Target::Cluster(conn, pushes) => {
                 let task = ShardedTask {
                     conn,
@@ -258,12 +262,14 @@ impl Task {
 }
 
 /// The transport on a Redis Cluster (see the module docs).
+#[cfg(feature = "cluster")]
 struct ShardedTask {
     conn: ClusterConnection,
     listener: Arc<dyn Listener>,
     wanted: Arc<Mutex<HashSet<Arc<str>>>>,
 }
 
+#[cfg(feature = "cluster")]
 impl ShardedTask {
     async fn run(
         mut self,
@@ -366,6 +372,7 @@ impl ShardedTask {
     }
 }
 
+#[cfg(feature = "cluster")]
 fn bytes(value: &Value) -> Option<&[u8]> {
     match value {
         Value::BulkString(b) => Some(b),

@@ -52,6 +52,7 @@ pub(crate) static BATCH: LazyLock<Library> =
 /// listen with `SSUBSCRIBE` (a plain `PUBLISH` would reach every node). A
 /// call may carry locks of several slots of one node
 /// (`allow-cross-slot-keys`), each operation's keys in one slot.
+#[cfg(feature = "cluster")]
 pub(crate) static BATCH_SHARDED: LazyLock<Library> = LazyLock::new(|| {
     Library::new(
         BATCH_SOURCE,
@@ -173,6 +174,7 @@ pub(crate) async fn run_then_wait<T: FromRedisValue>(
 
 /// Runs a [`Library::call`] command on the cluster node `routing` names,
 /// loading the library there and retrying once if it does not have it.
+#[cfg(feature = "cluster")]
 pub(crate) async fn run_routed(
     library: &Library,
     cmd: &Cmd,

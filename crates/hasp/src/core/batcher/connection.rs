@@ -27,10 +27,15 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
+#[cfg(feature = "cluster")]
 use super::slots::SlotMap;
+/// A build without cluster support has no slot map.
+#[cfg(not(feature = "cluster"))]
+pub(super) enum SlotMap {}
 use super::socket::{Handle, Socket};
 use crate::core::endpoint::Endpoint;
 use crate::core::wire::native::Native;
@@ -54,6 +59,7 @@ pub(crate) enum Conn {
     /// One server's connection, driven by the batcher.
     Node(Handle),
     /// A Redis Cluster, routed by slot.
+    #[cfg(feature = "cluster")]
     Cluster(ClusterConnection),
 }
 
@@ -61,6 +67,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Node(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -73,6 +80,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Node(c) => c.req_packed_commands(cmd, offset, count),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
@@ -80,6 +88,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Node(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.get_db(),
         }
     }
@@ -89,6 +98,7 @@ impl ConnectionLike for Conn {
 /// cluster connection.
 pub(super) enum Link {
     Node(Box<Connection>),
+    #[cfg(feature = "cluster")]
     Cluster {
         conn: ClusterConnection,
         /// A call failed with a broken connection since the last success:
@@ -103,6 +113,7 @@ impl Link {
     pub(super) fn was_broken(&self) -> bool {
         match self {
             Link::Node(c) => c.was_broken(),
+            #[cfg(feature = "cluster")]
             Link::Cluster { broken, .. } => *broken,
         }
     }
@@ -110,6 +121,7 @@ impl Link {
     pub(super) async fn get(&mut self) -> RedisResult<Conn> {
         match self {
             Link::Node(c) => c.get().await.map(Conn::Node),
+            #[cfg(feature = "cluster")]
             Link::Cluster {
                 conn,
                 broken,
@@ -125,6 +137,7 @@ impl Link {
     pub(super) fn failed(&mut self, error: &RedisError) {
         match self {
             Link::Node(c) => c.failed(error),
+            #[cfg(feature = "cluster")]
             Link::Cluster { broken, .. } => {
                 *broken |=
                     (error.is_connection_dropped() || error.is_io_error()) && !error.is_timeout();
@@ -133,23 +146,29 @@ impl Link {
     }
 
     pub(super) fn stale(&mut self) {
-        if let Link::Node(c) = self {
-            c.stale();
+        match self {
+            Link::Node(c) => c.stale(),
+            #[cfg(feature = "cluster")]
+            Link::Cluster { .. } => {}
         }
     }
 
     /// The server lost the native scripts (`SCRIPT FLUSH`): they are
     /// loaded again before the next call.
     pub(super) fn scripts_lost(&mut self) {
-        if let Link::Node(c) = self {
-            c.reload = true;
+        match self {
+            Link::Node(c) => c.reload = true,
+            #[cfg(feature = "cluster")]
+            Link::Cluster { .. } => {}
         }
     }
 
     /// An operation reached a cluster node that does not serve its slot.
     pub(super) fn misrouted(&mut self) {
-        if let Link::Cluster { slots, .. } = self {
-            slots.mark_stale();
+        match self {
+            Link::Node(_) => {}
+            #[cfg(feature = "cluster")]
+            Link::Cluster { slots, .. } => slots.mark_stale(),
         }
     }
 
@@ -158,6 +177,7 @@ impl Link {
     pub(super) fn native(&self) -> Native {
         match self {
             Link::Node(c) => c.native,
+            #[cfg(feature = "cluster")]
             Link::Cluster { .. } => Native::default(),
         }
     }
@@ -166,6 +186,7 @@ impl Link {
     pub(super) fn slots(&self) -> Option<&SlotMap> {
         match self {
             Link::Node(_) => None,
+            #[cfg(feature = "cluster")]
             Link::Cluster { slots, .. } => Some(slots),
         }
     }
@@ -173,6 +194,7 @@ impl Link {
     pub(super) fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         match self {
             Link::Node(c) => c.poll_drive(cx),
+            #[cfg(feature = "cluster")]
             Link::Cluster { .. } => Poll::Pending, // driven by redis-rs's task
         }
     }
@@ -182,14 +204,17 @@ impl Link {
     pub(super) fn reconnect_at(&self) -> Option<Instant> {
         match self {
             Link::Node(c) => c.reconnect_at(),
+            #[cfg(feature = "cluster")]
             Link::Cluster { .. } => None,
         }
     }
 
     /// A try to reconnect failed: the next one is scheduled.
     pub(super) fn reconnect_failed(&mut self) {
-        if let Link::Node(c) = self {
-            c.reconnect_failed();
+        match self {
+            Link::Node(c) => c.reconnect_failed(),
+            #[cfg(feature = "cluster")]
+            Link::Cluster { .. } => {}
         }
     }
 }

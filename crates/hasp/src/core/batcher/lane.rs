@@ -8,6 +8,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+#[cfg(feature = "cluster")]
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -17,6 +18,7 @@ use super::connection::{self, Conn, Link};
 use super::queue::Request;
 use super::replies::{answered, failed, native_answered, redirected, send_again_later, Sent};
 use super::repoll::Wakes;
+#[cfg(feature = "cluster")]
 use super::slots::{self, SlotMap};
 use super::{
     CallStats, GATHER, MAX_BATCH, MAX_IN_FLIGHT, MAX_SETTLEMENTS, SETTLE_FIRST, SETTLE_LAST,
@@ -29,6 +31,12 @@ use crate::error::{is_redirect, Error};
 
 /// A call on the wire: its future, boxed (see [`Task::execute`]).
 type InFlight = std::pin::Pin<Box<dyn std::future::Future<Output = Sent> + Send>>;
+
+/// Where a call goes in a cluster (which node); nothing without one.
+#[cfg(feature = "cluster")]
+type Route = RoutingInfo;
+#[cfg(not(feature = "cluster"))]
+type Route = std::convert::Infallible;
 
 pub(super) struct Task {
     pub(super) client_id: Arc<str>,
@@ -58,6 +66,7 @@ pub(super) struct Task {
 enum Replies<One, Many> {
     One(One),
     Many(Many),
+    #[cfg(feature = "cluster")]
     Scripted,
 }
 
@@ -145,13 +154,14 @@ impl Task {
             }
             let settle = std::mem::take(&mut self.settlements);
             match self.connection.slots() {
+                #[cfg(feature = "cluster")]
                 Some(slots) => {
                     for (route, settle, batch) in by_node(slots, settle, batch) {
                         let call = Call::scripted(settle, batch);
                         in_flight.push(self.execute(conn.clone(), Some(route), call));
                     }
                 }
-                None => {
+                _ => {
                     // Replica acknowledgement waits for the function's
                     // writes only: with it on, everything goes through it.
                     let native = match self.replica_ack {
@@ -189,7 +199,7 @@ impl Task {
     /// Sends `call`: its settlements and scripted requests as one call of
     /// the function (to the cluster node `route` names, if any), then its
     /// native commands, all at once; completes each request.
-    fn execute(&self, conn: Conn, route: Option<RoutingInfo>, call: Call) -> InFlight {
+    fn execute(&self, conn: Conn, route: Option<Route>, call: Call) -> InFlight {
         let Call {
             settle,
             batch,
@@ -241,6 +251,7 @@ impl Task {
             Conn::Node(handle) if count == 1 => Replies::One(handle.send_packed_one(&packed)),
             Conn::Node(handle) => Replies::Many(handle.send_packed(count, &packed)),
             // Native commands are only split off on one server's connection.
+            #[cfg(feature = "cluster")]
             Conn::Cluster(_) => Replies::Scripted,
         };
         async move {
@@ -263,6 +274,7 @@ impl Task {
                         )))
                     }
                 }),
+                #[cfg(feature = "cluster")]
                 Replies::Scripted => {
                     for request in &mut requests {
                         request.scripted = true;
@@ -300,7 +312,7 @@ impl Task {
     fn call_script(
         &self,
         mut conn: Conn,
-        route: Option<RoutingInfo>,
+        route: Option<Route>,
         settle: Vec<Op>,
         batch: Vec<Request>,
     ) -> impl std::future::Future<Output = Sent> + Send + 'static {
@@ -340,6 +352,7 @@ impl Task {
             };
             let count = settle.len() + batch.len();
             let reply = match (ack, route, &mut conn) {
+                #[cfg(feature = "cluster")]
                 (_, Some(route), Conn::Cluster(cluster)) => {
                     scripts::run_routed(script, &cmd, cluster, route)
                         .await
@@ -418,9 +431,11 @@ impl Task {
     }
 }
 
+#[cfg(feature = "cluster")]
 /// Splits settlements and requests by the cluster node that serves their
 /// keys' slot (any master when the map does not say), keeping their order
 /// within each node.
+#[cfg(feature = "cluster")]
 fn by_node<'s>(
     slots: &'s SlotMap,
     settle: Vec<Op>,

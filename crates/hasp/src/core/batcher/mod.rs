@@ -77,7 +77,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::keys;
-use super::scripts::{BATCH, BATCH_SHARDED};
+use super::scripts::BATCH;
+#[cfg(feature = "cluster")]
+use super::scripts::BATCH_SHARDED;
 use super::wire::Nonces;
 use crate::config::Settings;
 
@@ -87,6 +89,7 @@ mod lane;
 mod queue;
 mod replies;
 mod repoll;
+#[cfg(feature = "cluster")]
 mod slots;
 mod socket;
 
@@ -95,6 +98,7 @@ pub(crate) use queue::{Completion, Queue, WAIT_ENDS};
 use connection::{Connection, Link};
 use lane::Task;
 use repoll::Repoll;
+#[cfg(feature = "cluster")]
 use slots::SlotMap;
 
 /// Locks per script call. A call holds Redis for a few microseconds per
@@ -127,6 +131,7 @@ pub(crate) enum Target {
     /// One server (or a Sentinel service's current master).
     Server(Arc<super::endpoint::Endpoint>),
     /// A Redis Cluster.
+    #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
@@ -170,6 +175,7 @@ impl Batcher {
             Target::Server(endpoint) => (0..settings.lanes)
                 .map(|_| Target::Server(endpoint.clone()))
                 .collect(),
+            #[cfg(feature = "cluster")]
             cluster @ Target::Cluster(_) => vec![cluster],
         };
         let mut lanes = Vec::with_capacity(targets.len());
@@ -186,6 +192,7 @@ impl Batcher {
                     ))),
                     &*BATCH,
                 ),
+                #[cfg(feature = "cluster")]
                 Target::Cluster(conn) => (
                     Link::Cluster {
                         conn,
