@@ -2,10 +2,6 @@
 //! instances on a private Redis and a real database; its JSON report and
 //! PNG charts are read back and its counts compared with the database.
 
-// The service tests' helpers: one copy, in the service crate.
-#[path = "../../seckill/tests/support/mod.rs"]
-mod support;
-
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
@@ -13,6 +9,7 @@ use std::time::Duration;
 use seckill::db::Database;
 use seckill::service::Service;
 use seckill::settings::{Mode, Settings};
+use seckill::testing as support;
 use serde_json::Value;
 use testkit::{PostgresServer, RedisServer};
 

@@ -75,6 +75,8 @@ pub mod service;
 pub mod settings;
 pub mod store;
 pub mod sync_path;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod worker;
 
 pub use domain::order_id::OrderId;

@@ -3,7 +3,7 @@
 //! it sells, stores, takes payments and cancellations, expires orders,
 //! and repairs a sale after Redis lost it.
 
-mod support;
+use seckill::testing as support;
 
 use std::collections::HashSet;
 use std::time::Duration;

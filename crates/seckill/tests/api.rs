@@ -3,7 +3,7 @@
 //! started with test settings on a real redis-server and SQLite file (or
 //! PostgreSQL, MariaDB).
 
-mod support;
+use seckill::testing as support;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

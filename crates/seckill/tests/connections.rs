@@ -3,7 +3,7 @@
 //! on; a body that does not arrive in time is a 408; past the connection cap
 //! a new connection gets a 503 at once.
 
-mod support;
+use seckill::testing as support;
 
 use std::time::{Duration, Instant};
 

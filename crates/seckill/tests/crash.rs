@@ -3,7 +3,7 @@
 //! kill it while it sweeps expired orders, and find another instance
 //! sweeping at once.
 
-mod support;
+use seckill::testing as support;
 
 use support::ServeProcess;
 

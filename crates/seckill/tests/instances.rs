@@ -1,7 +1,7 @@
 //! Two service instances at once on one Redis and one PostgreSQL database:
 //! purchases spread over both, both pipelines consuming the same streams.
 
-mod support;
+use seckill::testing as support;
 
 use std::collections::HashSet;
 use std::sync::Arc;

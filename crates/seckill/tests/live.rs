@@ -2,7 +2,7 @@
 //! watchers share one read of the stores per tick, and the streams end when
 //! the service stops.
 
-mod support;
+use seckill::testing as support;
 
 use std::time::Duration;
 

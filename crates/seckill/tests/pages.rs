@@ -4,7 +4,7 @@
 //! Set `SECKILL_SCREENSHOTS=<dir>` to keep the screenshots the tests take
 //! (the README's come from here).
 
-mod support;
+use seckill::testing as support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! rolled back, from the database, with purchases answered 503 meanwhile,
 //! and no oversell or duplicate across two instances.
 
-mod support;
+use seckill::testing as support;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

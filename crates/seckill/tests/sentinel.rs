@@ -3,7 +3,7 @@
 //! to the new master, and back again; a master sells only once its sale
 //! state was verified for the data it holds.
 
-mod support;
+use seckill::testing as support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};

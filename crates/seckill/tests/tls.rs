@@ -4,7 +4,7 @@
 //! cluster (`rediss+cluster://`), trusting a private CA given by the
 //! settings; and on a PostgreSQL and a MariaDB that speak TLS only.
 
-mod support;
+use seckill::testing as support;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! issuer, audience, expiry and start checked, every forgery refused with
 //! a 401, and the key set's rotation followed.
 
-mod support;
+use seckill::testing as support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -6,9 +6,7 @@
 //! With `HASP_SPEC_DEPLOYMENT=cluster` the same tests run on a private
 //! 3-master Redis Cluster each (`scripts/test.sh` runs both).
 
-#[path = "../spec/helpers.rs"]
-#[allow(dead_code)]
-mod helpers;
+use testkit::lock_suites as helpers;
 
 mod child;
 mod fair_lock;

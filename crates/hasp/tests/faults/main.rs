@@ -10,9 +10,7 @@
 //! at most) and its servers and child processes stop when it ends (spec
 //! line 3). Section numbers refer to the fault specification.
 
-#[path = "../spec/helpers.rs"]
-#[allow(dead_code)]
-mod helpers;
+use testkit::lock_suites as helpers;
 
 mod child;
 mod defects;

@@ -8,7 +8,7 @@
 //! run on one server that speaks TLS only (lock 35). `scripts/test.sh`
 //! runs all three.
 
-mod helpers;
+use testkit::lock_suites as helpers;
 
 mod acl;
 mod acquire_release;

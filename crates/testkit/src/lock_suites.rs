@@ -1,10 +1,16 @@
+//! What hasp's lock suites (spec, faults, family) share: the deployment
+//! they run on (`HASP_SPEC_DEPLOYMENT`: one server, a cluster, or a TLS
+//! server with a restricted ACL user), a test's context of servers and
+//! clients, raw connections to look into Redis, and readings of a lock's
+//! keys.
+
 use std::time::Duration;
 
+use crate::{RedisCluster, RedisServer, ServerOptions, TestCa, Transport};
 use hasp::{Client, Settings};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
-use testkit::{RedisCluster, RedisServer, ServerOptions, TestCa, Transport};
 
 /// Where the suite runs: `HASP_SPEC_DEPLOYMENT=cluster` runs every test on a
 /// private 3-master Redis Cluster instead of one redis-server (multi 21);
@@ -80,6 +86,12 @@ enum Deployment {
 /// Private Redis for one test, and ways to talk to it.
 pub struct Ctx {
     deployment: Deployment,
+}
+
+impl Default for Ctx {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Ctx {
@@ -371,7 +383,7 @@ pub fn assert_not_held(err: hasp::Error) {
 /// Whether `lock` can be taken (and is then released) within `limit`,
 /// trying again while Redis answers with errors: the client recovered.
 pub async fn lockable_within(lock: &hasp::Lock, limit: Duration) -> bool {
-    testkit::eventually(limit, || {
+    crate::eventually(limit, || {
         let lock = lock.clone();
         async move {
             match lock.try_lock().await {

@@ -1,12 +1,12 @@
-#![allow(dead_code)] // each test binary uses its own share of the helpers
-
-//! Helpers shared by the integration tests that drive a live service over
-//! HTTP.
+//! Helpers for tests that drive a live service over HTTP (the service's
+//! own and `seckill-tools`'): settings of a test instance, one on SQLite,
+//! vouchers created and opened, purchases, and the service as a child
+//! process. Built with the `testing` feature only.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use seckill::auth::{Principal, Tokens};
-use seckill::settings::Settings;
+use crate::auth::{Principal, Tokens};
+use crate::settings::Settings;
 use serde_json::{json, Value};
 
 /// One purchase of `voucher` by `user` at the instance `base`, with a
@@ -30,12 +30,12 @@ pub async fn purchase(
 /// connection limit (every simulated user comes from 127.0.0.1, and tests
 /// buy faster than a person).
 pub fn settings(redis: impl Into<String>, database: impl Into<String>, secret: &str) -> Settings {
-    let connections = seckill::http::ConnectionLimits::default();
+    let connections = crate::http::ConnectionLimits::default();
     Settings {
         listen: "127.0.0.1:0".parse().unwrap(),
         user_limit: None,
         ip_limit: None,
-        connections: seckill::http::ConnectionLimits {
+        connections: crate::http::ConnectionLimits {
             max_per_address: connections.max_connections,
             ..connections
         },
@@ -52,11 +52,11 @@ pub async fn start_on_sqlite(
     what: &str,
     redis: &testkit::RedisServer,
     secret: &str,
-) -> (seckill::service::Service, std::path::PathBuf) {
+) -> (crate::service::Service, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("seckill-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let database = format!("sqlite://{}/shop.db", dir.display());
-    let service = seckill::service::Service::start(settings(redis.url(), database, secret))
+    let service = crate::service::Service::start(settings(redis.url(), database, secret))
         .await
         .unwrap();
     (service, dir)
