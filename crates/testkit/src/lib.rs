@@ -10,7 +10,6 @@
 //! ```
 
 mod checker;
-pub mod lock_suites;
 mod proxy;
 pub use checker::{now_us, write_at, Event, FencedRegister, History, RegisterClient, Report};
 pub use launcher::{

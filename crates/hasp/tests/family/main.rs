@@ -6,7 +6,7 @@
 //! With `HASP_SPEC_DEPLOYMENT=cluster` the same tests run on a private
 //! 3-master Redis Cluster each (`scripts/test.sh` runs both).
 
-use testkit::lock_suites as helpers;
+use hasp_testkit as helpers;
 
 mod child;
 mod fair_lock;

@@ -10,7 +10,7 @@
 //! at most) and its servers and child processes stop when it ends (spec
 //! line 3). Section numbers refer to the fault specification.
 
-use testkit::lock_suites as helpers;
+use hasp_testkit as helpers;
 
 mod child;
 mod defects;

@@ -8,7 +8,7 @@
 //! run on one server that speaks TLS only (lock 35). `scripts/test.sh`
 //! runs all three.
 
-use testkit::lock_suites as helpers;
+use hasp_testkit as helpers;
 
 mod acl;
 mod acquire_release;

@@ -6,11 +6,11 @@
 
 use std::time::Duration;
 
-use crate::{RedisCluster, RedisServer, ServerOptions, TestCa, Transport};
 use hasp::{Client, Settings};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
+use testkit::{RedisCluster, RedisServer, ServerOptions, TestCa, Transport};
 
 /// Where the suite runs: `HASP_SPEC_DEPLOYMENT=cluster` runs every test on a
 /// private 3-master Redis Cluster instead of one redis-server (multi 21);
@@ -383,7 +383,7 @@ pub fn assert_not_held(err: hasp::Error) {
 /// Whether `lock` can be taken (and is then released) within `limit`,
 /// trying again while Redis answers with errors: the client recovered.
 pub async fn lockable_within(lock: &hasp::Lock, limit: Duration) -> bool {
-    crate::eventually(limit, || {
+    testkit::eventually(limit, || {
         let lock = lock.clone();
         async move {
             match lock.try_lock().await {
