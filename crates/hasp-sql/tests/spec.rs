@@ -66,7 +66,7 @@ async fn scenarios(url: &str) {
     many_holds_are_renewed_in_batches(url).await;
 }
 
-/// Lock spec 3, 5, 8, 9, 12 on a table: the hold count 0 → 1 → 2 → 1 → 0;
+/// Lock 3, 5, 8, 9 and 12 on a table: the hold count 0 → 1 → 2 → 1 → 0;
 /// "held by me" only for the owner; the remaining TTL is about the lease
 /// and a re-entry re-arms it; force-unlock frees it and wakes a waiter.
 async fn counts_ttl_and_force(url: &str) {
@@ -126,7 +126,7 @@ async fn counts_ttl_and_force(url: &str) {
     assert!(!other.force_unlock().await.unwrap());
 }
 
-/// Lock spec 13: a pending acquire that is dropped leaves no lock held.
+/// Lock 13 on a table: a pending acquire that is dropped leaves no lock held.
 async fn a_cancelled_wait_leaves_nothing_held(url: &str) {
     let c = client(url, SqlSettings::default()).await;
     let holder = c.lock("cancelled").unwrap().with_owner(Owner::new());
@@ -147,7 +147,7 @@ async fn a_cancelled_wait_leaves_nothing_held(url: &str) {
     );
 }
 
-/// Lock spec 15, 17: many holds without a lease are renewed, 100 per
+/// Lock 15 and 17 on a table: many holds without a lease are renewed, 100 per
 /// statement, for several watchdog timeouts; none is lost.
 async fn many_holds_are_renewed_in_batches(url: &str) {
     let settings = SqlSettings::default().set_watchdog_timeout(Duration::from_millis(900));
@@ -585,7 +585,7 @@ async fn a_short_database_restart_loses_nothing() {
         .unwrap();
     assert!(other.try_lock().await.unwrap().is_none(), "still held");
 
-    // Lock spec 14: with the database down, an acquire is an error, never
+    // Lock 14 on a table: with the database down, an acquire is an error, never
     // "not acquired" (and never success).
     server.stop(false);
     let err = other.try_lock().await.unwrap_err();

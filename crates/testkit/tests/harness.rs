@@ -72,7 +72,7 @@ fn a_three_node_cluster_assigns_every_slot() {
 }
 
 mod faults {
-    //! Faults spec 1: the nemeses do what they say.
+    //! Faults 1: the nemeses do what they say.
 
     use std::io::{Read, Write};
     use std::net::TcpStream;
@@ -101,7 +101,7 @@ mod faults {
         stream
     }
 
-    /// Faults spec 1: the proxy passes, delays, holds and closes, per
+    /// Faults 1: the proxy passes, delays, holds and closes, per
     /// direction and per connection.
     #[test]
     fn the_proxy_passes_delays_holds_and_closes() {
@@ -139,7 +139,7 @@ mod faults {
         assert_eq!(ping(&mut third).unwrap(), b"+PONG\r\n", "new ones pass");
     }
 
-    /// Faults spec 1: restarts keep data with AOF `always` and lose it
+    /// Faults 1: restarts keep data with AOF `always` and lose it
     /// without; DEBUG SLEEP blocks the server.
     #[test]
     fn restarts_keep_data_with_aof_and_lose_it_without_and_debug_sleep_blocks() {
@@ -158,7 +158,7 @@ mod faults {
         assert!(started.elapsed() >= Duration::from_millis(300));
     }
 
-    /// Faults spec 2/9: the fenced register takes only tokens that do not
+    /// Faults 2 and 9: the fenced register takes only tokens that do not
     /// go back, equal ones only from the same holder.
     #[tokio::test]
     async fn the_fenced_register_rejects_stale_tokens() {

@@ -14,7 +14,7 @@
 //! A renewal that Redis confirms moves the hold's belief end to the instant
 //! the round started plus the lease; one that finds the lock gone or held by
 //! another owner marks the hold gone at once and re-creates nothing (faults
-//! spec 6); one that fails (Redis unreachable) changes nothing, and the hold
+//! 6); one that fails (Redis unreachable) changes nothing, and the hold
 //! is lost when its belief ends.
 
 use std::sync::atomic::Ordering;

@@ -7,8 +7,8 @@
 //! `CLIENT KILL`, lease truncation and replica promotion.
 //!
 //! Every scenario is bounded: it runs inside [`bounded`] (a few seconds, 60
-//! at most) and its servers and child processes stop when it ends (spec
-//! line 3). Section numbers refer to the fault specification.
+//! at most) and its servers and child processes stop when it ends (faults
+//! 3).
 
 use hasp_testkit as helpers;
 
