@@ -61,6 +61,9 @@ impl FairLock {
         Self { lock }
     }
 
+    // `name`, `with_lease`, `with_watchdog`, `with_owner`, `owner`,
+    // `force_unlock`, `is_locked`, `is_held_by_me`, `hold_count`: the inner
+    // `Lock`'s, written once for every kind over one (`lock.rs`).
     crate::lock::over_lock!();
 
     /// Acquires the lock, waiting in line as long as it takes.

@@ -216,6 +216,8 @@ impl Lock {
         &self.keys.name
     }
 
+    // `with_lease`, `with_watchdog`, `with_owner`, `owner`: written once
+    // for every kind that takes holds of its own (`terms.rs`).
     crate::terms::hold_terms!();
 
     /// This handle with a lease learned from how long the holds of `class`

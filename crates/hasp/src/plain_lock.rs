@@ -67,6 +67,9 @@ impl PlainLock {
         Self { lock }
     }
 
+    // `name`, `with_lease`, `with_watchdog`, `with_owner`, `owner`,
+    // `force_unlock`, `is_locked`, `is_held_by_me`, `hold_count`: the inner
+    // `Lock`'s, written once for every kind over one (`lock.rs`).
     crate::lock::over_lock!();
 
     /// A lease learned from how long the holds of `class` last (as
@@ -146,5 +149,7 @@ impl PlainLock {
 pub struct PlainGuard(Guard);
 
 impl PlainGuard {
+    // `name`, `owner`, `is_lost`, `lost`, `valid_until`, `unlock`: the
+    // inner `Guard`'s, written once for every guard over one (`guard.rs`).
     crate::guard::over_guard!();
 }

@@ -88,6 +88,8 @@ impl RwLock {
         &self.read.name
     }
 
+    // `with_lease`, `with_watchdog`, `with_owner`, `owner`: written once
+    // for every kind that takes holds of its own (`terms.rs`).
     crate::terms::hold_terms!();
 
     /// This handle's readers enter whenever no writer holds the lock, even
@@ -275,6 +277,8 @@ fn unbounded(guard: Option<Guard>) -> Result<Guard> {
 pub struct ReadGuard(Guard);
 
 impl ReadGuard {
+    // `name`, `owner`, `is_lost`, `lost`, `valid_until`, `unlock`: the
+    // inner `Guard`'s, written once for every guard over one (`guard.rs`).
     crate::guard::over_guard!();
 
     /// The token of the last write before this read was taken (0 if none
@@ -293,6 +297,8 @@ impl ReadGuard {
 pub struct WriteGuard(Guard);
 
 impl WriteGuard {
+    // `name`, `owner`, `is_lost`, `lost`, `valid_until`, `unlock`: the
+    // inner `Guard`'s, written once for every guard over one (`guard.rs`).
     crate::guard::over_guard!();
 
     /// This write's fencing token: greater than every token issued before

@@ -113,6 +113,8 @@ impl Semaphore {
         &self.keys.name
     }
 
+    // `with_lease`, `with_watchdog`, `with_owner`, `owner`: written once
+    // for every kind that takes holds of its own (`terms.rs`).
     crate::terms::hold_terms!();
 
     /// Sets the capacity to `permits` if none is set; false if one was.
