@@ -728,8 +728,14 @@ async fn route_tour(app: &TestApp, backend: seckill::db::Backend) {
     assert_eq!(status, StatusCode::CREATED, "{v}");
     let id = v["id"].as_i64().unwrap();
     // One title rule on every backend (PostgreSQL cannot store
-    // U+0000; nobody does now), and a title is stored as sent.
-    for bad in ["nul\u{0}inside", " padded "] {
+    // U+0000; nobody does now), and a title is stored as sent; a title
+    // that would show other than it reads is refused.
+    for bad in [
+        "nul\u{0}inside",
+        " padded ",
+        "teapot\u{202E}gpj.exe",
+        "isolate\u{2067}d",
+    ] {
         let (status, e) = app
             .create_voucher(
                 json!({"title": bad, "stock": 1, "begin_ms": now_ms(), "end_ms": now_ms() + hour}),
@@ -1042,6 +1048,52 @@ async fn path_route_and_method_errors_are_json() {
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["code"], "not_found");
+}
+
+/// Service 22: every answer, a page, a JSON answer or an error, tells the browser to
+/// run scripts and styles from this origin only and nothing inline, never
+/// to frame the page, never to guess a type, never to pass the address on;
+/// the pages' icon is served.
+#[tokio::test]
+async fn every_answer_carries_the_browser_security_headers() {
+    let app = spawn_app().await;
+    for path in [
+        "/",
+        "/admin",
+        "/api/vouchers",
+        "/api/nothing-here",
+        "/assets/seckill.js",
+    ] {
+        let r = app.get(path).await;
+        let header = |name: &str| {
+            r.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let csp = header("content-security-policy");
+        for directive in [
+            "script-src 'self'",
+            "frame-ancestors 'none'",
+            "default-src 'none'",
+        ] {
+            assert!(csp.contains(directive), "{path}: {csp:?}");
+        }
+        assert!(!csp.contains("unsafe-inline"), "{path}: {csp:?}");
+        assert_eq!(header("x-frame-options"), "DENY", "{path}");
+        assert_eq!(header("x-content-type-options"), "nosniff", "{path}");
+        assert_eq!(header("referrer-policy"), "no-referrer", "{path}");
+    }
+    let icon = app.get("/assets/favicon.svg").await;
+    assert_eq!(icon.status(), StatusCode::OK);
+    assert_eq!(icon.headers()["content-type"], "image/svg+xml");
+    let page = app.get("/").await.text().await.unwrap();
+    assert!(page.contains(r#"<link rel="icon" href="/assets/favicon.svg""#));
+    assert!(
+        !page.contains(" style="),
+        "no inline style the policy would block"
+    );
 }
 
 /// The authentication scheme is case-insensitive, and a 429

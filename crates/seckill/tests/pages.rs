@@ -271,6 +271,26 @@ async fn the_storefront_counts_down_sells_once_and_shows_the_stock_fall_on_anoth
     .await;
     assert_eq!(late_stock.as_deref(), Some("Sold out"));
 
+    // Service 22: a title of 200 characters without a space wraps inside
+    // its card; the phone's page is no wider than its screen.
+    let long = shop.voucher(&"W".repeat(200), 1, Duration::ZERO).await;
+    let long_card = format!(".sale[data-id='{long}'] .stock");
+    assert!(until_text(&watcher, &long_card, |t| !t.is_empty())
+        .await
+        .is_some());
+    let widths = watcher
+        .execute(
+            "return [document.documentElement.scrollWidth, window.innerWidth];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let (page_width, screen) = (widths[0].as_i64().unwrap(), widths[1].as_i64().unwrap());
+    assert!(
+        page_width <= screen,
+        "the page is {page_width} px wide on a {screen} px screen"
+    );
+
     for page in [buyer, watcher] {
         page.close().await.unwrap();
     }

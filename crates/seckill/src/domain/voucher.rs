@@ -12,8 +12,10 @@ pub const MAX_TITLE_CHARS: usize = 200;
 
 /// A voucher's title, the same on every database: 1 to 200 characters, no
 /// control characters (PostgreSQL cannot store U+0000 in text; the rule is
-/// the same everywhere so every backend answers alike), no whitespace at
-/// either end (refused, not trimmed: what is stored is what was sent).
+/// the same everywhere so every backend answers alike), no bidirectional
+/// controls (an override or isolate makes "teapot\u{202E}gpj.exe" show as
+/// "teapotexe.jpg"), no whitespace at either end (refused, not trimmed:
+/// what is stored is what was sent).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Title(String);
 
@@ -39,6 +41,15 @@ impl Title {
                 ),
             ));
         }
+        if let Some(c) = title.chars().find(|&c| is_bidi_control(c)) {
+            return Err(Error::invalid(
+                "title",
+                format!(
+                    "must not contain bidirectional controls (found U+{:04X})",
+                    c as u32
+                ),
+            ));
+        }
         if title.trim() != title {
             return Err(Error::invalid(
                 "title",
@@ -52,6 +63,16 @@ impl Title {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// The characters that change the direction text is shown in (Unicode's
+/// embeddings, overrides, isolates and marks), which can make a text show
+/// other than it reads.
+fn is_bidi_control(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+    )
 }
 
 /// How long a buyer has to pay when neither the voucher nor the service
@@ -177,6 +198,10 @@ mod tests {
             "nul\0inside",
             "tab\there",
             "bell\u{7}",
+            "teapot\u{202E}gpj.exe",
+            "mark\u{200F}",
+            "isolate\u{2066}",
+            "arabic\u{061C}mark",
         ] {
             assert!(Title::parse(bad).is_err(), "{bad:?}");
         }

@@ -25,6 +25,7 @@ const STOREFRONT: &str = include_str!("assets/storefront.html");
 const CONSOLE: &str = include_str!("assets/console.html");
 const SCRIPT: &str = include_str!("assets/seckill.js");
 const STYLE: &str = include_str!("assets/seckill.css");
+const ICON: &str = include_str!("assets/favicon.svg");
 
 /// How long a demo sign-in's token lasts.
 const DEMO_TOKEN_TTL: Duration = Duration::from_secs(8 * 3600);
@@ -51,6 +52,7 @@ pub(crate) async fn asset(Path(file): Path<String>) -> Response {
     let (body, kind) = match file.as_str() {
         "seckill.js" => (SCRIPT, "text/javascript; charset=utf-8"),
         "seckill.css" => (STYLE, "text/css; charset=utf-8"),
+        "favicon.svg" => (ICON, "image/svg+xml"),
         _ => return ApiError::NotFound("asset").into_response(),
     };
     ([(CONTENT_TYPE, kind), (CACHE_CONTROL, "no-cache")], body).into_response()
