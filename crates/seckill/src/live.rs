@@ -19,6 +19,7 @@
 //! [`FRESH_FOR`] before it was given. Voucher terms never change after
 //! creation; the stock does.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +45,12 @@ pub const IDLE_AFTER: Duration = Duration::from_secs(2);
 
 /// Vouchers the figures cover (the newest).
 pub const VOUCHERS_WATCHED: i64 = 100;
+
+/// How long after an order's last chance to be given back (the sale's end
+/// plus its payment window) a sale's stock counts as final: its last
+/// figure is shown from then on without reading Redis again (the expiry
+/// sweep gives back what was left unpaid within this).
+pub const STOCK_FINAL_AFTER_MS: i64 = 60_000;
 
 /// A voucher as the API and the pages show it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -363,13 +370,31 @@ async fn read(
             };
         }
     };
-    let stocks: Vec<(i64, i64)> = rows.iter().map(|r| (r.id, r.stock)).collect();
+    // A sale whose stock can no longer change keeps its last figure: only
+    // the others cost a read (ended sales would otherwise cost one per
+    // tick each, for as long as anyone watches).
+    let known: HashMap<i64, i64> = (previous.sales.iter())
+        .map(|sale| (sale.id, sale.stock_left))
+        .collect();
+    let final_stock = |row: &VoucherRow| {
+        let last_give_back = row.end_ms.saturating_add(row.pay_within_ms);
+        (as_of_ms > last_give_back.saturating_add(STOCK_FINAL_AFTER_MS))
+            .then(|| known.get(&row.id).copied())
+            .flatten()
+    };
+    let stocks: Vec<(i64, i64)> = (rows.iter())
+        .filter(|row| final_stock(row).is_none())
+        .map(|row| (row.id, row.stock))
+        .collect();
     match sales.stock_left(&stocks).await {
-        Ok(left) => {
+        Ok(read) => {
+            let mut read = read.into_iter();
             let sales: Vec<SaleView> = rows
                 .into_iter()
-                .zip(left)
-                .map(|(row, left)| SaleView::new(row, left))
+                .filter_map(|row| {
+                    let left = final_stock(&row).or_else(|| read.next())?;
+                    Some(SaleView::new(row, left))
+                })
                 .collect();
             let answers = sales
                 .iter()

@@ -81,6 +81,40 @@ async fn a_hundred_watchers_cost_the_stores_what_one_does() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Service 15: sales whose stock can no longer change (ended, and past
+/// their last give-back) cost no Redis read per tick: twenty of them
+/// beside an open one cost what the open one costs alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_sales_cost_no_read_per_tick() {
+    let redis = RedisServer::start();
+    let (service, dir) = service("ended", &redis).await;
+    let http = reqwest::Client::new();
+    let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
+    let base = format!("http://{}", service.addr());
+    support::open_voucher(&http, &base, &tokens, "Open", 10).await;
+    let window = Duration::from_secs(2);
+    let page = watcher(service.addr()).await;
+    let open_only = commands_over(&redis, window).await;
+    // Ended a day ago: well past the end plus the payment window.
+    let day = 24 * 3_600_000;
+    let now = support::now_ms();
+    for n in 0..20 {
+        let title = format!("Ended {n}");
+        support::create_voucher(&http, &base, &tokens, &title, 5, now - 2 * day..now - day).await;
+    }
+    // The first tick that sees them reads each once; then they are final.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let with_ended = commands_over(&redis, window).await;
+    println!("figure: Redis commands in {window:?}: {open_only} with one open sale, {with_ended} with 20 ended beside it");
+    assert!(
+        with_ended <= open_only + open_only / 2 + 10,
+        "Redis commands in {window:?}: {open_only} with one open sale, {with_ended} with 20 ended sales beside it"
+    );
+    drop(page);
+    service.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_streams_end_when_the_service_stops() {
     let redis = RedisServer::start();
