@@ -297,6 +297,109 @@ async fn the_storefront_counts_down_sells_once_and_shows_the_stock_fall_on_anoth
     shop.stop().await; // the pages' streams end with the service
 }
 
+/// Service 23: the buyer's page follows the order's life without a
+/// reload. An unpaid order shows as expired at its deadline (by the
+/// server's clock), its Pay and Cancel go away and Buy comes back; after
+/// a cancellation Buy comes back too; a signed-in page loads the buyer's
+/// orders in one request; signing out forgets the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_buyers_page_follows_the_order_to_its_deadline_and_back() {
+    let driver = ChromeDriver::start();
+    let shop = Shop::start("life").await;
+    let page = browser(&driver, 1100, 800).await;
+    page.goto(&shop.base).await.unwrap();
+    sign_in(&page, &shop.token(Principal::User(11))).await;
+    assert!(until_text(&page, "#who", |t| t.contains("user 11"))
+        .await
+        .is_some());
+
+    // Three seconds to pay, and nobody pays.
+    let now = support::now_ms();
+    let body = json!({"title": "Pay me quickly", "stock": 5, "begin_ms": now - 1000,
+        "end_ms": now + 3_600_000, "pay_within_ms": 3000});
+    let voucher = support::create_voucher_from(&shop.http, &shop.base, &shop.tokens, body).await;
+    let card = format!(".sale[data-id='{voucher}']");
+    let shown = until_text(&page, &format!("{card} .stock"), |t| t == "5 left").await;
+    assert_eq!(shown.as_deref(), Some("5 left"));
+    assert!(until_flag(&page, &format!("{card} .buy"), "disabled", false).await);
+    page.find(Locator::Css(&format!("{card} .buy")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let reserved = until_text(&page, &format!("{card} .order-state"), |t| t == "reserved").await;
+    assert_eq!(reserved.as_deref(), Some("reserved"));
+    assert!(
+        !flag(&page, &format!("{card} .pay"), "hidden").await,
+        "Pay shown"
+    );
+    let expired = until_text(&page, &format!("{card} .order-state"), |t| t == "expired").await;
+    assert_eq!(
+        expired.as_deref(),
+        Some("expired"),
+        "at the deadline, without a reload"
+    );
+    assert!(
+        flag(&page, &format!("{card} .pay"), "hidden").await,
+        "no Pay once expired"
+    );
+    let said = text(&page, &format!("{card} .outcome"))
+        .await
+        .unwrap_or_default();
+    assert!(said.contains("expired"), "{said:?}");
+    assert!(
+        until_flag(&page, &format!("{card} .buy"), "disabled", false).await,
+        "Buy is back"
+    );
+
+    // Bought again and cancelled: Buy comes back at once.
+    page.find(Locator::Css(&format!("{card} .buy")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let again = until_text(&page, &format!("{card} .order-state"), |t| t == "reserved").await;
+    assert_eq!(again.as_deref(), Some("reserved"));
+    page.find(Locator::Css(&format!("{card} .cancel")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let cancelled = until_text(&page, &format!("{card} .order-state"), |t| t == "cancelled").await;
+    assert_eq!(cancelled.as_deref(), Some("cancelled"));
+    assert!(
+        until_flag(&page, &format!("{card} .buy"), "disabled", false).await,
+        "Buy is back"
+    );
+
+    // A reload finds the order again, from the buyer's orders.
+    page.refresh().await.unwrap();
+    let found = until_text(&page, &format!("{card} .order-state"), |t| t == "cancelled").await;
+    assert_eq!(found.as_deref(), Some("cancelled"));
+
+    // Signing out forgets the token.
+    assert!(until_flag(&page, "#sign-out", "hidden", false).await);
+    page.find(Locator::Css("#sign-out"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let who = until_text(&page, "#who", |t| t.starts_with("Not signed in")).await;
+    assert!(
+        who.as_deref()
+            .is_some_and(|t| t.starts_with("Not signed in")),
+        "{who:?}"
+    );
+    assert!(flag(&page, "#sign-out", "hidden").await);
+
+    page.close().await.unwrap();
+    shop.stop().await;
+}
+
 /// Service 15 and 16 (`docs/guarantees.md`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_creates_a_sale_and_watches_it_and_a_user_token_cannot_open_the_console() {

@@ -108,7 +108,14 @@ function setUpSignIn(onChange) {
   const show = async () => {
     const who = await whoIsSignedIn();
     $("#who").textContent = who ? "Signed in as " + who + "." : $("#who").dataset.anonymous;
+    $("#sign-out").hidden = !token();
   };
+  $("#sign-out").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    setMessage($("#sign-in-message"), "Signed out.", "ok");
+    show();
+    onChange();
+  });
   $("#who").dataset.anonymous = $("#who").textContent;
   $("#token-form").addEventListener("submit", (e) => {
     e.preventDefault();
@@ -147,9 +154,37 @@ const REFUSALS = {
   unknown_voucher: "No such sale.",
 };
 
+// What a refused payment or cancellation means to the buyer.
+const ORDER_REFUSALS = {
+  already_paid: "This order is already paid.",
+  order_cancelled: "This order was cancelled.",
+  order_expired: "The time to pay ran out: the order has expired and the unit is back on sale.",
+  order_pending: "Your order is still being recorded: try again in a moment.",
+  order_failed: "This order could not be recorded.",
+  payment_declined: "The payment was declined: nothing was charged.",
+};
+
 function storefront() {
   const cards = new Map(); // voucher id -> { el, sale, clicked, order }
+  const mine = new Map(); // voucher id -> the buyer's latest stored order
   let latest = [];
+
+  // The buyer's stored orders, in one request (not one per sale).
+  async function loadMine() {
+    mine.clear();
+    if (!token()) return;
+    const answer = await api("GET", "/api/orders");
+    if (answer.status !== 200) return;
+    for (const order of answer.body) {
+      const seen = mine.get(order.voucher_id);
+      if (!seen || BigInt(order.order_id) > BigInt(seen.order_id)) mine.set(order.voucher_id, order);
+    }
+    for (const [id, entry] of cards) {
+      entry.order = mine.get(id) || null;
+      if (entry.order && entry.order.state === "pending") watchOrder(entry);
+    }
+    render();
+  }
 
   function card(sale) {
     let entry = cards.get(sale.id);
@@ -159,9 +194,8 @@ function storefront() {
       $(".buy", el).addEventListener("click", () => buy(entry));
       $(".pay", el).addEventListener("click", () => act(entry, "pay"));
       $(".cancel", el).addEventListener("click", () => act(entry, "cancel"));
-      entry = { el, sale, clicked: false, order: null, busy: false };
+      entry = { el, sale, clicked: false, order: mine.get(sale.id) || null, busy: false };
       cards.set(sale.id, entry);
-      if (token()) loadOrder(entry);
     }
     entry.sale = sale;
     return entry;
@@ -181,6 +215,14 @@ function storefront() {
 
   function paint(entry, now) {
     const { el, sale } = entry;
+    // The deadline passed (by the server's clock): the order is expired,
+    // whether or not the server's sweep has recorded it yet; ask it.
+    if (entry.order && entry.order.state === "reserved" && entry.order.pay_by_ms && now >= entry.order.pay_by_ms) {
+      entry.order = { ...entry.order, state: "expired" };
+      entry.clicked = false;
+      setMessage($(".outcome", el), ORDER_REFUSALS.order_expired, "error");
+      setTimeout(() => loadOrder(entry), 1000);
+    }
     const status = saleStatus(sale, now);
     $(".title", el).textContent = sale.title;
     $(".stock", el).textContent = sale.stock_left > 0 ? sale.stock_left + " left" : "Sold out";
@@ -256,11 +298,18 @@ function storefront() {
 
   // An accepted order is on its way to the database: ask until it is there.
   async function watchOrder(entry) {
+    let waited = false;
     for (let i = 0; i < 120 && entry.order && entry.order.state === "pending"; i++) {
+      waited = true;
       await new Promise((r) => setTimeout(r, 500));
       const answer = await api("GET", "/api/vouchers/" + entry.sale.id + "/order");
       if (answer.status === 200) entry.order = answer.body;
       paint(entry, serverNow());
+    }
+    // Stored: the order's own line says its state from now on.
+    const outcome = $(".outcome", entry.el);
+    if (waited && entry.order && entry.order.state !== "pending" && outcome.textContent.startsWith("Accepted")) {
+      setMessage(outcome, "", null);
     }
   }
 
@@ -272,9 +321,11 @@ function storefront() {
     const outcome = $(".outcome", entry.el);
     if (answer.status === 200) {
       entry.order = answer.body;
+      if (what === "cancel") entry.clicked = false; // the voucher decides whether it can be bought again
       setMessage(outcome, what === "pay" ? "Paid." : "Cancelled: the unit is back on sale.", "ok");
     } else {
-      setMessage(outcome, (answer.body && answer.body.message) || "Unavailable: try again.", "error");
+      const code = answer.body && answer.body.code;
+      setMessage(outcome, ORDER_REFUSALS[code] || "Unavailable: try again.", "error");
       if (answer.status === 409) loadOrder(entry);
     }
     entry.busy = false;
@@ -282,9 +333,10 @@ function storefront() {
   }
 
   setUpSignIn(() => {
-    for (const entry of cards.values()) { entry.order = null; entry.clicked = false; loadOrder(entry); }
-    render();
+    for (const entry of cards.values()) { entry.order = null; entry.clicked = false; }
+    loadMine();
   });
+  loadMine();
   follow("/api/live", {
     onFigures(snapshot) {
       clockOffsetMs = snapshot.now_ms - Date.now();
