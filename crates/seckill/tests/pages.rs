@@ -111,6 +111,16 @@ async fn flag(page: &Client, css: &str, property: &str) -> bool {
     .unwrap_or(false)
 }
 
+/// Clicks the first element matching `css`.
+async fn click(page: &Client, css: &str) {
+    page.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
 /// Waits until `css`'s text satisfies `wanted`; the last text seen if it
 /// never does within [`PATIENCE`] (the caller's assertion then fails).
 async fn until_text(page: &Client, css: &str, wanted: impl Fn(&str) -> bool) -> Option<String> {
@@ -145,12 +155,7 @@ async fn sign_in(page: &Client, token: &str) {
         .send_keys(token)
         .await
         .unwrap();
-    page.find(Locator::Css("#use-token"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(page, "#use-token").await;
 }
 
 async fn screenshot(page: &Client, name: &str) {
@@ -212,13 +217,7 @@ async fn the_storefront_counts_down_sells_once_and_shows_the_stock_fall_on_anoth
     );
 
     // One press buys; the button stays disabled; the order becomes stored.
-    buyer
-        .find(Locator::Css(&format!("{card} .buy")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&buyer, &format!("{card} .buy")).await;
     let outcome = until_text(&buyer, &format!("{card} .outcome"), |t| {
         t.starts_with("Accepted")
     })
@@ -248,13 +247,7 @@ async fn the_storefront_counts_down_sells_once_and_shows_the_stock_fall_on_anoth
     screenshot(&watcher, "storefront-phone-sold-out.png").await;
 
     // Paying from the page.
-    buyer
-        .find(Locator::Css(&format!("{card} .pay")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&buyer, &format!("{card} .pay")).await;
     let paid = until_text(&buyer, &format!("{card} .order-state"), |t| t == "paid").await;
     assert_eq!(paid.as_deref(), Some("paid"));
     screenshot(&buyer, "storefront-paid.png").await;
@@ -322,12 +315,7 @@ async fn the_buyers_page_follows_the_order_to_its_deadline_and_back() {
     let shown = until_text(&page, &format!("{card} .stock"), |t| t == "5 left").await;
     assert_eq!(shown.as_deref(), Some("5 left"));
     assert!(until_flag(&page, &format!("{card} .buy"), "disabled", false).await);
-    page.find(Locator::Css(&format!("{card} .buy")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&page, &format!("{card} .buy")).await;
     let reserved = until_text(&page, &format!("{card} .order-state"), |t| t == "reserved").await;
     assert_eq!(reserved.as_deref(), Some("reserved"));
     assert!(
@@ -354,20 +342,10 @@ async fn the_buyers_page_follows_the_order_to_its_deadline_and_back() {
     );
 
     // Bought again and cancelled: Buy comes back at once.
-    page.find(Locator::Css(&format!("{card} .buy")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&page, &format!("{card} .buy")).await;
     let again = until_text(&page, &format!("{card} .order-state"), |t| t == "reserved").await;
     assert_eq!(again.as_deref(), Some("reserved"));
-    page.find(Locator::Css(&format!("{card} .cancel")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&page, &format!("{card} .cancel")).await;
     let cancelled = until_text(&page, &format!("{card} .order-state"), |t| t == "cancelled").await;
     assert_eq!(cancelled.as_deref(), Some("cancelled"));
     assert!(
@@ -382,12 +360,7 @@ async fn the_buyers_page_follows_the_order_to_its_deadline_and_back() {
 
     // Signing out forgets the token.
     assert!(until_flag(&page, "#sign-out", "hidden", false).await);
-    page.find(Locator::Css("#sign-out"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&page, "#sign-out").await;
     let who = until_text(&page, "#who", |t| t.starts_with("Not signed in")).await;
     assert!(
         who.as_deref()
@@ -448,13 +421,7 @@ async fn an_operator_creates_a_sale_and_watches_it_and_a_user_token_cannot_open_
         input.clear().await.unwrap();
         input.send_keys(value).await.unwrap();
     }
-    console
-        .find(Locator::Css("#create"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&console, "#create").await;
     let created = until_text(&console, "#created", |t| t.starts_with("Created sale"))
         .await
         .unwrap();
