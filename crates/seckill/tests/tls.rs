@@ -42,6 +42,19 @@ impl Ca {
             ..RedisTls::default()
         }
     }
+
+    /// An instance on the Redis deployment `url` (trusting this CA) and
+    /// the SQLite file `database`, and its address.
+    async fn serve(&self, url: String, database: &str) -> (Service, String) {
+        let service = Service::start(Settings {
+            redis_tls: self.trust(),
+            ..support::settings(url, database, SECRET)
+        })
+        .await
+        .unwrap();
+        let base = format!("http://{}", service.addr());
+        (service, base)
+    }
 }
 
 impl Drop for Ca {
@@ -168,13 +181,7 @@ async fn the_service_follows_a_failover_over_tls() {
         hosts.join(",")
     );
     let database = format!("sqlite://{}/shop.db", ca.dir.display());
-    let service = Service::start(Settings {
-        redis_tls: ca.trust(),
-        ..support::settings(url, &database, SECRET)
-    })
-    .await
-    .unwrap();
-    let base = format!("http://{}", service.addr());
+    let (service, base) = ca.serve(url, &database).await;
     let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
     let http = reqwest::Client::new();
     let (voucher, mut accepted) = sell(&http, &base, &tokens, 10).await;
@@ -223,13 +230,7 @@ async fn the_service_sells_on_a_cluster_that_speaks_tls_only() {
         .collect();
     let url = format!("{}{}", seckill::store::CLUSTER_TLS_SCHEME, nodes.join(","));
     let database = format!("sqlite://{}/shop.db", ca.dir.display());
-    let service = Service::start(Settings {
-        redis_tls: ca.trust(),
-        ..support::settings(url, &database, SECRET)
-    })
-    .await
-    .unwrap();
-    let base = format!("http://{}", service.addr());
+    let (service, base) = ca.serve(url, &database).await;
     let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
     let http = reqwest::Client::new();
     let (voucher, accepted) = sell(&http, &base, &tokens, 10).await;
