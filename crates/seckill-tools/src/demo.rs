@@ -224,6 +224,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         crate::bench::after_sale_run(&http, &tokens, &plan, &record, &stores, args.stock).await;
     all.extend(life.checks);
     differences.extend(life.differences);
+    // The buyers are done: every charge the sale will see is made.
+    if let Some(revenue) = stores.revenue(voucher).await? {
+        let (money, lines) = checks::money_checks(&service.payments_ledger(), &revenue);
+        for line in lines {
+            println!("{line}");
+        }
+        all.extend(money);
+    }
 
     if args.watch {
         let ok = checks::print(&all, &differences);

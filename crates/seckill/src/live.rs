@@ -30,6 +30,8 @@ use serde::Serialize;
 use tokio::sync::{watch, Notify};
 
 use crate::db::{Database, VoucherRow};
+use crate::domain::money::Currency;
+use crate::domain::voucher::{RefundRestock, Shop};
 use crate::metrics::Metrics;
 use crate::sale::Sales;
 
@@ -69,6 +71,23 @@ pub struct SaleView {
     pub pay_within_ms: i64,
     /// Whether a buyer whose order was given back may buy again.
     pub rebuy_after_cancel: bool,
+    /// The shop it is spent at (`null`: none named).
+    pub shop: Option<Shop>,
+    /// Its sub-title (may be empty).
+    pub subtitle: String,
+    /// Its rules, shown to buyers (may be empty; lines split by `\n`).
+    pub rules: String,
+    /// What a buyer pays, in minor units of `currency`.
+    pub price_minor: i64,
+    /// What it is worth at its shop, in minor units of `currency`.
+    pub face_value_minor: i64,
+    /// The ISO 4217 currency of both (`XXX`: a free voucher).
+    pub currency: Currency,
+    /// Decimal places of the currency's minor unit (2 for CNY: 1990 is
+    /// 19.90), as ISO 4217 sets them.
+    pub currency_exponent: u16,
+    /// Whether a refunded unit goes back on sale.
+    pub refund_restock: RefundRestock,
 }
 
 impl SaleView {
@@ -82,6 +101,14 @@ impl SaleView {
             end_ms: row.end_ms,
             pay_within_ms: row.pay_within_ms,
             rebuy_after_cancel: row.rebuy_after_cancel,
+            shop: row.shop,
+            subtitle: row.subtitle,
+            rules: row.rules,
+            price_minor: row.price.minor(),
+            face_value_minor: row.face_value.minor(),
+            currency: row.price.currency(),
+            currency_exponent: row.price.currency().exponent(),
+            refund_restock: row.refund_restock,
         }
     }
 }

@@ -32,7 +32,7 @@ use crate::db::{self, Database, GiveBack, Transition};
 use crate::domain::order::OrderState;
 use crate::error::Result;
 use crate::metrics::Metrics;
-use crate::payments::Payments;
+use crate::payments::{Charge, Payments};
 use crate::store::{FastPath, TakeBack};
 
 /// Due orders read and handled at a time.
@@ -112,7 +112,12 @@ impl OrderLife {
             // Paid (by this key or another) or given back: no charge.
             return db::by(deadline, self.db.pay_order(id, user, key)).await;
         }
-        let receipt = self.payments.charge(id, key).await?;
+        let charge = Charge {
+            order_id: id,
+            amount: order.amount,
+            key: key.to_owned(),
+        };
+        let receipt = self.payments.charge(&charge).await?;
         // The charge's own time does not count against the database.
         let outcome = db::by(database_deadline(), self.db.pay_order(id, user, key)).await?;
         match &outcome {

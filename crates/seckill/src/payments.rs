@@ -5,12 +5,18 @@
 //! (it was cancelled or expired meanwhile). A provider must make a charge
 //! idempotent by the client's key: the same key charges once, however often
 //! it is asked. [`StandIn`] approves every charge; it is what the service
-//! runs until a provider is wired in. Refunds of paid orders are out of
-//! scope: a paid order is final here.
+//! runs until a provider is wired in, and keeps a ledger of what it did,
+//! per currency, that checks compare with the database's paid orders.
+//!
+//! Every charge and void carries its amount: the order's, fixed when it
+//! was stored.
 
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::domain::money::{Currency, Money};
 
 /// A charge's future, boxed so that a provider can be chosen at run time.
 pub type PaymentFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, PaymentError>> + Send + 'a>>;
@@ -28,54 +34,132 @@ pub enum PaymentError {
     Unavailable(String),
 }
 
+/// What the service asks a provider to charge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    /// The order paid for.
+    pub order_id: i64,
+    /// Its amount.
+    pub amount: Money,
+    /// The client's idempotency key.
+    pub key: String,
+}
+
 /// A charge the provider made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Receipt {
     /// The provider's reference of the charge.
     pub reference: String,
+    /// What it charged.
+    pub amount: Money,
 }
 
 /// A payment provider.
 pub trait Payments: std::fmt::Debug + Send + Sync {
-    /// Charges order `order_id`'s price once per `key` (the same key
-    /// answers the same receipt).
-    fn charge<'a>(&'a self, order_id: i64, key: &'a str) -> PaymentFuture<'a, Receipt>;
+    /// Charges `charge.amount` for `charge.order_id` once per
+    /// `charge.key` (the same key answers the same receipt).
+    fn charge<'a>(&'a self, charge: &'a Charge) -> PaymentFuture<'a, Receipt>;
 
     /// Gives back the charge of `receipt` (its order could not be marked
     /// paid).
     fn void<'a>(&'a self, receipt: &'a Receipt) -> PaymentFuture<'a, ()>;
 }
 
-/// A provider that approves every charge and counts what it did.
+/// What a provider did in one currency: how many charges and voids, and
+/// their sums in minor units.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Charges made.
+    pub charges: u64,
+    /// Their sum.
+    pub charged_minor: i64,
+    /// Charges voided.
+    pub voids: u64,
+    /// Their sum.
+    pub voided_minor: i64,
+}
+
+impl Totals {
+    /// What the provider kept: charged minus voided.
+    pub fn kept_minor(&self) -> i64 {
+        self.charged_minor - self.voided_minor
+    }
+}
+
+/// A provider that approves every charge and keeps a ledger of what it
+/// did, per currency. Like a real provider it charges once per key and
+/// voids a charge once, however often it is asked (it remembers every
+/// charge it made: a development stand-in, not for years of orders).
 #[derive(Debug, Default)]
 pub struct StandIn {
-    charges: AtomicU64,
-    voids: AtomicU64,
+    state: Mutex<Book>,
+}
+
+/// The stand-in's records.
+#[derive(Debug, Default)]
+struct Book {
+    ledger: BTreeMap<Currency, Totals>,
+    /// Every charge by its reference, and whether it was voided.
+    charges: HashMap<String, bool>,
 }
 
 impl StandIn {
-    /// Charges approved, and charges voided.
+    /// The ledger: per currency, what was charged and voided.
+    pub fn ledger(&self) -> BTreeMap<Currency, Totals> {
+        self.state
+            .lock()
+            .map(|book| book.ledger.clone())
+            .unwrap_or_default()
+    }
+
+    /// Charges approved, and charges voided, in every currency.
     pub fn counts(&self) -> (u64, u64) {
-        (
-            self.charges.load(Ordering::Relaxed),
-            self.voids.load(Ordering::Relaxed),
-        )
+        self.ledger()
+            .values()
+            .fold((0, 0), |(c, v), t| (c + t.charges, v + t.voids))
     }
 }
 
 impl Payments for StandIn {
-    fn charge<'a>(&'a self, order_id: i64, key: &'a str) -> PaymentFuture<'a, Receipt> {
+    fn charge<'a>(&'a self, charge: &'a Charge) -> PaymentFuture<'a, Receipt> {
         Box::pin(async move {
-            self.charges.fetch_add(1, Ordering::Relaxed);
+            let reference = format!("stand-in:{}:{}", charge.order_id, charge.key);
+            let mut book = self
+                .state
+                .lock()
+                .map_err(|_| PaymentError::Unavailable("stand-in poisoned".into()))?;
+            if !book.charges.contains_key(&reference) {
+                book.charges.insert(reference.clone(), false);
+                let totals = book.ledger.entry(charge.amount.currency()).or_default();
+                totals.charges += 1;
+                totals.charged_minor += charge.amount.minor();
+            }
             Ok(Receipt {
-                reference: format!("stand-in:{order_id}:{key}"),
+                reference,
+                amount: charge.amount,
             })
         })
     }
 
-    fn void<'a>(&'a self, _receipt: &'a Receipt) -> PaymentFuture<'a, ()> {
+    fn void<'a>(&'a self, receipt: &'a Receipt) -> PaymentFuture<'a, ()> {
         Box::pin(async move {
-            self.voids.fetch_add(1, Ordering::Relaxed);
+            let mut book = self
+                .state
+                .lock()
+                .map_err(|_| PaymentError::Unavailable("stand-in poisoned".into()))?;
+            match book.charges.get_mut(&receipt.reference) {
+                Some(voided @ false) => *voided = true,
+                Some(true) => return Ok(()),
+                None => {
+                    return Err(PaymentError::Declined(format!(
+                        "no charge {} to void",
+                        receipt.reference
+                    )))
+                }
+            }
+            let totals = book.ledger.entry(receipt.amount.currency()).or_default();
+            totals.voids += 1;
+            totals.voided_minor += receipt.amount.minor();
             Ok(())
         })
     }

@@ -3,6 +3,7 @@
 //! sweep, the background check of Redis), on one Redis
 //! and one database, and a graceful shutdown that drains.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,10 +13,11 @@ use tokio::sync::watch;
 
 use crate::auth::Tokens;
 use crate::db::Database;
+use crate::domain::money::Currency;
 use crate::http::{router, AppState, RateLimits};
 use crate::live::Live;
 use crate::order_life::OrderLife;
-use crate::payments::StandIn;
+use crate::payments::{StandIn, Totals};
 use crate::pipeline::{OrderPipeline, PipelineSettings};
 use crate::repair::SaleRepair;
 use crate::sale::{PurchasePath, Sales};
@@ -34,6 +36,7 @@ pub struct Service {
     ticker: tokio::task::JoinHandle<()>,
     keeper: Option<tokio::task::JoinHandle<()>>,
     pipeline: Arc<OrderPipeline>,
+    payments: Arc<StandIn>,
 }
 
 impl Service {
@@ -95,10 +98,11 @@ impl Service {
             ))
         });
         let sales = Arc::new(Sales::new(purchases, fast, db.clone(), repair));
+        let payments = Arc::new(StandIn::default());
         let orders = Arc::new(OrderLife::new(
             db.clone(),
             sales.fast_path().cloned(),
-            Arc::new(StandIn::default()),
+            payments.clone(),
             metrics.clone(),
         ));
         let live = Live::new(stop.clone());
@@ -166,7 +170,14 @@ impl Service {
             ticker,
             keeper,
             pipeline,
+            payments,
         })
+    }
+
+    /// What this instance's payment stand-in charged and voided, per
+    /// currency.
+    pub fn payments_ledger(&self) -> BTreeMap<Currency, Totals> {
+        self.payments.ledger()
     }
 
     /// The bound address.

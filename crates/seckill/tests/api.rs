@@ -808,8 +808,139 @@ async fn route_tour(app: &TestApp, backend: seckill::db::Backend) {
     assert_eq!(mine.as_array().unwrap().len(), 1);
     assert_eq!(app.db.voucher_stock(id).await.unwrap(), Some(0));
     order_life_tour(app, id).await;
+    shop_tour(app).await;
     let ready = app.get("/readyz").await;
     assert_eq!(ready.status(), StatusCode::OK);
+}
+
+/// Shop 1, 2: a voucher as a shop sells it (shop, texts, price and face
+/// value in minor units of an ISO 4217 currency) is stored and read back
+/// as sent on every database, what a shop must not publish is a 400 naming
+/// the field, and an order carries its voucher's price.
+async fn shop_tour(app: &TestApp) {
+    let hour = 3_600_000;
+    let rules = "One per table.\n不与其他优惠同享 🍲";
+    let priced = |extra: Value| {
+        let mut body = json!({
+            "title": "Hotpot for two", "stock": 3,
+            "begin_ms": now_ms() - 1000, "end_ms": now_ms() + hour,
+            "shop": {"id": 42, "name": "海底捞 Haidilao"}, "subtitle": "Any weekday",
+            "rules": rules, "price_minor": 9900, "face_value_minor": 20000, "currency": "CNY",
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            if v.is_null() {
+                body.as_object_mut().unwrap().remove(k);
+            } else {
+                body[k] = v.clone();
+            }
+        }
+        body
+    };
+    let (status, v) = app
+        .create_voucher(priced(json!({"refund_restock": "never"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_i64().unwrap();
+    for view in [v, app.show(id).await.1] {
+        assert_eq!(
+            view["shop"],
+            json!({"id": 42, "name": "海底捞 Haidilao"}),
+            "{view}"
+        );
+        assert_eq!(view["subtitle"], "Any weekday");
+        assert_eq!(view["rules"], rules);
+        assert_eq!(
+            (&view["price_minor"], &view["face_value_minor"]),
+            (&json!(9900), &json!(20000))
+        );
+        assert_eq!(
+            (&view["currency"], &view["currency_exponent"]),
+            (&json!("CNY"), &json!(2))
+        );
+        assert_eq!(view["refund_restock"], "never");
+    }
+    // Without a price: free, in no currency, of no named shop.
+    let (_, free) = app.create_voucher(open_voucher(1)).await;
+    assert_eq!(
+        (
+            &free["price_minor"],
+            &free["face_value_minor"],
+            &free["currency"]
+        ),
+        (&json!(0), &json!(0), &json!("XXX"))
+    );
+    assert_eq!(
+        (&free["shop"], &free["subtitle"]),
+        (&Value::Null, &json!(""))
+    );
+    assert_eq!(free["refund_restock"], "while_open");
+    // Whole yen: no minor unit below the yen.
+    let (status, yen) = app
+        .create_voucher(priced(
+            json!({"price_minor": 500, "face_value_minor": null, "currency": "JPY"}),
+        ))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{yen}");
+    assert_eq!(
+        (&yen["face_value_minor"], &yen["currency_exponent"]),
+        (&json!(500), &json!(0))
+    );
+    let above = priced(json!({"price_minor": 30000, "allow_price_above_face": true}));
+    assert_eq!(app.create_voucher(above).await.0, StatusCode::CREATED);
+    let stored = app.db.voucher_ids().await.unwrap();
+    for (extra, field) in [
+        (json!({"price_minor": 30000}), "price_minor"),
+        (json!({"price_minor": -1}), "price_minor"),
+        (
+            json!({"price_minor": 1_000_000_000_001i64, "face_value_minor": null}),
+            "price_minor",
+        ),
+        (json!({"face_value_minor": -5}), "face_value_minor"),
+        (json!({"currency": "ABC"}), "currency"),
+        (json!({"currency": "cny"}), "currency"),
+        (json!({"currency": "XAU"}), "currency"),
+        (json!({"currency": "XXX"}), "currency"),
+        (json!({"currency": null}), "currency"),
+        (json!({"subtitle": "teapot\u{202E}gpj.exe"}), "subtitle"),
+        (json!({"subtitle": "x".repeat(201)}), "subtitle"),
+        (json!({"subtitle": "two\nlines"}), "subtitle"),
+        (json!({"rules": "tab\there"}), "rules"),
+        (json!({"rules": "x".repeat(2001)}), "rules"),
+        (json!({"shop": {"id": 0, "name": "x"}}), "shop.id"),
+        (json!({"shop": {"id": 1, "name": " padded"}}), "shop.name"),
+        (json!({"refund_restock": "sometimes"}), "refund_restock"),
+    ] {
+        let body = priced(extra.clone());
+        let (status, e) = app.create_voucher(body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{extra} -> {e}");
+        assert_eq!(e["field"], field, "{extra} -> {e}");
+    }
+    assert_eq!(
+        app.db.voucher_ids().await.unwrap(),
+        stored,
+        "a refused voucher was stored"
+    );
+    // The order carries the price, and paying it keeps it.
+    assert_eq!(app.buy(id, 5).await.0, StatusCode::OK);
+    assert!(app.order_stored(id, 5).await, "the worker stores the order");
+    let order = app.order_of(id, 5).await;
+    assert_eq!(
+        (&order["amount_minor"], &order["currency"]),
+        (&json!(9900), &json!("CNY")),
+        "{order}"
+    );
+    let order_id = order["order_id"].as_str().unwrap().to_owned();
+    let (status, paid) = app
+        .order_action(5, &order_id, "pay", Some("shop-tour"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{paid}");
+    assert_eq!(
+        (&paid["state"], &paid["amount_minor"]),
+        (&json!("paid"), &json!(9900))
+    );
+    let revenue = app.db.revenue(id).await.unwrap();
+    let cny = seckill::domain::money::Currency::parse("currency", "CNY").unwrap();
+    assert_eq!(revenue.into_iter().collect::<Vec<_>>(), [(cny, 9900)]);
 }
 
 /// Payment, cancellation, expiry and each refusal, on voucher `sold`

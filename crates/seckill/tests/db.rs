@@ -361,3 +361,62 @@ async fn an_order_changes_once_by_its_row_on_every_backend() {
     })
     .await;
 }
+
+/// Shop 1: what rows stored before vouchers had prices become: free
+/// vouchers (0, in `XXX`, "no currency involved") of no named shop, with
+/// empty texts, and orders of amount 0 `XXX`, read back as such.
+#[tokio::test]
+async fn rows_stored_before_prices_existed_become_free() {
+    use seckill::domain::money::Money;
+    use seckill::domain::voucher::RefundRestock;
+    let dir = std::env::temp_dir().join(format!("seckill-before-prices-{}", std::process::id()));
+    let early = dir.join("early-migrations");
+    std::fs::create_dir_all(&early).unwrap();
+    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+    for file in ["0001_init.sql", "0002_order_life.sql"] {
+        std::fs::copy(all.join(file), early.join(file)).unwrap();
+    }
+    let file = dir.join("old.db");
+    {
+        // A database as the service left it before prices existed.
+        let url = format!("sqlite://{}?mode=rwc", file.display());
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let migrator = sqlx::migrate::Migrator::new(early.as_path()).await.unwrap();
+        migrator.run(&pool).await.unwrap();
+        sqlx::query(
+            "INSERT INTO seckill_voucher (title, stock, begin_ms, end_ms, created_ms) \
+             VALUES ('Old sale', 4, 1, 2, 1)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO voucher_order (id, user_id, voucher_id, created_ms, state, pay_by_ms) \
+             VALUES (77, 5, 1, 1, 'paid', 2)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let db = Database::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+    db.migrate().await.unwrap();
+    let voucher = db.voucher(1).await.unwrap().unwrap();
+    assert_eq!(voucher.title, "Old sale");
+    assert_eq!(
+        (voucher.price, voucher.face_value),
+        (Money::zero(), Money::zero())
+    );
+    assert_eq!(voucher.price.currency().code(), "XXX");
+    assert_eq!(voucher.shop, None);
+    assert_eq!(
+        (voucher.subtitle.as_str(), voucher.rules.as_str()),
+        ("", "")
+    );
+    assert_eq!(voucher.refund_restock, RefundRestock::WhileOpen);
+    let order = db.order(77).await.unwrap().unwrap();
+    assert_eq!(order.amount, Money::zero());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use seckill::db::{Database, GiveBack, StateCounts, Transition};
+use seckill::domain::money::{Currency, Money};
 use seckill::domain::order::{OrderRecord, OrderState};
 use seckill::domain::purchase::{Purchase, Refusal};
-use seckill::domain::voucher::{SaleTerms, Title};
+use seckill::domain::voucher::{Offer, SaleTerms, Title};
 use seckill::metrics::Metrics;
 use seckill::order_life::OrderLife;
 use seckill::payments::StandIn;
@@ -35,6 +36,15 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+fn cny() -> Currency {
+    Currency::parse("currency", "CNY").unwrap()
+}
+
+/// Every test sale's price: 19.90 CNY.
+fn price() -> Money {
+    Money::new("price", 1990, cny()).unwrap()
 }
 
 fn now_ms() -> i64 {
@@ -68,8 +78,9 @@ async fn sale(stock: i64, pay_within: Duration, rebuy: bool) -> Sale {
     .with_pay_within(pay_within)
     .unwrap()
     .with_rebuy_after_cancel(rebuy);
+    let offer = Offer::priced(price(), Money::new("face", 5000, cny()).unwrap(), false).unwrap();
     let voucher = db
-        .create_voucher(&Title::parse("Hotpot, pay soon").unwrap(), &terms)
+        .publish_voucher(&Title::parse("Hotpot, pay soon").unwrap(), &offer, &terms)
         .await
         .unwrap();
     let redis = RedisServer::start();
@@ -271,7 +282,7 @@ async fn unpaid_orders_expire_in_batches_and_every_unit_sells_again() {
 /// Service 8: payments, cancellations and the sweep racing on the same
 /// orders past their deadline: each order ends in one state, and the
 /// stock accounts for every unit (stock = available + reserved + paid, no
-/// unit taken back twice).
+/// unit taken back twice). Shop 3: the money adds up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_payments_cancellations_and_expiry_leave_each_order_one_state() {
     const UNITS: i64 = 60;
@@ -326,6 +337,12 @@ async fn racing_payments_cancellations_and_expiry_leave_each_order_one_state() {
         paid as u64,
         "a paid order without its charge"
     );
+    // Shop 3: the money the provider kept is what the paid orders add up
+    // to, each at its voucher's price.
+    let kept = sale.payments.ledger()[&cny()].kept_minor();
+    assert_eq!(kept, paid * price().minor());
+    let revenue = sale.db.revenue(sale.voucher).await.unwrap();
+    assert_eq!(revenue.get(&cny()).copied().unwrap_or(0), kept);
     sale.assert_consistent().await;
 }
 

@@ -203,6 +203,22 @@ impl Stores {
         })
     }
 
+    /// What `voucher`'s paid orders add up to, per currency (`None`
+    /// without a database).
+    ///
+    /// # Errors
+    /// If the database fails.
+    pub async fn revenue(
+        &self,
+        voucher: i64,
+    ) -> anyhow::Result<Option<std::collections::BTreeMap<seckill::domain::money::Currency, i64>>>
+    {
+        Ok(match &self.db {
+            Some(db) => Some(db.revenue(voucher).await?),
+            None => None,
+        })
+    }
+
     /// The figures of an order's life for `voucher` (`None` without a
     /// database); Redis' side only when `fast_path` (on the locked path
     /// the database alone holds the stock).
@@ -426,6 +442,46 @@ pub fn print(checks: &[Check], differences: &[String]) -> bool {
         }
     );
     ok
+}
+
+/// The money checks of a sale: in each currency, what the payment
+/// provider kept (charged less voided) equals what the database's paid
+/// orders add up to; and the lines of the report that show it.
+pub fn money_checks(
+    ledger: &std::collections::BTreeMap<
+        seckill::domain::money::Currency,
+        seckill::payments::Totals,
+    >,
+    revenue: &std::collections::BTreeMap<seckill::domain::money::Currency, i64>,
+) -> (Vec<Check>, Vec<String>) {
+    use seckill::domain::money::Money;
+    let show = |minor: i64, currency| {
+        Money::new("amount", minor, currency)
+            .map_or_else(|_| format!("{minor} {currency}"), |m| m.to_string())
+    };
+    let mut currencies: Vec<_> = ledger.keys().chain(revenue.keys()).copied().collect();
+    currencies.sort();
+    currencies.dedup();
+    let mut checks = Vec::new();
+    let mut lines = Vec::new();
+    for currency in currencies {
+        let totals = ledger.get(&currency).copied().unwrap_or_default();
+        let paid = revenue.get(&currency).copied().unwrap_or(0);
+        lines.push(format!(
+            "money ({currency}): paid orders {}; provider charged {} in {} charges, voided {} in {}, kept {}",
+            show(paid, currency),
+            show(totals.charged_minor, currency),
+            totals.charges,
+            show(totals.voided_minor, currency),
+            totals.voids,
+            show(totals.kept_minor(), currency),
+        ));
+        checks.push(Check::new(
+            format!("money adds up ({currency}): the provider kept what the paid orders cost"),
+            totals.kept_minor() == paid,
+        ));
+    }
+    (checks, lines)
 }
 
 #[cfg(test)]

@@ -427,6 +427,13 @@ fn describe(arrival: Arrival, until: Until) -> String {
     }
 }
 
+/// What the vouchers the tools publish cost, in fen: 19.90 CNY (worth
+/// 50.00 at the shop).
+pub const PRICE_MINOR: i64 = 1990;
+
+/// Their currency.
+pub const CURRENCY: &str = "CNY";
+
 /// The setup step: a voucher on sale from now for a day; its buyers have
 /// `pay_within` to pay (`None`: the service's default window).
 pub async fn create_voucher(
@@ -457,7 +464,9 @@ pub async fn create_voucher_at(
     let begin_ms = begin.duration_since(UNIX_EPOCH)?.as_millis() as u64;
     let mut body = json!({
         "title": title, "stock": stock,
-        "begin_ms": begin_ms, "end_ms": begin_ms + 24 * 3_600_000
+        "begin_ms": begin_ms, "end_ms": begin_ms + 24 * 3_600_000,
+        "shop": {"id": 1, "name": "Hotpot House"}, "subtitle": "Dinner for two, any weekday",
+        "price_minor": PRICE_MINOR, "face_value_minor": 5000, "currency": CURRENCY
     });
     if let Some(window) = pay_within {
         body["pay_within_ms"] = json!(window.as_millis() as u64);

@@ -32,7 +32,8 @@ use crate::error::{Error, Result};
 /// The columns [`stored_order`] reads, in its order.
 macro_rules! order_columns {
     () => {
-        "id, user_id, voucher_id, created_ms, state, pay_by_ms, paid_ms, closed_ms"
+        "id, user_id, voucher_id, created_ms, state, pay_by_ms, paid_ms, closed_ms, amount_minor, \
+         currency"
     };
 }
 

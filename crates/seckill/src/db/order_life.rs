@@ -92,7 +92,7 @@ impl Database {
         .bind(user_id)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|r| Ok((stored_order(&r)?, r.try_get(8)?)))
+        row.map(|r| Ok((stored_order(&r)?, r.try_get(10)?)))
             .transpose()
     }
 

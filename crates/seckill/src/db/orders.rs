@@ -9,6 +9,7 @@ use sqlx::{AssertSqlSafe, Row};
 use super::{
     first_column, order_state, Backend, Database, OrderRecord, StoredOrder, SERIALIZATION_RETRIES,
 };
+use crate::domain::money::Money;
 use crate::error::{Error, Result};
 
 /// What [`Database::record_order`] did.
@@ -213,11 +214,14 @@ impl Database {
             return Ok(false);
         }
         // Reserved until paid: due for the expiry sweep at its deadline,
-        // the voucher's payment window after the purchase.
+        // the voucher's payment window after the purchase. Its amount is
+        // the voucher's price, which never changes once published.
         let inserted = sqlx::query(self.sql(
             "INSERT INTO voucher_order \
-             (id, user_id, voucher_id, created_ms, state, pay_by_ms, due_ms, claim_user_id) \
-             SELECT ?, ?, id, ?, 'reserved', ? + pay_within_ms, ? + pay_within_ms, ? \
+             (id, user_id, voucher_id, created_ms, state, pay_by_ms, due_ms, claim_user_id, \
+              amount_minor, currency) \
+             SELECT ?, ?, id, ?, 'reserved', ? + pay_within_ms, ? + pay_within_ms, ?, \
+              price_minor, currency \
              FROM seckill_voucher WHERE id = ?",
         ))
         .bind(order.id.as_i64())
@@ -278,5 +282,6 @@ pub(super) fn stored_order(r: &AnyRow) -> Result<StoredOrder> {
         pay_by_ms: r.try_get(5)?,
         paid_ms: r.try_get(6)?,
         closed_ms: r.try_get(7)?,
+        amount: Money::from_stored(r.try_get(8)?, &r.try_get::<String, _>(9)?)?,
     })
 }

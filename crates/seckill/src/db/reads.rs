@@ -3,7 +3,10 @@
 
 use sqlx::Row;
 
-use super::{first_column, order_state, Database};
+use std::collections::BTreeMap;
+
+use super::{first_column, order_state, Backend, Database};
+use crate::domain::money::Currency;
 use crate::domain::order::OrderState;
 use crate::error::{Error, Result};
 
@@ -147,6 +150,40 @@ impl Database {
             .fetch_one(&self.pool)
             .await?;
         Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// What voucher `id`'s paid orders add up to, per currency: the money
+    /// the provider must have kept for it.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn revenue(&self, voucher_id: i64) -> Result<BTreeMap<Currency, i64>> {
+        // A SUM of BIGINT is NUMERIC on PostgreSQL and DECIMAL on MariaDB,
+        // which the `Any` driver cannot read: cast back to a 64-bit integer.
+        let query = match self.backend {
+            Backend::Sqlite => {
+                "SELECT currency, SUM(amount_minor) FROM voucher_order \
+                 WHERE voucher_id = ? AND state = 'paid' GROUP BY currency"
+            }
+            Backend::Postgres => {
+                "SELECT currency, CAST(SUM(amount_minor) AS BIGINT) FROM voucher_order \
+                 WHERE voucher_id = ? AND state = 'paid' GROUP BY currency"
+            }
+            Backend::MySql => {
+                "SELECT currency, CAST(SUM(amount_minor) AS SIGNED) FROM voucher_order \
+                 WHERE voucher_id = ? AND state = 'paid' GROUP BY currency"
+            }
+        };
+        let rows = sqlx::query(self.sql(query))
+            .bind(voucher_id)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut sums = BTreeMap::new();
+        for row in &rows {
+            let currency = Currency::from_stored(&row.try_get::<String, _>(0)?)?;
+            sums.insert(currency, row.try_get::<i64, _>(1)?);
+        }
+        Ok(sums)
     }
 
     /// How many orders of voucher `id` are in each state.

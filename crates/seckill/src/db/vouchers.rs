@@ -4,9 +4,19 @@ use sqlx::any::AnyRow;
 use sqlx::Row;
 
 use super::{first_column, Database};
+use crate::domain::money::Money;
 use crate::domain::now_ms;
-use crate::domain::voucher::{SaleTerms, Title};
-use crate::error::Result;
+use crate::domain::voucher::{Offer, RefundRestock, SaleTerms, Shop, Title};
+use crate::error::{Error, Result};
+
+/// The columns [`voucher_row`] reads, in its order.
+macro_rules! voucher_columns {
+    () => {
+        "id, title, stock, begin_ms, end_ms, pay_within_ms, rebuy_after_cancel, \
+         shop_id, shop_name, subtitle, rules, price_minor, face_value_minor, currency, \
+         refund_restock"
+    };
+}
 
 /// A voucher row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +35,18 @@ pub struct VoucherRow {
     pub pay_within_ms: i64,
     /// Whether a buyer whose order was given back may buy again.
     pub rebuy_after_cancel: bool,
+    /// The shop it is spent at, if named.
+    pub shop: Option<Shop>,
+    /// Sub-title (may be empty).
+    pub subtitle: String,
+    /// Rules shown to buyers (may be empty).
+    pub rules: String,
+    /// What a buyer pays.
+    pub price: Money,
+    /// What it is worth at its shop.
+    pub face_value: Money,
+    /// Whether refunded units go back on sale.
+    pub refund_restock: RefundRestock,
 }
 
 /// A voucher's stock and sale window as stored.
@@ -39,15 +61,30 @@ pub struct VoucherWindow {
 }
 
 impl Database {
-    /// Stores a new voucher and returns its id.
+    /// Stores a new free voucher ([`Offer::free`]) and returns its id.
     ///
     /// # Errors
     /// [`Error::Database`] on failure.
     pub async fn create_voucher(&self, title: &Title, terms: &SaleTerms) -> Result<i64> {
+        self.publish_voucher(title, &Offer::free(), terms).await
+    }
+
+    /// Stores a new voucher offering `offer` on `terms` and returns its id.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn publish_voucher(
+        &self,
+        title: &Title,
+        offer: &Offer,
+        terms: &SaleTerms,
+    ) -> Result<i64> {
         let row: AnyRow = sqlx::query(self.sql(
             "INSERT INTO seckill_voucher \
-             (title, stock, begin_ms, end_ms, created_ms, pay_within_ms, rebuy_after_cancel) \
-             VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+             (title, stock, begin_ms, end_ms, created_ms, pay_within_ms, rebuy_after_cancel, \
+              shop_id, shop_name, subtitle, rules, price_minor, face_value_minor, currency, \
+              refund_restock) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         ))
         .bind(title.as_str())
         .bind(terms.stock())
@@ -56,6 +93,14 @@ impl Database {
         .bind(now_ms())
         .bind(terms.pay_within_ms())
         .bind(i64::from(terms.rebuy_after_cancel()))
+        .bind(offer.shop().map(|shop| shop.id))
+        .bind(offer.shop().map(|shop| shop.name.clone()))
+        .bind(offer.subtitle())
+        .bind(offer.rules())
+        .bind(offer.price().minor())
+        .bind(offer.face_value().minor())
+        .bind(offer.price().currency().code())
+        .bind(offer.refund_restock().as_stored())
         .fetch_one(&self.pool)
         .await?;
         Ok(row.try_get::<i64, _>(0)?)
@@ -103,14 +148,15 @@ impl Database {
     /// # Errors
     /// [`Error::Database`] on failure.
     pub async fn vouchers(&self, limit: i64) -> Result<Vec<VoucherRow>> {
-        let rows = sqlx::query(self.sql(
-            "SELECT id, title, stock, begin_ms, end_ms, pay_within_ms, rebuy_after_cancel \
-             FROM seckill_voucher ORDER BY id DESC LIMIT ?",
-        ))
+        let rows = sqlx::query(self.sql(concat!(
+            "SELECT ",
+            voucher_columns!(),
+            " FROM seckill_voucher ORDER BY id DESC LIMIT ?"
+        )))
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.iter().map(voucher_row).collect::<Result<_, _>>()?)
+        rows.iter().map(voucher_row).collect()
     }
 
     /// Voucher `id` as stored.
@@ -118,14 +164,15 @@ impl Database {
     /// # Errors
     /// [`Error::Database`] on failure.
     pub async fn voucher(&self, id: i64) -> Result<Option<VoucherRow>> {
-        let row = sqlx::query(self.sql(
-            "SELECT id, title, stock, begin_ms, end_ms, pay_within_ms, rebuy_after_cancel \
-                 FROM seckill_voucher WHERE id = ?",
-        ))
+        let row = sqlx::query(self.sql(concat!(
+            "SELECT ",
+            voucher_columns!(),
+            " FROM seckill_voucher WHERE id = ?"
+        )))
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.as_ref().map(voucher_row).transpose()?)
+        row.as_ref().map(voucher_row).transpose()
     }
 
     /// The stock and sale window of voucher `id` as stored.
@@ -151,9 +198,22 @@ impl Database {
     }
 }
 
-/// The `VoucherRow` of a `SELECT id, title, stock, begin_ms, end_ms,
-/// pay_within_ms, rebuy_after_cancel`.
-fn voucher_row(r: &AnyRow) -> Result<VoucherRow, sqlx::Error> {
+/// The `VoucherRow` of a `SELECT` of [`voucher_columns`].
+fn voucher_row(r: &AnyRow) -> Result<VoucherRow> {
+    let currency: String = r.try_get(13)?;
+    let money = |column| -> Result<Money> { Money::from_stored(r.try_get(column)?, &currency) };
+    let shop = match (
+        r.try_get::<Option<i64>, _>(7)?,
+        r.try_get::<Option<String>, _>(8)?,
+    ) {
+        (Some(id), Some(name)) => Some(Shop { id, name }),
+        (None, None) => None,
+        _ => {
+            return Err(Error::Protocol(
+                "a shop id without a name, or the reverse".into(),
+            ))
+        }
+    };
     Ok(VoucherRow {
         id: r.try_get(0)?,
         title: r.try_get(1)?,
@@ -162,5 +222,11 @@ fn voucher_row(r: &AnyRow) -> Result<VoucherRow, sqlx::Error> {
         end_ms: r.try_get(4)?,
         pay_within_ms: r.try_get(5)?,
         rebuy_after_cancel: r.try_get::<i64, _>(6)? == 1,
+        shop,
+        subtitle: r.try_get(9)?,
+        rules: r.try_get(10)?,
+        price: money(11)?,
+        face_value: money(12)?,
+        refund_restock: RefundRestock::from_stored(&r.try_get::<String, _>(14)?)?,
     })
 }

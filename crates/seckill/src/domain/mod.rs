@@ -1,5 +1,6 @@
 //! Values of the flash-sale domain, free of I/O.
 
+pub mod money;
 pub mod order;
 pub mod order_id;
 pub mod purchase;

@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use crate::domain::money::Money;
 use crate::domain::order_id::OrderId;
 
 /// An order as the pipeline writes it.
@@ -86,4 +87,6 @@ pub struct StoredOrder {
     pub paid_ms: Option<i64>,
     /// When it was cancelled or expired (Unix ms).
     pub closed_ms: Option<i64>,
+    /// What its buyer pays: its voucher's price when it was stored.
+    pub amount: Money,
 }

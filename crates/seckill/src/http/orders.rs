@@ -5,6 +5,7 @@ use axum::Json;
 use serde::Serialize;
 
 use crate::db::Transition;
+use crate::domain::money::Currency;
 use crate::domain::order::{OrderState, StoredOrder};
 use crate::http::error::ApiError;
 use crate::http::extract::{IdempotencyKey, PathId, User};
@@ -30,6 +31,13 @@ pub struct OrderView {
     /// When it was cancelled or expired (Unix ms).
     #[serde(skip_serializing_if = "Option::is_none")]
     closed_ms: Option<i64>,
+    /// What its buyer pays, in minor units, once stored (the voucher's
+    /// price then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    amount_minor: Option<i64>,
+    /// The amount's currency, once stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    currency: Option<Currency>,
 }
 
 impl From<&StoredOrder> for OrderView {
@@ -41,6 +49,8 @@ impl From<&StoredOrder> for OrderView {
             pay_by_ms: Some(order.pay_by_ms),
             paid_ms: order.paid_ms,
             closed_ms: order.closed_ms,
+            amount_minor: Some(order.amount.minor()),
+            currency: Some(order.amount.currency()),
         }
     }
 }
@@ -54,6 +64,8 @@ impl OrderView {
             pay_by_ms: None,
             paid_ms: None,
             closed_ms: None,
+            amount_minor: None,
+            currency: None,
         }
     }
 }

@@ -8,8 +8,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use crate::db::VoucherRow;
+use crate::domain::money::{Currency, Money};
 use crate::domain::purchase::Purchase;
-use crate::domain::voucher::{SaleTerms, Title};
+use crate::domain::voucher::{Offer, RefundRestock, SaleTerms, Shop, Title};
+use crate::error::Error;
 use crate::http::error::ApiError;
 use crate::http::extract::{Admin, ApiJson, PathId, User};
 use crate::http::AppState;
@@ -28,6 +31,64 @@ pub struct NewVoucher {
     /// Whether a buyer whose order was given back may buy again (default:
     /// yes).
     rebuy_after_cancel: Option<bool>,
+    /// The shop it is spent at (default: none named).
+    shop: Option<NewShop>,
+    /// Sub-title (default: empty).
+    #[serde(default)]
+    subtitle: String,
+    /// Rules shown to buyers (default: empty).
+    #[serde(default)]
+    rules: String,
+    /// What a buyer pays, in minor units (default: 0, a free voucher).
+    #[serde(default)]
+    price_minor: i64,
+    /// What it is worth at its shop, in minor units (default: the price).
+    face_value_minor: Option<i64>,
+    /// ISO 4217 code of both; required unless both are 0.
+    currency: Option<String>,
+    /// Whether a price above the face value may be published (default:
+    /// no).
+    #[serde(default)]
+    allow_price_above_face: bool,
+    /// Whether refunded units go back on sale (default: while the sale is
+    /// open).
+    #[serde(default)]
+    refund_restock: RefundRestock,
+}
+
+/// The shop of a [`NewVoucher`].
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewShop {
+    id: i64,
+    name: String,
+}
+
+impl NewVoucher {
+    /// The offer this request describes, checked.
+    fn offer(&self) -> Result<Offer, Error> {
+        let face_value_minor = self.face_value_minor.unwrap_or(self.price_minor);
+        let currency = match &self.currency {
+            Some(code) => Currency::parse("currency", code)?,
+            None if self.price_minor == 0 && face_value_minor == 0 => Currency::NONE,
+            None => {
+                return Err(Error::invalid(
+                    "currency",
+                    "is required for a price or face value that is not zero",
+                ))
+            }
+        };
+        let price = Money::new("price_minor", self.price_minor, currency)?;
+        let face_value = Money::new("face_value_minor", face_value_minor, currency)?;
+        let mut offer = Offer::priced(price, face_value, self.allow_price_above_face)?
+            .with_subtitle(&self.subtitle)?
+            .with_rules(&self.rules)?
+            .with_refund_restock(self.refund_restock);
+        if let Some(shop) = &self.shop {
+            offer = offer.at_shop(Shop::new(shop.id, &shop.name)?);
+        }
+        Ok(offer)
+    }
 }
 
 /// A voucher as the API shows it: its terms, its stock left, and when
@@ -56,25 +117,33 @@ pub(crate) async fn create(
     let terms = SaleTerms::new(body.stock, at(body.begin_ms), at(body.end_ms))?
         .with_pay_within(window)?
         .with_rebuy_after_cancel(body.rebuy_after_cancel.unwrap_or(true));
+    let offer = body.offer()?;
     // The database is the record; Redis holds the sale's live state. With
     // Redis failing the voucher is still created: its first purchase finds
     // the sale missing in Redis and restores it from the database (see
     // `repair`), so nothing is left half made and a client that retries
     // does not create it twice.
-    let id = state.db.create_voucher(&title, &terms).await?;
+    let id = state.db.publish_voucher(&title, &offer, &terms).await?;
     state.sales.open(id, &terms).await;
+    let row = VoucherRow {
+        id,
+        title: body.title,
+        stock: terms.stock(),
+        begin_ms: terms.begin_ms(),
+        end_ms: terms.end_ms(),
+        pay_within_ms: terms.pay_within_ms(),
+        rebuy_after_cancel: terms.rebuy_after_cancel(),
+        shop: offer.shop().cloned(),
+        subtitle: offer.subtitle().to_owned(),
+        rules: offer.rules().to_owned(),
+        price: offer.price(),
+        face_value: offer.face_value(),
+        refund_restock: offer.refund_restock(),
+    };
     Ok((
         StatusCode::CREATED,
         Json(VoucherView {
-            sale: SaleView {
-                id,
-                title: body.title,
-                stock_left: terms.stock(),
-                begin_ms: terms.begin_ms(),
-                end_ms: terms.end_ms(),
-                pay_within_ms: terms.pay_within_ms(),
-                rebuy_after_cancel: terms.rebuy_after_cancel(),
-            },
+            sale: SaleView::new(row, terms.stock()),
             as_of_ms: now_ms(),
         }),
     ))

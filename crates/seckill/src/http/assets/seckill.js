@@ -83,6 +83,19 @@ function fmtDuration(ms) {
   return (h ? h + ":" + two(m) : String(m)) + ":" + two(sec);
 }
 
+// An amount in minor units as the buyer's locale writes it ("¥19.90",
+// "€5.00"), with the currency's ISO 4217 decimals (`exponent`): whole
+// numbers on the wire, so nothing is rounded on the way.
+function fmtMoney(minor, currency, exponent) {
+  if (currency === "XXX") return minor === 0 ? "Free" : String(minor);
+  const digits = { minimumFractionDigits: exponent, maximumFractionDigits: exponent };
+  try {
+    return new Intl.NumberFormat(undefined, { style: "currency", currency, ...digits }).format(minor / 10 ** exponent);
+  } catch (e) {
+    return (minor / 10 ** exponent).toFixed(exponent) + " " + currency;
+  }
+}
+
 function saleStatus(sale, now) {
   if (now < sale.begin_ms) return "coming";
   if (now >= sale.end_ms) return "ended";
@@ -225,6 +238,16 @@ function storefront() {
     }
     const status = saleStatus(sale, now);
     $(".title", el).textContent = sale.title;
+    $(".shop", el).textContent = sale.shop ? sale.shop.name : "";
+    $(".shop", el).hidden = !sale.shop;
+    $(".subtitle", el).textContent = sale.subtitle;
+    $(".subtitle", el).hidden = !sale.subtitle;
+    $(".price-now", el).textContent = sale.price_minor === 0 && sale.face_value_minor === 0
+      ? "Free" : fmtMoney(sale.price_minor, sale.currency, sale.currency_exponent);
+    $(".face-value", el).textContent = sale.face_value_minor > sale.price_minor
+      ? "worth " + fmtMoney(sale.face_value_minor, sale.currency, sale.currency_exponent) : "";
+    $(".rules-text", el).textContent = sale.rules;
+    $(".rules", el).hidden = !sale.rules;
     $(".stock", el).textContent = sale.stock_left > 0 ? sale.stock_left + " left" : "Sold out";
     el.classList.toggle("sold-out", sale.stock_left <= 0);
     el.dataset.status = status;
@@ -241,6 +264,8 @@ function storefront() {
     if (entry.order) {
       $(".order-id", el).textContent = entry.order.order_id;
       $(".order-state", el).textContent = entry.order.state;
+      $(".order-amount", el).textContent = entry.order.currency && entry.order.amount_minor > 0
+        ? fmtMoney(entry.order.amount_minor, entry.order.currency, sale.currency_exponent) : "";
       $(".order-deadline", el).textContent = entry.order.state === "reserved" && entry.order.pay_by_ms
         ? "(pay within " + fmtDuration(entry.order.pay_by_ms - now) + ")" : "";
       const reserved = entry.order.state === "reserved";
@@ -396,9 +421,10 @@ function consolePage() {
     const rows = latest.map((sale) => {
       const tr = document.createElement("tr");
       tr.dataset.id = sale.id;
-      const cells = [sale.id, sale.title, sale.stock_left, saleStatus(sale, now),
+      const price = sale.price_minor === 0 ? "Free" : fmtMoney(sale.price_minor, sale.currency, sale.currency_exponent);
+      const cells = [sale.id, sale.title, price, sale.stock_left, saleStatus(sale, now),
         new Date(sale.begin_ms).toLocaleTimeString() + " – " + new Date(sale.end_ms).toLocaleTimeString()];
-      const classes = ["id", "title", "stock-left", "status", "window"];
+      const classes = ["id", "title", "price", "stock-left", "status", "window"];
       cells.forEach((text, i) => {
         const td = document.createElement("td");
         td.className = classes[i];
@@ -419,7 +445,10 @@ function consolePage() {
       begin_ms: Math.round(begin),
       end_ms: Math.round(begin + Number($("#new-lasts").value) * 60000),
       pay_within_ms: Number($("#new-pay-within").value) * 60000,
+      price_minor: Number($("#new-price").value),
     };
+    if ($("#new-face-value").value !== "") body.face_value_minor = Number($("#new-face-value").value);
+    if ($("#new-currency").value !== "") body.currency = $("#new-currency").value;
     const answer = await api("POST", "/api/vouchers", { body });
     if (answer.status === 201) {
       setMessage($("#created"), "Created sale " + answer.body.id + ".", "ok");
