@@ -598,10 +598,7 @@ async fn order_life_phase(
     );
     let struck = struck?;
     if let Some(figures) = outcome.figures {
-        let seckill::db::StateCounts {
-            cancelled, expired, ..
-        } = figures.states;
-        row.given_back = (cancelled + expired) as u64;
+        row.given_back = figures.states.returned() as u64;
         if let Some((redis_stock, redis_returned)) = figures.redis {
             row.returned_twice = (redis_returned as u64).saturating_sub(row.given_back)
                 + (redis_stock - figures.db_stock).max(0) as u64;

@@ -28,6 +28,10 @@ pub struct Metrics {
     pub orders_returned: IntCounterVec,
     /// Given-back units this instance put on sale again in Redis.
     pub units_taken_back: IntCounter,
+    /// Orders refunded through this instance.
+    pub orders_refunded: IntCounter,
+    /// Orders redeemed at their shop through this instance.
+    pub orders_redeemed: IntCounter,
 }
 
 impl Metrics {
@@ -70,7 +74,7 @@ impl Metrics {
         let orders_returned = IntCounterVec::new(
             Opts::new(
                 "orders_returned_total",
-                "orders whose unit this instance gave back, by why (cancelled, expired)",
+                "orders whose unit this instance gave back, by why (cancelled, expired, refunded)",
             ),
             &["why"],
         )?;
@@ -78,6 +82,16 @@ impl Metrics {
             "units_taken_back_total",
             "given-back units this instance put on sale again in Redis",
         )?;
+        let orders_refunded = IntCounter::new(
+            "orders_refunded_total",
+            "orders refunded through this instance",
+        )?;
+        let orders_redeemed = IntCounter::new(
+            "orders_redeemed_total",
+            "orders redeemed at their shop through this instance",
+        )?;
+        registry.register(Box::new(orders_refunded.clone()))?;
+        registry.register(Box::new(orders_redeemed.clone()))?;
         registry.register(Box::new(orders_paid.clone()))?;
         registry.register(Box::new(orders_returned.clone()))?;
         registry.register(Box::new(units_taken_back.clone()))?;
@@ -98,6 +112,8 @@ impl Metrics {
             orders_paid,
             orders_returned,
             units_taken_back,
+            orders_refunded,
+            orders_redeemed,
         })
     }
 

@@ -1,6 +1,8 @@
 //! An order's life after the purchase: payment, cancellation by its buyer,
 //! expiry at its payment deadline, and the unit of a given-back order put
-//! on sale again in both stores.
+//! on sale again in both stores; after the payment, redemption at the
+//! shop or a refund to the buyer (whose unit goes back on sale as a
+//! cancelled order's does, when the voucher says so).
 //!
 //! The database row decides every transition, by one conditional update
 //! ([`Database::pay_order`], [`Database::give_back`]): only a reserved
@@ -11,6 +13,11 @@
 //! database until Redis has the unit ([`Database::finish_return`]), so the
 //! sweep finishes whatever a crash, a Redis outage or a lost reply left
 //! half done.
+//!
+//! A refund is recorded as asked (refunding) before the provider is asked,
+//! and stays due until it is finished: the sweep asks the provider again
+//! with the same key (a provider refunds once per key) whatever a crash or
+//! an outage of the provider left half done.
 //!
 //! The sweep runs on every instance every `sweep_every`: one indexed range
 //! read of the due orders, and nothing more while none is due. When some
@@ -30,9 +37,10 @@ use tokio::sync::watch;
 
 use crate::db::{self, Database, GiveBack, Transition};
 use crate::domain::order::OrderState;
+use crate::domain::order::{RedeemCode, StoredOrder};
 use crate::error::Result;
 use crate::metrics::Metrics;
-use crate::payments::{Charge, Payments};
+use crate::payments::{Charge, PaymentError, Payments, Refund};
 use crate::store::{FastPath, TakeBack};
 
 /// Due orders read and handled at a time.
@@ -71,6 +79,8 @@ pub struct SweepReport {
     pub expired: usize,
     /// Given-back units Redis took back.
     pub taken_back: usize,
+    /// Refunds left half done, finished.
+    pub refunds_finished: usize,
 }
 
 impl OrderLife {
@@ -108,9 +118,11 @@ impl OrderLife {
         if order.record.user_id != user {
             return Ok(Transition::NotFound);
         }
+        let code = RedeemCode::generate();
         if order.state != OrderState::Reserved {
             // Paid (by this key or another) or given back: no charge.
-            return db::by(deadline, self.db.pay_order(id, user, key)).await;
+            let unchanged = self.db.pay_order(id, user, key, "", code.as_str());
+            return db::by(deadline, unchanged).await;
         }
         let charge = Charge {
             order_id: id,
@@ -119,7 +131,10 @@ impl OrderLife {
         };
         let receipt = self.payments.charge(&charge).await?;
         // The charge's own time does not count against the database.
-        let outcome = db::by(database_deadline(), self.db.pay_order(id, user, key)).await?;
+        let paid = self
+            .db
+            .pay_order(id, user, key, &receipt.reference, code.as_str());
+        let outcome = db::by(database_deadline(), paid).await?;
         match &outcome {
             Transition::Done(_) => self.metrics.orders_paid.inc(),
             Transition::Already(_) => {}
@@ -128,6 +143,85 @@ impl OrderLife {
                     tracing::warn!(order = id, error = %e, "voiding a charge of an order that could not be paid failed");
                 }
             }
+        }
+        Ok(outcome)
+    }
+
+    /// Refunds paid order `id` of `user` in full, with the client's
+    /// idempotency `key`: recorded as refunding, refunded by the provider,
+    /// then refunded, its unit back on sale if its voucher says so. The
+    /// same key again answers the order as it stands; a used order, or one
+    /// not paid, is [`Transition::Refused`].
+    ///
+    /// # Errors
+    /// [`Error::Payment`](crate::Error::Payment) if the provider did not
+    /// refund (declined: the order is paid again; unavailable: it stays
+    /// refunding, and the sweep asks the provider again);
+    /// [`Error::Database`](crate::Error::Database) if the database failed
+    /// (ask again with the same key).
+    pub async fn refund(&self, id: i64, user: i64, key: &str) -> Result<Transition> {
+        let started = self.db.start_refund(id, user, key);
+        let (outcome, reference) = db::by(database_deadline(), started).await?;
+        let order = match outcome {
+            Transition::Done(order) | Transition::Already(order)
+                if order.state == OrderState::Refunding =>
+            {
+                order
+            }
+            other => return Ok(other),
+        };
+        self.finish_refund(&order, reference, key).await
+    }
+
+    /// Asks the provider to refund refunding order `order` (charge
+    /// `reference`, the client's `key`) and records the outcome.
+    async fn finish_refund(
+        &self,
+        order: &StoredOrder,
+        reference: Option<String>,
+        key: &str,
+    ) -> Result<Transition> {
+        let id = order.record.id.as_i64();
+        // An order of amount 0 stored before charges had references was
+        // never charged: there is nothing to give back.
+        if let Some(reference) = reference {
+            let refund = Refund {
+                reference,
+                amount: order.amount,
+                key: key.to_owned(),
+            };
+            if let Err(e) = self.payments.refund(&refund).await {
+                if matches!(e, PaymentError::Declined(_)) {
+                    db::by(database_deadline(), self.db.abandon_refund(id)).await?;
+                }
+                return Err(e.into());
+            }
+        }
+        let (outcome, returned) = db::by(database_deadline(), self.db.finish_refund(id)).await?;
+        if matches!(outcome, Transition::Done(_)) {
+            self.metrics.orders_refunded.inc();
+        }
+        if let Some(returned) = returned {
+            self.metrics
+                .orders_returned
+                .with_label_values(&["refunded"])
+                .inc();
+            self.take_back(returned.order_id, returned.user_id, returned.voucher_id)
+                .await;
+        }
+        Ok(outcome)
+    }
+
+    /// Redeems the paid order whose redemption code is `code` (what its
+    /// buyer shows at the shop): it becomes used, once.
+    ///
+    /// # Errors
+    /// [`Error::Database`](crate::Error::Database) if the database failed
+    /// (the order's state tells whether it was redeemed).
+    pub async fn redeem(&self, code: &str) -> Result<Transition> {
+        let outcome = db::by(database_deadline(), self.db.redeem(code)).await?;
+        if matches!(outcome, Transition::Done(_)) {
+            self.metrics.orders_redeemed.inc();
         }
         Ok(outcome)
     }
@@ -196,6 +290,7 @@ impl OrderLife {
             let (batch, more) = self.sweep_batch().await?;
             report.expired += batch.expired;
             report.taken_back += batch.taken_back;
+            report.refunds_finished += batch.refunds_finished;
             if !more {
                 break;
             }
@@ -225,8 +320,25 @@ impl OrderLife {
                         (_, None) => continue,
                     }
                 }
-                // Given back; Redis has not taken the unit back yet.
-                state if state.gave_back() => {}
+                // A refund a crash or the provider's outage left half done.
+                OrderState::Refunding => {
+                    let id = record.id.as_i64();
+                    let Some((reference, key)) = self.db.refund_keys(id).await? else {
+                        continue;
+                    };
+                    match self.finish_refund(order, reference, &key).await {
+                        Ok(_) => report.refunds_finished += 1,
+                        Err(e) => {
+                            tracing::warn!(order = id, error = %e, "finishing a refund failed; the next sweep retries");
+                            stuck = true;
+                        }
+                    }
+                    // The refund took its unit back itself, if it returned one.
+                    continue;
+                }
+                // Its unit is back on sale in the database; Redis has not
+                // taken it back yet.
+                _ if order.returned => {}
                 _ => continue,
             }
             let (id, user, voucher) = (record.id.as_i64(), record.user_id, record.voucher_id);
@@ -290,6 +402,7 @@ pub(crate) async fn sweep_until_stopped(
                 Ok((batch, more)) => {
                     report.expired += batch.expired;
                     report.taken_back += batch.taken_back;
+                    report.refunds_finished += batch.refunds_finished;
                     if !more {
                         break;
                     }

@@ -1,8 +1,9 @@
 //! Taking a buyer's money: the one seam a real payment provider plugs into.
 //!
 //! The service asks a [`Payments`] to charge an order before it marks the
-//! order paid, and to void that charge if the order could not be marked
-//! (it was cancelled or expired meanwhile). A provider must make a charge
+//! order paid, to void that charge if the order could not be marked (it
+//! was cancelled or expired meanwhile), and to refund it when its buyer
+//! asks for a refund of the paid order. A provider must make a charge
 //! idempotent by the client's key: the same key charges once, however often
 //! it is asked. [`StandIn`] approves every charge; it is what the service
 //! runs until a provider is wired in, and keeps a ledger of what it did,
@@ -63,6 +64,21 @@ pub trait Payments: std::fmt::Debug + Send + Sync {
     /// Gives back the charge of `receipt` (its order could not be marked
     /// paid).
     fn void<'a>(&'a self, receipt: &'a Receipt) -> PaymentFuture<'a, ()>;
+
+    /// Refunds the charge `refund.reference` in full, once per
+    /// `refund.key` (asking again with the key answers the same).
+    fn refund<'a>(&'a self, refund: &'a Refund) -> PaymentFuture<'a, ()>;
+}
+
+/// What the service asks a provider to refund: a charge, in full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refund {
+    /// The provider's reference of the charge.
+    pub reference: String,
+    /// Its amount.
+    pub amount: Money,
+    /// The client's idempotency key of the refund.
+    pub key: String,
 }
 
 /// What a provider did in one currency: how many charges and voids, and
@@ -77,12 +93,16 @@ pub struct Totals {
     pub voids: u64,
     /// Their sum.
     pub voided_minor: i64,
+    /// Charges refunded.
+    pub refunds: u64,
+    /// Their sum.
+    pub refunded_minor: i64,
 }
 
 impl Totals {
-    /// What the provider kept: charged minus voided.
+    /// What the provider kept: charged, less voided and refunded.
     pub fn kept_minor(&self) -> i64 {
-        self.charged_minor - self.voided_minor
+        self.charged_minor - self.voided_minor - self.refunded_minor
     }
 }
 
@@ -99,8 +119,16 @@ pub struct StandIn {
 #[derive(Debug, Default)]
 struct Book {
     ledger: BTreeMap<Currency, Totals>,
-    /// Every charge by its reference, and whether it was voided.
-    charges: HashMap<String, bool>,
+    /// Every charge by its reference, and what became of it.
+    charges: HashMap<String, Fate>,
+}
+
+/// What became of a charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Kept,
+    Voided,
+    Refunded,
 }
 
 impl StandIn {
@@ -129,7 +157,7 @@ impl Payments for StandIn {
                 .lock()
                 .map_err(|_| PaymentError::Unavailable("stand-in poisoned".into()))?;
             if !book.charges.contains_key(&reference) {
-                book.charges.insert(reference.clone(), false);
+                book.charges.insert(reference.clone(), Fate::Kept);
                 let totals = book.ledger.entry(charge.amount.currency()).or_default();
                 totals.charges += 1;
                 totals.charged_minor += charge.amount.minor();
@@ -148,9 +176,9 @@ impl Payments for StandIn {
                 .lock()
                 .map_err(|_| PaymentError::Unavailable("stand-in poisoned".into()))?;
             match book.charges.get_mut(&receipt.reference) {
-                Some(voided @ false) => *voided = true,
-                Some(true) => return Ok(()),
-                None => {
+                Some(fate @ Fate::Kept) => *fate = Fate::Voided,
+                Some(Fate::Voided) => return Ok(()),
+                Some(Fate::Refunded) | None => {
                     return Err(PaymentError::Declined(format!(
                         "no charge {} to void",
                         receipt.reference
@@ -160,6 +188,30 @@ impl Payments for StandIn {
             let totals = book.ledger.entry(receipt.amount.currency()).or_default();
             totals.voids += 1;
             totals.voided_minor += receipt.amount.minor();
+            Ok(())
+        })
+    }
+
+    fn refund<'a>(&'a self, refund: &'a Refund) -> PaymentFuture<'a, ()> {
+        Box::pin(async move {
+            let mut book = self
+                .state
+                .lock()
+                .map_err(|_| PaymentError::Unavailable("stand-in poisoned".into()))?;
+            match book.charges.get_mut(&refund.reference) {
+                Some(fate @ Fate::Kept) => *fate = Fate::Refunded,
+                // Refunded before (the same refund asked again): done.
+                Some(Fate::Refunded) => return Ok(()),
+                Some(Fate::Voided) | None => {
+                    return Err(PaymentError::Declined(format!(
+                        "no charge {} to refund",
+                        refund.reference
+                    )))
+                }
+            }
+            let totals = book.ledger.entry(refund.amount.currency()).or_default();
+            totals.refunds += 1;
+            totals.refunded_minor += refund.amount.minor();
             Ok(())
         })
     }

@@ -147,11 +147,12 @@ impl Sales {
         // The database first: most orders asked about are stored.
         let stored = self.db.order_of(user, voucher).await?;
         if let Some(order) = &stored {
-            if !order.state.gave_back() {
+            if !order.returned {
                 return Ok(stored.map(OrderOf::Stored));
             }
         }
-        // Given back (or none stored): a newer order may be on its way.
+        // Its unit back on sale (or none stored): a newer order may be on
+        // its way.
         let unstored = order_in_redis(self.fast.redis(), voucher, user)
             .await?
             .filter(|(id, _)| stored.as_ref().is_none_or(|s| *id > s.record.id));

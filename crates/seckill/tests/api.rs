@@ -941,6 +941,106 @@ async fn shop_tour(app: &TestApp) {
     let revenue = app.db.revenue(id).await.unwrap();
     let cny = seckill::domain::money::Currency::parse("currency", "CNY").unwrap();
     assert_eq!(revenue.into_iter().collect::<Vec<_>>(), [(cny, 9900)]);
+    after_payment_tour(app, id, &paid).await;
+}
+
+/// `POST /api/redemptions` with `body`, as `who`.
+async fn redeem(app: &TestApp, who: Principal, body: Value) -> (StatusCode, Value) {
+    let r = app
+        .http
+        .post(format!("{}/api/redemptions", app.base))
+        .bearer_auth(app.token(who))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// Shop 4, 5 over HTTP: voucher `id` (its refunded units kept) and user
+/// 5's `paid` order of it.
+async fn after_payment_tour(app: &TestApp, id: i64, paid: &Value) {
+    let order_id = paid["order_id"].as_str().unwrap();
+    let code = paid["redeem_code"]
+        .as_str()
+        .expect("a paid order shows its code");
+    // The shop redeems it as the buyer reads it out: once.
+    let typed = code.to_lowercase().replace('-', " ");
+    let (status, used) = redeem(app, Principal::Admin, json!({"code": typed})).await;
+    assert_eq!(
+        (status, &used["state"]),
+        (StatusCode::OK, &json!("used")),
+        "{used}"
+    );
+    assert!(used["used_ms"].as_i64().is_some());
+    let (status, again) = redeem(app, Principal::Admin, json!({"code": code})).await;
+    assert_eq!(
+        (status, &again["code"]),
+        (StatusCode::CONFLICT, &json!("order_used"))
+    );
+    let (status, e) = app.order_action(5, order_id, "refund", Some("r-5")).await;
+    assert_eq!(
+        (status, &e["code"]),
+        (StatusCode::CONFLICT, &json!("order_used")),
+        "{e}"
+    );
+    let (status, e) = redeem(app, Principal::User(5), json!({"code": code})).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{e}");
+    let (status, e) = redeem(app, Principal::Admin, json!({"code": "ABCDE-ABCDU"})).await;
+    assert_eq!(
+        (status, &e["field"]),
+        (StatusCode::BAD_REQUEST, &json!("code")),
+        "{e}"
+    );
+    let (status, e) = redeem(app, Principal::Admin, json!({"code": "00000-00000"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{e}");
+    // Another buyer's order: refunded once per key; not before payment.
+    assert_eq!(app.buy(id, 6).await.0, StatusCode::OK);
+    assert!(app.order_stored(id, 6).await, "the worker stores the order");
+    let order = app.order_of(id, 6).await;
+    let order_id = order["order_id"].as_str().unwrap();
+    let (status, e) = app.order_action(6, order_id, "refund", Some("r-6")).await;
+    assert_eq!(
+        (status, &e["code"]),
+        (StatusCode::CONFLICT, &json!("order_not_paid")),
+        "{e}"
+    );
+    let (status, e) = app.order_action(6, order_id, "refund", None).await;
+    assert_eq!(
+        (status, &e["field"]),
+        (StatusCode::BAD_REQUEST, &json!("Idempotency-Key"))
+    );
+    assert_eq!(
+        app.order_action(6, order_id, "pay", Some("p-6")).await.0,
+        StatusCode::OK
+    );
+    let stock = app.db.voucher_stock(id).await.unwrap();
+    let (status, refunded) = app.order_action(6, order_id, "refund", Some("r-6")).await;
+    assert_eq!(
+        (status, &refunded["state"]),
+        (StatusCode::OK, &json!("refunded")),
+        "{refunded}"
+    );
+    assert!(refunded["refunded_ms"].as_i64().is_some());
+    let (status, again) = app.order_action(6, order_id, "refund", Some("r-6")).await;
+    assert_eq!(
+        (status, &again["state"]),
+        (StatusCode::OK, &json!("refunded")),
+        "{again}"
+    );
+    let (status, e) = app.order_action(5, order_id, "refund", Some("r-6")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "another buyer's order: {e}");
+    assert_eq!(
+        app.db.voucher_stock(id).await.unwrap(),
+        stock,
+        "this voucher keeps refunded units"
+    );
+    let refunded_code = refunded["redeem_code"].as_str().unwrap();
+    let (status, e) = redeem(app, Principal::Admin, json!({"code": refunded_code})).await;
+    assert_eq!(
+        (status, &e["code"]),
+        (StatusCode::CONFLICT, &json!("order_refunded"))
+    );
 }
 
 /// Payment, cancellation, expiry and each refusal, on voucher `sold`

@@ -249,16 +249,26 @@ async fn an_order_changes_once_by_its_row_on_every_backend() {
         };
         // Payment: by its buyer only; once per key; final.
         assert_eq!(
-            db.pay_order(id(1), 2, "k").await.unwrap(),
+            db.pay_order(id(1), 2, "k", "ref-1", "CODE1-k")
+                .await
+                .unwrap(),
             Transition::NotFound
         );
-        let paid = db.pay_order(id(1), 1, "k").await.unwrap();
+        let paid = db
+            .pay_order(id(1), 1, "k", "ref-1", "CODE1-k")
+            .await
+            .unwrap();
         assert!(matches!(paid, Transition::Done(_)), "{paid:?}");
         assert!(matches!(
-            db.pay_order(id(1), 1, "k").await.unwrap(),
+            db.pay_order(id(1), 1, "k", "ref-1", "CODE1-k")
+                .await
+                .unwrap(),
             Transition::Already(_)
         ));
-        let other = db.pay_order(id(1), 1, "k2").await.unwrap();
+        let other = db
+            .pay_order(id(1), 1, "k2", "ref-1", "CODE1-k2")
+            .await
+            .unwrap();
         assert!(matches!(other, Transition::Refused(_)) && state(&other) == Some(OrderState::Paid));
         let (t, r) = db
             .give_back(id(1), Some(1), GiveBack::Cancel)
@@ -289,7 +299,11 @@ async fn an_order_changes_once_by_its_row_on_every_backend() {
             .unwrap();
         assert!(matches!(t, Transition::Already(_)) && r.is_none());
         assert_eq!(
-            state(&db.pay_order(id(2), 2, "k").await.unwrap()),
+            state(
+                &db.pay_order(id(2), 2, "k", "ref-2", "CODE2-k")
+                    .await
+                    .unwrap()
+            ),
             Some(OrderState::Cancelled)
         );
         assert_eq!(db.voucher_stock(v).await.unwrap(), Some(2));
@@ -297,7 +311,11 @@ async fn an_order_changes_once_by_its_row_on_every_backend() {
         let (t, _) = db.give_back(id(4), None, GiveBack::Expire).await.unwrap();
         assert!(matches!(t, Transition::Refused(_)) && state(&t) == Some(OrderState::Reserved));
         assert_eq!(
-            state(&db.pay_order(id(3), 3, "k").await.unwrap()),
+            state(
+                &db.pay_order(id(3), 3, "k", "ref-3", "CODE3-k")
+                    .await
+                    .unwrap()
+            ),
             Some(OrderState::Reserved)
         );
         let due = db.due_orders(10).await.unwrap();
@@ -315,7 +333,8 @@ async fn an_order_changes_once_by_its_row_on_every_backend() {
                 reserved: 1,
                 paid: 1,
                 cancelled: 1,
-                expired: 1
+                expired: 1,
+                ..Default::default()
             }
         );
         for returned in [id(2), id(3)] {
@@ -419,4 +438,173 @@ async fn rows_stored_before_prices_existed_become_free() {
     let order = db.order(77).await.unwrap().unwrap();
     assert_eq!(order.amount, Money::zero());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Shop 4, 5: a paid order is redeemed once by its code, or refunded once
+/// (refunding, then refunded), never both; a refunded unit goes back on
+/// sale, in the same commit, only while the sale is open and the voucher
+/// says so; the stock still accounts for every unit.
+#[tokio::test]
+async fn a_paid_order_is_used_or_refunded_once_on_every_backend() {
+    use seckill::db::{GiveBack, Transition};
+    use seckill::domain::order::OrderState;
+    use seckill::domain::voucher::{Offer, RefundRestock};
+    on_every_backend(|db| async move {
+        db.migrate().await.unwrap();
+        let state = |t: &Transition| match t {
+            Transition::Done(o) | Transition::Already(o) | Transition::Refused(o) => Some(o.state),
+            Transition::NotFound => None,
+        };
+        let now = SystemTime::now();
+        let open = terms(4);
+        let ended = SaleTerms::new(
+            2,
+            now - Duration::from_secs(7200),
+            now - Duration::from_secs(3600),
+        )
+        .unwrap();
+        let title = Title::parse("Refunds").unwrap();
+        let free = Offer::free();
+        let keep = Offer::free().with_refund_restock(RefundRestock::Never);
+        let v = db.publish_voucher(&title, &free, &open).await.unwrap();
+        let never = db.publish_voucher(&title, &keep, &open).await.unwrap();
+        let over = db.publish_voucher(&title, &free, &ended).await.unwrap();
+        let mut seq = 100;
+        let mut buy = |voucher: i64, user: i64| {
+            seq += 1;
+            let created_ms = SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64;
+            let o = OrderRecord {
+                created_ms,
+                ..order(seq, user, voucher)
+            };
+            let db = db.clone();
+            async move {
+                assert_eq!(db.record_order(&o).await.unwrap(), Recorded::Created);
+                let id = o.id.as_i64();
+                let code = format!("C{id}");
+                let paid = db.pay_order(id, user, "pay", "ref", &code).await.unwrap();
+                assert!(matches!(paid, Transition::Done(_)), "{paid:?}");
+                id
+            }
+        };
+        let (used, refunded) = (buy(v, 1).await, buy(v, 2).await);
+        // Redemption: once, by the code; then no refund.
+        let code = |id: i64| format!("C{id}");
+        let t = db.redeem(&code(used)).await.unwrap();
+        assert!(
+            matches!(t, Transition::Done(_)) && state(&t) == Some(OrderState::Used),
+            "{t:?}"
+        );
+        let again = db.redeem(&code(used)).await.unwrap();
+        assert!(
+            matches!(again, Transition::Refused(_)),
+            "a code is used once: {again:?}"
+        );
+        assert_eq!(db.redeem("nobody's").await.unwrap(), Transition::NotFound);
+        let (t, _) = db.start_refund(used, 1, "r").await.unwrap();
+        assert_eq!(state(&t), Some(OrderState::Used));
+        assert!(matches!(t, Transition::Refused(_)));
+        // Refund: by its buyer, once per key; the unit back while open.
+        assert_eq!(
+            db.start_refund(refunded, 1, "r").await.unwrap().0,
+            Transition::NotFound
+        );
+        let (t, reference) = db.start_refund(refunded, 2, "r").await.unwrap();
+        assert!(matches!(t, Transition::Done(_)) && state(&t) == Some(OrderState::Refunding));
+        assert_eq!(reference.as_deref(), Some("ref"));
+        assert!(matches!(
+            db.start_refund(refunded, 2, "r").await.unwrap().0,
+            Transition::Already(_)
+        ));
+        assert!(matches!(
+            db.start_refund(refunded, 2, "other").await.unwrap().0,
+            Transition::Refused(_)
+        ));
+        assert!(matches!(
+            db.redeem(&code(refunded)).await.unwrap(),
+            Transition::Refused(_)
+        ));
+        let due: Vec<i64> = db
+            .due_orders(10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|o| o.record.id.as_i64())
+            .collect();
+        assert!(
+            due.contains(&refunded),
+            "a refund under way is due: {due:?}"
+        );
+        let (t, returned) = db.finish_refund(refunded).await.unwrap();
+        assert!(
+            matches!(t, Transition::Done(_)) && state(&t) == Some(OrderState::Refunded),
+            "{t:?}"
+        );
+        assert!(returned.is_some_and(|r| r.rebuy && r.voucher_id == v));
+        let (t, returned) = db.finish_refund(refunded).await.unwrap();
+        assert!(matches!(t, Transition::Already(_)) && returned.is_none());
+        assert_eq!(db.voucher_stock(v).await.unwrap(), Some(3));
+        assert!(db.order(refunded).await.unwrap().unwrap().returned);
+        assert_eq!(db.returned_orders(v).await.unwrap().len(), 1);
+        db.finish_return(refunded).await.unwrap();
+        // A buyer whose refunded unit went back may buy again.
+        buy(v, 2).await;
+        let counts = db.order_states(v).await.unwrap();
+        assert_eq!(
+            (
+                counts.used,
+                counts.refunded,
+                counts.refunded_returned,
+                counts.paid
+            ),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(
+            db.voucher_stock(v).await.unwrap().unwrap() + counts.holding_units(),
+            4
+        );
+        // Kept: the voucher says never, or the sale has ended.
+        for voucher in [never, over] {
+            let id = buy(voucher, 3).await;
+            let stock = db.voucher_stock(voucher).await.unwrap();
+            db.start_refund(id, 3, "r").await.unwrap();
+            let (t, returned) = db.finish_refund(id).await.unwrap();
+            assert!(
+                matches!(t, Transition::Done(_)) && returned.is_none(),
+                "{t:?}"
+            );
+            assert_eq!(
+                db.voucher_stock(voucher).await.unwrap(),
+                stock,
+                "the unit stays sold"
+            );
+            assert!(!db.order(id).await.unwrap().unwrap().returned);
+            let counts = db.order_states(voucher).await.unwrap();
+            assert_eq!((counts.refunded, counts.refunded_returned), (1, 0));
+            assert!(!db
+                .due_orders(10)
+                .await
+                .unwrap()
+                .iter()
+                .any(|o| o.record.id.as_i64() == id));
+        }
+        // A refund the provider declined: paid again, nothing due.
+        let declined = buy(v, 4).await;
+        db.start_refund(declined, 4, "r").await.unwrap();
+        db.abandon_refund(declined).await.unwrap();
+        let order = db.order(declined).await.unwrap().unwrap();
+        assert_eq!(order.state, OrderState::Paid);
+        let (t, _) = db
+            .give_back(declined, Some(4), GiveBack::Cancel)
+            .await
+            .unwrap();
+        assert!(
+            matches!(t, Transition::Refused(_)),
+            "a paid order is not cancelled"
+        );
+    })
+    .await;
 }

@@ -219,7 +219,8 @@ async fn a_given_back_unit_comes_back_once_whatever_repeats_or_crashes() {
             reserved: 3,
             paid: 0,
             cancelled: 2,
-            expired: 0
+            expired: 0,
+            ..Default::default()
         }
     );
 }
@@ -246,6 +247,7 @@ async fn unpaid_orders_expire_in_batches_and_every_unit_sells_again() {
                 paid: 1,
                 cancelled: 0,
                 expired: UNITS - 1,
+                ..Default::default()
             }
     })
     .await;
@@ -322,6 +324,7 @@ async fn racing_payments_cancellations_and_expiry_leave_each_order_one_state() {
         paid,
         cancelled,
         expired,
+        ..
     } = sale.db.order_states(sale.voucher).await.unwrap();
     assert_eq!(reserved + paid + cancelled + expired, UNITS);
     let available = sale.db_stock().await;
@@ -511,4 +514,99 @@ async fn an_idle_sweep_reads_one_index_and_sends_redis_nothing() {
     assert!(expired, "the due order expires");
     assert!(locking() > before, "the sweep took its lock");
     service.stop().await.unwrap();
+}
+
+/// Shop 5, 6: refunds racing with redemptions of the same paid orders:
+/// each order ends used or refunded, never both; a refunded unit comes
+/// back on sale once, in both stores; a refund cut short after it was
+/// recorded (a crash before the provider was asked) is finished by the
+/// sweep, once; and the provider keeps what the paid and used orders cost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_and_redemptions_race_and_the_money_adds_up() {
+    const UNITS: i64 = 30;
+    let sale = sale(UNITS, Duration::from_secs(600), true).await;
+    let mut orders = Vec::new();
+    for user in 1..=UNITS {
+        let id = sale.buy_and_store(user).await;
+        let paid = sale
+            .life
+            .pay(id, user, &format!("pay-{user}"))
+            .await
+            .unwrap();
+        let Transition::Done(paid) = paid else {
+            panic!("{paid:?}")
+        };
+        orders.push((user, id, paid.redeem_code.expect("a paid order has a code")));
+    }
+    let life = &sale.life;
+    let races = orders.iter().map(|(user, id, code)| async move {
+        let key = format!("refund-{user}");
+        let (refund, redeem) = tokio::join!(life.refund(*id, *user, &key), life.redeem(code));
+        let (refund, redeem) = (refund.unwrap(), redeem.unwrap());
+        let refunded = matches!(refund, Transition::Done(_));
+        let used = matches!(redeem, Transition::Done(_));
+        assert!(refunded != used, "{refund:?} {redeem:?}");
+        // Asked again: the same answer, nothing changes.
+        let again = life.refund(*id, *user, &key).await.unwrap();
+        assert_eq!(
+            state(&again),
+            Some(if used {
+                OrderState::Used
+            } else {
+                OrderState::Refunded
+            })
+        );
+    });
+    futures_util::future::join_all(races).await;
+    let counts = sale.db.order_states(sale.voucher).await.unwrap();
+    assert_eq!(counts.used + counts.refunded, UNITS, "{counts:?}");
+    assert_eq!(
+        counts.refunded_returned, counts.refunded,
+        "the sale is open: units come back"
+    );
+    assert_eq!(
+        (sale.db_stock().await, sale.redis_stock().await),
+        (counts.refunded, counts.refunded),
+        "a refunded unit back once in both stores"
+    );
+    sale.assert_consistent().await;
+
+    // A refund recorded, then the instance crashed before the provider
+    // was asked: the sweep finishes it.
+    let user = 100;
+    let id = sale.buy_and_store(user).await;
+    assert!(matches!(
+        sale.life.pay(id, user, "pay").await.unwrap(),
+        Transition::Done(_)
+    ));
+    let (started, _) = sale.db.start_refund(id, user, "cut-short").await.unwrap();
+    assert_eq!(state(&started), Some(OrderState::Refunding));
+    let refunds_before = sale.payments.ledger()[&cny()].refunds;
+    let stock_before = sale.redis_stock().await;
+    let report = sale.life.sweep().await.unwrap();
+    assert_eq!(report.refunds_finished, 1, "{report:?}");
+    assert_eq!(
+        sale.redis_stock().await,
+        stock_before + 1,
+        "its unit back in Redis"
+    );
+    assert_eq!(
+        sale.life.sweep().await.unwrap().refunds_finished,
+        0,
+        "finished once"
+    );
+    let order = sale.db.order(id).await.unwrap().unwrap();
+    assert_eq!((order.state, order.returned), (OrderState::Refunded, true));
+    assert_eq!(sale.payments.ledger()[&cny()].refunds, refunds_before + 1);
+    sale.assert_consistent().await;
+
+    // The money: kept = what the paid and used orders cost.
+    let totals = sale.payments.ledger()[&cny()];
+    let revenue = sale.db.revenue(sale.voucher).await.unwrap();
+    assert_eq!(
+        revenue.get(&cny()).copied().unwrap_or(0),
+        totals.kept_minor()
+    );
+    assert_eq!(totals.kept_minor(), counts.used * price().minor());
+    assert_eq!(totals.refunds as i64, counts.refunded + 1);
 }

@@ -353,6 +353,58 @@ async fn the_buyers_page_follows_the_order_to_its_deadline_and_back() {
         "Buy is back"
     );
 
+    // Shop 1, 5: a priced voucher shows its price and worth; its paid
+    // order shows the code to show at the shop, and a refund puts Buy back.
+    let body = json!({"title": "Refund me", "stock": 5, "begin_ms": now - 1000,
+        "end_ms": now + 3_600_000, "price_minor": 1990, "face_value_minor": 5000,
+        "currency": "CNY", "shop": {"id": 3, "name": "Hotpot House"}});
+    let priced = support::create_voucher_from(&shop.http, &shop.base, &shop.tokens, body).await;
+    let second = format!(".sale[data-id='{priced}']");
+    let price = until_text(&page, &format!("{second} .price-now"), |t| {
+        t.contains("19.90")
+    })
+    .await;
+    assert!(price.is_some(), "the price is shown");
+    let worth = text(&page, &format!("{second} .face-value"))
+        .await
+        .unwrap_or_default();
+    assert!(worth.contains("50.00"), "{worth:?}");
+    assert!(until_flag(&page, &format!("{second} .buy"), "disabled", false).await);
+    click(&page, &format!("{second} .buy")).await;
+    let bought = until_text(&page, &format!("{second} .order-state"), |t| {
+        t == "reserved"
+    })
+    .await;
+    assert_eq!(bought.as_deref(), Some("reserved"));
+    click(&page, &format!("{second} .pay")).await;
+    let paid = until_text(&page, &format!("{second} .order-state"), |t| t == "paid").await;
+    assert_eq!(paid.as_deref(), Some("paid"));
+    let code = text(&page, &format!("{second} .redeem-code"))
+        .await
+        .unwrap_or_default();
+    assert!(
+        seckill::domain::order::RedeemCode::parse(&code).is_ok(),
+        "{code:?}"
+    );
+    assert!(
+        !flag(&page, &format!("{second} .refund"), "hidden").await,
+        "Refund shown"
+    );
+    click(&page, &format!("{second} .refund")).await;
+    let refunded = until_text(&page, &format!("{second} .order-state"), |t| {
+        t == "refunded"
+    })
+    .await;
+    assert_eq!(refunded.as_deref(), Some("refunded"));
+    assert!(
+        flag(&page, &format!("{second} .redeem"), "hidden").await,
+        "no code once refunded"
+    );
+    assert!(
+        until_flag(&page, &format!("{second} .buy"), "disabled", false).await,
+        "Buy is back: the refunded unit went back on sale"
+    );
+
     // A reload finds the order again, from the buyer's orders.
     page.refresh().await.unwrap();
     let found = until_text(&page, &format!("{card} .order-state"), |t| t == "cancelled").await;

@@ -197,7 +197,7 @@ impl Stores {
                 .voucher_order_states(voucher)
                 .await?
                 .into_iter()
-                .map(|o| (o.order_id, o.user_id, o.state.gave_back()))
+                .map(|o| (o.order_id, o.user_id, o.returned))
                 .collect(),
             None => Vec::new(),
         })
@@ -363,7 +363,7 @@ impl Stores {
             let stored: Vec<(i64, i64)> = orders.iter().map(|o| (o.order_id, o.user_id)).collect();
             let returned: HashSet<i64> = orders
                 .iter()
-                .filter(|o| o.state.gave_back())
+                .filter(|o| o.returned)
                 .map(|o| o.order_id)
                 .collect();
             let settled = found.as_ref().is_none_or(|f| {

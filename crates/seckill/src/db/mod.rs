@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 macro_rules! order_columns {
     () => {
         "id, user_id, voucher_id, created_ms, state, pay_by_ms, paid_ms, closed_ms, amount_minor, \
-         currency"
+         currency, redeem_code, used_ms, refunded_ms, returned_ms"
     };
 }
 

@@ -1,5 +1,6 @@
-//! An order's life after it is stored: payment, cancellation and expiry,
-//! each one conditional update decided by the order's row.
+//! An order's life after it is stored: payment, cancellation and expiry;
+//! then redemption or refund. Each is one conditional update decided by
+//! the order's row.
 
 use sqlx::Row;
 
@@ -21,6 +22,14 @@ pub enum Transition {
     Refused(StoredOrder),
     /// No stored order of that id (for that buyer).
     NotFound,
+}
+
+/// The keys an order's row keeps: the client's of its payment and refund,
+/// and the provider's reference of its charge.
+struct Keys {
+    pay: Option<String>,
+    refund: Option<String>,
+    reference: Option<String>,
 }
 
 /// Why a reserved order gives its unit back.
@@ -48,8 +57,10 @@ pub struct Returned {
 
 impl Database {
     /// Marks reserved order `id` of `user_id` paid with the payment of
-    /// client key `key`, if its deadline has not passed by the database's
-    /// clock. Paying again with the same key is [`Transition::Already`];
+    /// client key `key` (the provider's charge `reference`), if its
+    /// deadline has not passed by the database's clock, and gives it the
+    /// redemption code `code`. Paying again with the same key is
+    /// [`Transition::Already`] (whatever happened to the order since);
     /// with another key, or an order given back or past its deadline,
     /// [`Transition::Refused`].
     ///
@@ -57,43 +68,240 @@ impl Database {
     /// [`Error::Database`] on failure (then nothing changed, or the
     /// outcome is unknown if the commit's answer was lost: asking again
     /// with the same key tells).
-    pub async fn pay_order(&self, id: i64, user_id: i64, key: &str) -> Result<Transition> {
+    pub async fn pay_order(
+        &self,
+        id: i64,
+        user_id: i64,
+        key: &str,
+        reference: &str,
+        code: &str,
+    ) -> Result<Transition> {
         let paid = sqlx::query(self.sql(
-            "UPDATE voucher_order SET state = 'paid', paid_ms = NOW_MS, pay_key = ?, due_ms = NULL \
+            "UPDATE voucher_order SET state = 'paid', paid_ms = NOW_MS, pay_key = ?, \
+             pay_reference = ?, redeem_code = ?, due_ms = NULL \
              WHERE id = ? AND user_id = ? AND state = 'reserved' AND pay_by_ms > NOW_MS",
+        ))
+        .bind(key)
+        .bind(reference)
+        .bind(code)
+        .bind(id)
+        .bind(user_id)
+        .execute(&self.pool)
+        .await?;
+        let Some((order, keys)) = self.order_with_keys(id, user_id).await? else {
+            return Ok(Transition::NotFound);
+        };
+        Ok(match order.state {
+            OrderState::Paid if paid.rows_affected() == 1 => Transition::Done(order),
+            _ if order.paid_ms.is_some() && keys.pay.as_deref() == Some(key) => {
+                Transition::Already(order)
+            }
+            _ => Transition::Refused(order),
+        })
+    }
+
+    /// Order `id` of `user_id` and the keys of its payment and refund.
+    async fn order_with_keys(&self, id: i64, user_id: i64) -> Result<Option<(StoredOrder, Keys)>> {
+        let row = sqlx::query(self.sql(concat!(
+            "SELECT ",
+            order_columns!(),
+            ", pay_key, refund_key, pay_reference FROM voucher_order WHERE id = ? AND user_id = ?"
+        )))
+        .bind(id)
+        .bind(user_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            let keys = Keys {
+                pay: r.try_get(14)?,
+                refund: r.try_get(15)?,
+                reference: r.try_get(16)?,
+            };
+            Ok((stored_order(&r)?, keys))
+        })
+        .transpose()
+    }
+
+    /// Asks for a refund of paid order `id` of `user_id` with the client's
+    /// key `key`: the order becomes refunding (due for the sweep, which
+    /// finishes a refund a crash left half done) until
+    /// [`Database::finish_refund`]. Asking again with the same key is
+    /// [`Transition::Already`]; a used order, or one not paid, is
+    /// [`Transition::Refused`]. Also answers what the provider's refund
+    /// names: the charge's reference.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure (the order's state tells whether the
+    /// change committed).
+    pub async fn start_refund(
+        &self,
+        id: i64,
+        user_id: i64,
+        key: &str,
+    ) -> Result<(Transition, Option<String>)> {
+        let started = sqlx::query(self.sql(
+            "UPDATE voucher_order SET state = 'refunding', refund_key = ?, due_ms = NOW_MS \
+             WHERE id = ? AND user_id = ? AND state = 'paid'",
         ))
         .bind(key)
         .bind(id)
         .bind(user_id)
         .execute(&self.pool)
         .await?;
-        let Some((order, pay_key)) = self.order_with_key(id, user_id).await? else {
-            return Ok(Transition::NotFound);
+        let Some((order, keys)) = self.order_with_keys(id, user_id).await? else {
+            return Ok((Transition::NotFound, None));
         };
-        Ok(match order.state {
-            OrderState::Paid if paid.rows_affected() == 1 => Transition::Done(order),
-            OrderState::Paid if pay_key.as_deref() == Some(key) => Transition::Already(order),
+        let outcome = match order.state {
+            OrderState::Refunding if started.rows_affected() == 1 => Transition::Done(order),
+            OrderState::Refunding | OrderState::Refunded if keys.refund.as_deref() == Some(key) => {
+                Transition::Already(order)
+            }
             _ => Transition::Refused(order),
+        };
+        Ok((outcome, keys.reference))
+    }
+
+    /// What the provider's refund of refunding order `id` needs (its
+    /// charge's reference and the client's key), for the sweep.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn refund_keys(&self, id: i64) -> Result<Option<(Option<String>, String)>> {
+        let row = sqlx::query(self.sql(
+            "SELECT pay_reference, refund_key FROM voucher_order \
+             WHERE id = ? AND state = 'refunding'",
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let key: Option<String> = row.try_get(1)?;
+        Ok(key
+            .map(|key| row.try_get(0).map(|reference| (reference, key)))
+            .transpose()?)
+    }
+
+    /// Records that the provider refunded refunding order `id`: it becomes
+    /// refunded, and, if its voucher takes refunded units back and its sale
+    /// has not ended (by the database's clock), its unit goes back on sale
+    /// as a cancelled order's does, in the same transaction.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure (the order's state tells whether the
+    /// change committed).
+    pub async fn finish_refund(&self, id: i64) -> Result<(Transition, Option<Returned>)> {
+        let row = sqlx::query(self.sql(
+            "SELECT o.voucher_id, o.user_id, v.rebuy_after_cancel, \
+             CASE WHEN v.refund_restock = 'while_open' AND v.end_ms > NOW_MS THEN 1 ELSE 0 END \
+             FROM voucher_order o JOIN seckill_voucher v ON v.id = o.voucher_id WHERE o.id = ?",
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else {
+            return Ok((Transition::NotFound, None));
+        };
+        let (voucher_id, buyer, rebuy, restock): (i64, i64, i64, i64) = (
+            row.try_get(0)?,
+            row.try_get(1)?,
+            row.try_get(2)?,
+            row.try_get(3)?,
+        );
+        let restock = restock == 1;
+        let mut tx = self.pool.begin().await?;
+        let changed = if restock {
+            sqlx::query(self.sql(
+                "UPDATE voucher_order SET state = 'refunded', refunded_ms = NOW_MS, \
+                 closed_ms = NOW_MS, returned_ms = NOW_MS, due_ms = NOW_MS, \
+                 claim_user_id = CASE WHEN ? = 1 THEN NULL ELSE claim_user_id END \
+                 WHERE id = ? AND state = 'refunding'",
+            ))
+            .bind(rebuy)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?
+        } else {
+            sqlx::query(self.sql(
+                "UPDATE voucher_order SET state = 'refunded', refunded_ms = NOW_MS, \
+                 closed_ms = NOW_MS, due_ms = NULL WHERE id = ? AND state = 'refunding'",
+            ))
+            .bind(id)
+            .execute(&mut *tx)
+            .await?
+        };
+        if changed.rows_affected() == 1 && restock {
+            sqlx::query(self.sql("UPDATE seckill_voucher SET stock = stock + 1 WHERE id = ?"))
+                .bind(voucher_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        let order = self
+            .order(id)
+            .await?
+            .ok_or_else(|| Error::Protocol(format!("order {id} vanished")))?;
+        let returned = (changed.rows_affected() == 1 && restock).then_some(Returned {
+            order_id: id,
+            user_id: buyer,
+            voucher_id,
+            rebuy: rebuy == 1,
+        });
+        Ok(match order.state {
+            OrderState::Refunded if changed.rows_affected() == 1 => {
+                (Transition::Done(order), returned)
+            }
+            OrderState::Refunded => (Transition::Already(order), None),
+            _ => (Transition::Refused(order), None),
         })
     }
 
-    /// Order `id` (of `user_id` when given) and its payment's key.
-    async fn order_with_key(
-        &self,
-        id: i64,
-        user_id: i64,
-    ) -> Result<Option<(StoredOrder, Option<String>)>> {
+    /// Puts refunding order `id` back to paid: the provider declined the
+    /// refund.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn abandon_refund(&self, id: i64) -> Result<()> {
+        sqlx::query(self.sql(
+            "UPDATE voucher_order SET state = 'paid', refund_key = NULL, due_ms = NULL \
+             WHERE id = ? AND state = 'refunding'",
+        ))
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Redeems the paid order whose redemption code is `code`: it becomes
+    /// used, once. A code already used, or of an order being refunded or
+    /// refunded, is [`Transition::Refused`]; an unknown code
+    /// [`Transition::NotFound`].
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure (the order's state tells whether the
+    /// change committed).
+    pub async fn redeem(&self, code: &str) -> Result<Transition> {
+        let used = sqlx::query(self.sql(
+            "UPDATE voucher_order SET state = 'used', used_ms = NOW_MS \
+             WHERE redeem_code = ? AND state = 'paid'",
+        ))
+        .bind(code)
+        .execute(&self.pool)
+        .await?;
         let row = sqlx::query(self.sql(concat!(
             "SELECT ",
             order_columns!(),
-            ", pay_key FROM voucher_order WHERE id = ? AND user_id = ?"
+            " FROM voucher_order WHERE redeem_code = ?"
         )))
-        .bind(id)
-        .bind(user_id)
+        .bind(code)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|r| Ok((stored_order(&r)?, r.try_get(10)?)))
-            .transpose()
+        let Some(order) = row.as_ref().map(stored_order).transpose()? else {
+            return Ok(Transition::NotFound);
+        };
+        Ok(match order.state {
+            OrderState::Used if used.rows_affected() == 1 => Transition::Done(order),
+            _ => Transition::Refused(order),
+        })
     }
 
     /// Gives back reserved order `id`'s unit, in one transaction: the order
@@ -158,7 +366,7 @@ impl Database {
                 OrderState::Cancelled,
                 self.sql(
                     "UPDATE voucher_order SET state = 'cancelled', closed_ms = NOW_MS, \
-                     due_ms = NOW_MS, claim_user_id = CASE WHEN ? = 1 THEN NULL ELSE claim_user_id END \
+                     returned_ms = NOW_MS, due_ms = NOW_MS, claim_user_id = CASE WHEN ? = 1 THEN NULL ELSE claim_user_id END \
                      WHERE id = ? AND state = 'reserved'",
                 ),
             ),
@@ -166,7 +374,7 @@ impl Database {
                 OrderState::Expired,
                 self.sql(
                     "UPDATE voucher_order SET state = 'expired', closed_ms = NOW_MS, \
-                     due_ms = NOW_MS, claim_user_id = CASE WHEN ? = 1 THEN NULL ELSE claim_user_id END \
+                     returned_ms = NOW_MS, due_ms = NOW_MS, claim_user_id = CASE WHEN ? = 1 THEN NULL ELSE claim_user_id END \
                      WHERE id = ? AND state = 'reserved' AND pay_by_ms <= NOW_MS",
                 ),
             ),
@@ -207,8 +415,8 @@ impl Database {
 
     /// Orders the expiry sweep must look at now (by the database's clock),
     /// the most overdue first, at most `limit`: reserved orders past their
-    /// deadline, and given-back orders whose unit Redis does not have back
-    /// yet. One range read of an index: orders not due cost nothing.
+    /// deadline, refunds not finished, and orders whose unit went back on
+    /// sale in the database but not in Redis yet. One range read of an index: orders not due cost nothing.
     ///
     /// # Errors
     /// [`Error::Database`] on failure.
@@ -224,7 +432,7 @@ impl Database {
         rows.iter().map(stored_order).collect()
     }
 
-    /// Records that Redis has given-back order `id`'s unit too: the order
+    /// Records that Redis has returned order `id`'s unit too: the order
     /// is no longer due.
     ///
     /// # Errors
@@ -232,7 +440,7 @@ impl Database {
     pub async fn finish_return(&self, id: i64) -> Result<()> {
         sqlx::query(self.sql(
             "UPDATE voucher_order SET due_ms = NULL \
-             WHERE id = ? AND state IN ('cancelled', 'expired')",
+             WHERE id = ? AND returned_ms IS NOT NULL",
         ))
         .bind(id)
         .execute(&self.pool)

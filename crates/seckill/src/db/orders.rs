@@ -283,5 +283,9 @@ pub(super) fn stored_order(r: &AnyRow) -> Result<StoredOrder> {
         paid_ms: r.try_get(6)?,
         closed_ms: r.try_get(7)?,
         amount: Money::from_stored(r.try_get(8)?, &r.try_get::<String, _>(9)?)?,
+        redeem_code: r.try_get(10)?,
+        used_ms: r.try_get(11)?,
+        refunded_ms: r.try_get(12)?,
+        returned: r.try_get::<Option<i64>, _>(13)?.is_some(),
     })
 }

@@ -28,6 +28,8 @@ pub struct OrderStateRow {
     pub user_id: i64,
     /// Its state.
     pub state: OrderState,
+    /// Whether its unit went back on sale (in the database).
+    pub returned: bool,
 }
 
 /// How many of a voucher's orders are in each state.
@@ -41,6 +43,30 @@ pub struct StateCounts {
     pub cancelled: i64,
     /// Expired unpaid.
     pub expired: i64,
+    /// Paid, then redeemed at the shop.
+    pub used: i64,
+    /// Paid, refund under way.
+    pub refunding: i64,
+    /// Paid, then refunded.
+    pub refunded: i64,
+    /// Of the refunded, those whose unit went back on sale.
+    pub refunded_returned: i64,
+}
+
+impl StateCounts {
+    /// Orders that hold a unit of the stock: every order but those whose
+    /// unit went back on sale (cancelled, expired, and refunded ones the
+    /// voucher took back). The stock a sale began with is the database's
+    /// available stock plus these.
+    pub fn holding_units(&self) -> i64 {
+        self.reserved + self.paid + self.used + self.refunding + self.refunded
+            - self.refunded_returned
+    }
+
+    /// Orders whose unit went back on sale.
+    pub fn returned(&self) -> i64 {
+        self.cancelled + self.expired + self.refunded_returned
+    }
 }
 
 impl Database {
@@ -92,32 +118,34 @@ impl Database {
     /// # Errors
     /// [`Error::Database`] on failure.
     pub async fn voucher_order_states(&self, voucher_id: i64) -> Result<Vec<OrderStateRow>> {
-        let rows = sqlx::query(
-            self.sql("SELECT id, user_id, state FROM voucher_order WHERE voucher_id = ?"),
-        )
-        .bind(voucher_id)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows =
+            sqlx::query(self.sql(
+                "SELECT id, user_id, state, returned_ms FROM voucher_order WHERE voucher_id = ?",
+            ))
+            .bind(voucher_id)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(OrderStateRow {
                     order_id: r.try_get(0)?,
                     user_id: r.try_get(1)?,
                     state: order_state(&r.try_get::<String, _>(2)?)?,
+                    returned: r.try_get::<Option<i64>, _>(3)?.is_some(),
                 })
             })
             .collect()
     }
 
-    /// The orders of voucher `id` that gave their unit back (cancelled or
-    /// expired).
+    /// The orders of voucher `id` whose unit went back on sale (cancelled,
+    /// expired, or refunded while the voucher takes refunded units back).
     ///
     /// # Errors
     /// [`Error::Database`] on failure.
     pub async fn returned_orders(&self, voucher_id: i64) -> Result<Vec<OrderBuyer>> {
         self.pairs(
             "SELECT id, user_id FROM voucher_order \
-             WHERE voucher_id = ? AND state IN ('cancelled', 'expired')",
+             WHERE voucher_id = ? AND returned_ms IS NOT NULL",
             voucher_id,
         )
         .await
@@ -152,8 +180,8 @@ impl Database {
         Ok(row.try_get::<i64, _>(0)?)
     }
 
-    /// What voucher `id`'s paid orders add up to, per currency: the money
-    /// the provider must have kept for it.
+    /// What voucher `id`'s paid and used orders add up to, per currency:
+    /// the money the provider must have kept for it.
     ///
     /// # Errors
     /// [`Error::Database`] on failure.
@@ -163,15 +191,15 @@ impl Database {
         let query = match self.backend {
             Backend::Sqlite => {
                 "SELECT currency, SUM(amount_minor) FROM voucher_order \
-                 WHERE voucher_id = ? AND state = 'paid' GROUP BY currency"
+                 WHERE voucher_id = ? AND state IN ('paid', 'used') GROUP BY currency"
             }
             Backend::Postgres => {
                 "SELECT currency, CAST(SUM(amount_minor) AS BIGINT) FROM voucher_order \
-                 WHERE voucher_id = ? AND state = 'paid' GROUP BY currency"
+                 WHERE voucher_id = ? AND state IN ('paid', 'used') GROUP BY currency"
             }
             Backend::MySql => {
                 "SELECT currency, CAST(SUM(amount_minor) AS SIGNED) FROM voucher_order \
-                 WHERE voucher_id = ? AND state = 'paid' GROUP BY currency"
+                 WHERE voucher_id = ? AND state IN ('paid', 'used') GROUP BY currency"
             }
         };
         let rows = sqlx::query(self.sql(query))
@@ -191,13 +219,13 @@ impl Database {
     /// # Errors
     /// [`Error::Database`] on failure.
     pub async fn order_states(&self, voucher_id: i64) -> Result<StateCounts> {
-        let rows =
-            sqlx::query(self.sql(
-                "SELECT state, COUNT(*) FROM voucher_order WHERE voucher_id = ? GROUP BY state",
-            ))
-            .bind(voucher_id)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(self.sql(
+            "SELECT state, COUNT(*), COUNT(returned_ms) FROM voucher_order \
+                 WHERE voucher_id = ? GROUP BY state",
+        ))
+        .bind(voucher_id)
+        .fetch_all(&self.pool)
+        .await?;
         let mut counts = StateCounts::default();
         for row in &rows {
             let n: i64 = row.try_get(1)?;
@@ -206,6 +234,12 @@ impl Database {
                 OrderState::Paid => counts.paid = n,
                 OrderState::Cancelled => counts.cancelled = n,
                 OrderState::Expired => counts.expired = n,
+                OrderState::Used => counts.used = n,
+                OrderState::Refunding => counts.refunding = n,
+                OrderState::Refunded => {
+                    counts.refunded = n;
+                    counts.refunded_returned = row.try_get(2)?;
+                }
                 // Not a stored state: an order not stored yet, or refused.
                 OrderState::Pending | OrderState::Failed => {}
             }

@@ -37,10 +37,13 @@ pub enum ApiError {
     Refused(Refusal),
     /// 405: the route exists, the method does not.
     MethodNotAllowed,
-    /// 409: the order's state forbids the change (paid orders are final;
-    /// a given-back order cannot be paid; a deadline passed; a pending one,
-    /// not stored yet, with `Retry-After`).
+    /// 409: the order's state forbids the change (a paid order cannot be
+    /// cancelled; a given-back order cannot be paid; a deadline passed; a
+    /// used order cannot be refunded; a pending one, not stored yet, with
+    /// `Retry-After`).
     OrderConflict(OrderState),
+    /// 409: a refund or a redemption of an order not paid.
+    NotPaid,
     /// 402: the payment provider declined the charge.
     PaymentDeclined(String),
     /// 503 with `Retry-After`: a dependency is down, loading or too slow;
@@ -182,10 +185,13 @@ impl IntoResponse for ApiError {
             ),
             ApiError::OrderConflict(state) => {
                 let (code, message) = match state {
-                    OrderState::Paid => (
-                        "already_paid",
-                        "the order is paid, which is final here (refunds are not offered)",
+                    OrderState::Paid => ("already_paid", "the order is paid"),
+                    OrderState::Used => ("order_used", "the order was redeemed at its shop"),
+                    OrderState::Refunding => (
+                        "order_refunding",
+                        "a refund of the order is under way",
                     ),
+                    OrderState::Refunded => ("order_refunded", "the order was refunded"),
                     OrderState::Cancelled => ("order_cancelled", "the order was cancelled"),
                     OrderState::Expired | OrderState::Reserved => (
                         "order_expired",
@@ -202,6 +208,12 @@ impl IntoResponse for ApiError {
                 };
                 (StatusCode::CONFLICT, code, message.to_owned(), None)
             }
+            ApiError::NotPaid => (
+                StatusCode::CONFLICT,
+                "order_not_paid",
+                "the order is not paid: only a paid order is refunded or redeemed".into(),
+                None,
+            ),
             ApiError::PaymentDeclined(why) => (
                 StatusCode::PAYMENT_REQUIRED,
                 "payment_declined",
@@ -326,6 +338,10 @@ mod tests {
             ApiError::OrderConflict(OrderState::Expired),
             ApiError::OrderConflict(OrderState::Reserved),
             ApiError::OrderConflict(OrderState::Pending),
+            ApiError::OrderConflict(OrderState::Used),
+            ApiError::OrderConflict(OrderState::Refunding),
+            ApiError::OrderConflict(OrderState::Refunded),
+            ApiError::NotPaid,
             ApiError::PaymentDeclined("card".into()),
             ApiError::Unavailable(Dependency::Payments),
         ];

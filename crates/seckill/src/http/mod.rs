@@ -118,6 +118,8 @@ pub fn router(state: AppState) -> Router {
                 .route("/api/orders/{id}", get(orders::show))
                 .route("/api/orders/{id}/pay", post(orders::pay))
                 .route("/api/orders/{id}/cancel", post(orders::cancel))
+                .route("/api/orders/{id}/refund", post(orders::refund))
+                .route("/api/redemptions", post(orders::redeem))
                 .layer(axum::middleware::from_fn_with_state(
                     state.clone(),
                     limits::per_ip,

@@ -2,13 +2,14 @@
 
 use axum::extract::State;
 use axum::Json;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::db::Transition;
 use crate::domain::money::Currency;
+use crate::domain::order::RedeemCode;
 use crate::domain::order::{OrderState, StoredOrder};
 use crate::http::error::ApiError;
-use crate::http::extract::{IdempotencyKey, PathId, User};
+use crate::http::extract::{Admin, ApiJson, IdempotencyKey, PathId, User};
 use crate::http::AppState;
 use crate::sale::OrderOf;
 use crate::OrderId;
@@ -38,6 +39,19 @@ pub struct OrderView {
     /// The amount's currency, once stored.
     #[serde(skip_serializing_if = "Option::is_none")]
     currency: Option<Currency>,
+    /// The one-time code its buyer shows at the shop, once paid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redeem_code: Option<String>,
+    /// When its shop redeemed it (Unix ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    used_ms: Option<i64>,
+    /// When its refund completed (Unix ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refunded_ms: Option<i64>,
+    /// Whether its unit went back on sale (cancelled, expired, or refunded
+    /// while its voucher takes refunded units back), once stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unit_returned: Option<bool>,
 }
 
 impl From<&StoredOrder> for OrderView {
@@ -51,6 +65,10 @@ impl From<&StoredOrder> for OrderView {
             closed_ms: order.closed_ms,
             amount_minor: Some(order.amount.minor()),
             currency: Some(order.amount.currency()),
+            redeem_code: order.redeem_code.clone(),
+            used_ms: order.used_ms,
+            refunded_ms: order.refunded_ms,
+            unit_returned: Some(order.returned),
         }
     }
 }
@@ -66,6 +84,10 @@ impl OrderView {
             closed_ms: None,
             amount_minor: None,
             currency: None,
+            redeem_code: None,
+            used_ms: None,
+            refunded_ms: None,
+            unit_returned: None,
         }
     }
 }
@@ -139,6 +161,46 @@ pub(crate) async fn cancel(
         .record("user", user);
     let outcome = state.orders.cancel(id, user).await?;
     answer(&state, user, id, outcome).await
+}
+
+#[tracing::instrument(name = "refund_order", skip_all, fields(order, user))]
+pub(crate) async fn refund(
+    State(state): State<AppState>,
+    User(user): User,
+    PathId(id): PathId,
+    IdempotencyKey(key): IdempotencyKey,
+) -> Result<Json<OrderView>, ApiError> {
+    tracing::Span::current()
+        .record("order", id)
+        .record("user", user);
+    match state.orders.refund(id, user, &key).await? {
+        Transition::Refused(order) if order.state == OrderState::Reserved => Err(ApiError::NotPaid),
+        outcome => answer(&state, user, id, outcome).await,
+    }
+}
+
+/// Body of `POST /api/redemptions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Redemption {
+    /// The code the buyer shows.
+    code: String,
+}
+
+/// The shop redeems the order whose code its buyer shows: it becomes
+/// used, once; a second redemption of the code is a 409 `order_used`.
+#[tracing::instrument(name = "redeem_order", skip_all)]
+pub(crate) async fn redeem(
+    State(state): State<AppState>,
+    _: Admin,
+    ApiJson(body): ApiJson<Redemption>,
+) -> Result<Json<OrderView>, ApiError> {
+    let code = RedeemCode::parse(&body.code)?;
+    match state.orders.redeem(code.as_str()).await? {
+        Transition::Done(order) | Transition::Already(order) => Ok(Json(OrderView::from(&order))),
+        Transition::Refused(order) => Err(ApiError::OrderConflict(order.state)),
+        Transition::NotFound => Err(ApiError::NotFound("redemption code")),
+    }
 }
 
 /// A change done now or before is the order as it stands; a refused one a

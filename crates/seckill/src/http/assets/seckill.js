@@ -175,6 +175,10 @@ const ORDER_REFUSALS = {
   order_pending: "Your order is still being recorded: try again in a moment.",
   order_failed: "This order could not be recorded.",
   payment_declined: "The payment was declined: nothing was charged.",
+  order_used: "This order was used at the shop: it cannot be refunded.",
+  order_refunding: "A refund of this order is under way.",
+  order_refunded: "This order was refunded.",
+  order_not_paid: "This order is not paid: there is nothing to refund.",
 };
 
 function storefront() {
@@ -207,6 +211,7 @@ function storefront() {
       $(".buy", el).addEventListener("click", () => buy(entry));
       $(".pay", el).addEventListener("click", () => act(entry, "pay"));
       $(".cancel", el).addEventListener("click", () => act(entry, "cancel"));
+      $(".refund", el).addEventListener("click", () => act(entry, "refund"));
       entry = { el, sale, clicked: false, order: mine.get(sale.id) || null, busy: false };
       cards.set(sale.id, entry);
     }
@@ -256,7 +261,7 @@ function storefront() {
         : status === "ended" ? "Ended"
           : "Ends in " + fmtDuration(sale.end_ms - now);
     const button = $(".buy", el);
-    const holds = entry.order && !["cancelled", "expired", "failed"].includes(entry.order.state);
+    const holds = entry.order && entry.order.state !== "failed" && !entry.order.unit_returned;
     button.disabled = entry.clicked || entry.busy || holds || status !== "open";
     button.textContent = status === "sold out" ? "Sold out" : holds ? "Bought" : "Buy";
     const order = $(".order", el);
@@ -273,6 +278,11 @@ function storefront() {
       $(".cancel", el).hidden = !reserved;
       $(".pay", el).disabled = entry.busy;
       $(".cancel", el).disabled = entry.busy;
+      const paid = entry.order.state === "paid";
+      $(".redeem", el).hidden = !paid || !entry.order.redeem_code;
+      $(".redeem-code", el).textContent = entry.order.redeem_code || "";
+      $(".refund", el).hidden = !paid;
+      $(".refund", el).disabled = entry.busy;
     }
   }
 
@@ -341,13 +351,22 @@ function storefront() {
   async function act(entry, what) {
     entry.busy = true;
     paint(entry, serverNow());
-    const headers = what === "pay" ? { "Idempotency-Key": entry.payKey || (entry.payKey = crypto.randomUUID()) } : {};
+    // One key per order and action: a retry after a lost answer is the
+    // same payment or refund, never a second one.
+    const keys = entry.keys || (entry.keys = {});
+    const slot = what + ":" + entry.order.order_id;
+    const headers = what === "cancel" ? {} : { "Idempotency-Key": keys[slot] || (keys[slot] = crypto.randomUUID()) };
     const answer = await api("POST", "/api/orders/" + entry.order.order_id + "/" + what, { headers });
     const outcome = $(".outcome", entry.el);
     if (answer.status === 200) {
       entry.order = answer.body;
-      if (what === "cancel") entry.clicked = false; // the voucher decides whether it can be bought again
-      setMessage(outcome, what === "pay" ? "Paid." : "Cancelled: the unit is back on sale.", "ok");
+      if (what !== "pay") entry.clicked = false; // the voucher decides whether it can be bought again
+      const done = {
+        pay: "Paid.",
+        cancel: "Cancelled: the unit is back on sale.",
+        refund: "Refunded.",
+      };
+      setMessage(outcome, done[what], "ok");
     } else {
       const code = answer.body && answer.body.code;
       setMessage(outcome, ORDER_REFUSALS[code] || "Unavailable: try again.", "error");
