@@ -8,6 +8,7 @@ mod bench;
 mod chaos;
 mod demo;
 mod lab;
+mod payments;
 mod watch;
 
 #[derive(Parser)]
@@ -34,6 +35,10 @@ enum Command {
     Lab(lab::LabArgs),
     /// Many pages watching an instance's live stream at once.
     Watch(watch::WatchArgs),
+    /// A payment provider to test against: takes charges and calls the
+    /// service back, signed, with switches for duplicates, reordering,
+    /// lost callbacks, declines and forged signatures.
+    Payments(payments::PaymentsArgs),
 }
 
 #[tokio::main]
@@ -52,6 +57,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Chaos(args) => chaos::run(args).await?,
         Command::Lab(args) => lab::run(args).await?,
         Command::Watch(args) => watch::run(args).await?,
+        Command::Payments(args) => payments::run(args).await?,
     };
     if !passed {
         // The report says which invariant failed.

@@ -58,6 +58,14 @@ pub enum Error {
     /// The payment provider did not charge.
     #[error(transparent)]
     Payment(#[from] crate::payments::PaymentError),
+    /// Another payment of the order, by another key, is under way: its
+    /// provider's callback decides first.
+    #[error("another payment of this order is under way")]
+    PaymentUnderWay,
+    /// A provider's callback about a refund arrived before the order's
+    /// refund was recorded: not applied; the provider delivers it again.
+    #[error("the callback came before what it answers; deliver it again later")]
+    EventTooEarly,
 }
 
 impl Error {

@@ -36,12 +36,19 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::db::{self, Database, GiveBack, Transition};
+use crate::db::{EventOutcome, PaymentStart};
+use crate::domain::money::Money;
 use crate::domain::order::OrderState;
 use crate::domain::order::{RedeemCode, StoredOrder};
 use crate::error::Result;
 use crate::metrics::Metrics;
-use crate::payments::{Charge, PaymentError, Payments, Refund};
+use crate::payments::events::{Event, EventKind};
+use crate::payments::{Charge, PaymentError, Payments, Receipt, Refund, Settlement};
 use crate::store::{FastPath, TakeBack};
+
+/// How long a refund asked of a provider that confirms by callback waits
+/// for it before the sweep asks the provider again (by the same key).
+pub const REFUND_RECHECK: Duration = Duration::from_secs(60);
 
 /// Due orders read and handled at a time.
 const BATCH: i64 = 100;
@@ -103,7 +110,11 @@ impl OrderLife {
     /// Pays order `id` of `user`: charged through the provider with the
     /// client's idempotency `key`, then marked paid if it is still reserved
     /// and its deadline has not passed (else the charge is voided). The
-    /// same key again answers [`Transition::Already`].
+    /// same key again answers [`Transition::Already`]. With a provider
+    /// that confirms by callback, the charge is recorded as asked and the
+    /// answer is [`Transition::Pending`]: the callback decides
+    /// ([`OrderLife::apply_event`]); another key meanwhile is refused
+    /// ([`Error::PaymentUnderWay`](crate::Error::PaymentUnderWay)).
     ///
     /// # Errors
     /// [`Error::Payment`](crate::Error::Payment) if the provider did not
@@ -130,6 +141,20 @@ impl OrderLife {
             key: key.to_owned(),
         };
         let receipt = self.payments.charge(&charge).await?;
+        if receipt.settlement == Settlement::Later {
+            let start = self.db.start_payment(id, user, key, &receipt.reference);
+            return match db::by(database_deadline(), start).await? {
+                PaymentStart::Started(order) => Ok(Transition::Pending(order)),
+                refused => {
+                    self.void(id, &receipt).await;
+                    match refused {
+                        PaymentStart::Busy(_) => Err(crate::Error::PaymentUnderWay),
+                        PaymentStart::Other(outcome) => Ok(outcome),
+                        PaymentStart::Started(_) => unreachable!("handled above"),
+                    }
+                }
+            };
+        }
         // The charge's own time does not count against the database.
         let paid = self
             .db
@@ -137,14 +162,140 @@ impl OrderLife {
         let outcome = db::by(database_deadline(), paid).await?;
         match &outcome {
             Transition::Done(_) => self.metrics.orders_paid.inc(),
-            Transition::Already(_) => {}
-            Transition::Refused(_) | Transition::NotFound => {
-                if let Err(e) = self.payments.void(&receipt).await {
-                    tracing::warn!(order = id, error = %e, "voiding a charge of an order that could not be paid failed");
-                }
-            }
+            Transition::Already(_) | Transition::Pending(_) => {}
+            Transition::Refused(_) | Transition::NotFound => self.void(id, &receipt).await,
         }
         Ok(outcome)
+    }
+
+    /// Gives back the charge asked for on `order`, given back before its
+    /// provider confirmed it (a provider that never calls back leaves the
+    /// order to expire, and its charge is voided here). If the callback
+    /// comes after all, it finds the order given back and voids it again:
+    /// a provider voids once.
+    async fn void_unconfirmed(&self, order: &StoredOrder) {
+        if let Some(reference) = &order.pay_reference {
+            let receipt = Receipt {
+                reference: reference.clone(),
+                amount: order.amount,
+                settlement: Settlement::Later,
+            };
+            self.void(order.record.id.as_i64(), &receipt).await;
+        }
+    }
+
+    /// Gives charge `receipt` of order `id` back (its order could not be
+    /// paid by it); a failure is logged (the provider's ledger shows it).
+    async fn void(&self, id: i64, receipt: &Receipt) {
+        if let Err(e) = self.payments.void(receipt).await {
+            tracing::warn!(order = id, reference = %receipt.reference, error = %e, "voiding a charge of an order that could not be paid failed");
+        }
+    }
+
+    /// Applies a provider's callback `event` (its signature checked by the
+    /// caller), once per event id: a confirmed charge pays its order if it
+    /// is still reserved with that charge and in time, else the charge is
+    /// voided; a charge for another amount than the order's is refused,
+    /// recorded and voided; a declined charge lets the buyer pay again; a
+    /// confirmed refund finishes the order's refund (its unit back on sale
+    /// if the voucher says so), a declined one puts it back to paid.
+    ///
+    /// # Errors
+    /// [`Error::EventTooEarly`](crate::Error::EventTooEarly) for a refund's
+    /// callback that arrives before the order's refund was recorded (the
+    /// provider delivers it again later);
+    /// [`Error::Database`](crate::Error::Database) if the database failed
+    /// (the provider delivers it again; applying it again is safe).
+    pub async fn apply_event(&self, event: &Event) -> Result<EventOutcome> {
+        if self.db.event_outcome(&event.id).await?.is_some() {
+            return Ok(EventOutcome::Duplicate);
+        }
+        let outcome = self.decide(event).await?;
+        // A delivery applied at the same time recorded it first: the
+        // changes above were conditional, so nothing happened twice.
+        if !self.db.record_event(event, outcome).await? {
+            return Ok(EventOutcome::Duplicate);
+        }
+        Ok(outcome)
+    }
+
+    /// What `event` does to its order.
+    async fn decide(&self, event: &Event) -> Result<EventOutcome> {
+        let Some(order) = (match event.order_id.parse::<i64>() {
+            Ok(id) => self.db.order(id).await?,
+            Err(_) => None,
+        }) else {
+            return Ok(EventOutcome::UnknownOrder);
+        };
+        let id = order.record.id.as_i64();
+        let charged = Money::new("amount_minor", event.amount_minor, order.amount.currency())
+            .ok()
+            .filter(|_| event.currency == order.amount.currency().code());
+        let receipt = Receipt {
+            reference: event.reference.clone(),
+            amount: charged.unwrap_or(order.amount),
+            settlement: Settlement::Later,
+        };
+        // A provider may call back before the service has recorded the
+        // charge it asked for: not applied yet, delivered again.
+        let unrecorded = order.state == OrderState::Reserved && order.pay_reference.is_none();
+        match event.kind {
+            EventKind::ChargeSucceeded | EventKind::ChargeFailed
+                if unrecorded && charged == Some(order.amount) =>
+            {
+                Err(crate::Error::EventTooEarly)
+            }
+            EventKind::ChargeSucceeded => {
+                if charged != Some(order.amount) {
+                    tracing::warn!(order = id, event = %event.id, amount = event.amount_minor, currency = %event.currency, "a charge of another amount than the order's: refused and voided");
+                    self.void(id, &receipt).await;
+                    return Ok(EventOutcome::AmountMismatch);
+                }
+                let code = RedeemCode::generate();
+                match self
+                    .db
+                    .confirm_payment(id, &event.reference, code.as_str())
+                    .await?
+                {
+                    Transition::Done(_) => {
+                        self.metrics.orders_paid.inc();
+                        Ok(EventOutcome::Paid)
+                    }
+                    Transition::Already(_) => Ok(EventOutcome::Duplicate),
+                    _ => {
+                        // Expired or cancelled meanwhile, or paid by another
+                        // charge: this one goes back.
+                        self.void(id, &receipt).await;
+                        Ok(EventOutcome::Voided)
+                    }
+                }
+            }
+            EventKind::ChargeFailed => {
+                self.db.clear_payment(id, &event.reference).await?;
+                Ok(EventOutcome::Declined)
+            }
+            EventKind::RefundSucceeded | EventKind::RefundFailed
+                if order.pay_reference.as_deref() != Some(event.reference.as_str()) =>
+            {
+                Ok(EventOutcome::UnknownOrder)
+            }
+            EventKind::RefundSucceeded => match order.state {
+                OrderState::Refunding => {
+                    self.record_refund(id).await?;
+                    Ok(EventOutcome::Refunded)
+                }
+                OrderState::Refunded => Ok(EventOutcome::Duplicate),
+                _ => Err(crate::Error::EventTooEarly),
+            },
+            EventKind::RefundFailed => match order.state {
+                OrderState::Refunding => {
+                    self.db.abandon_refund(id).await?;
+                    Ok(EventOutcome::RefundDeclined)
+                }
+                OrderState::Paid => Ok(EventOutcome::Duplicate),
+                _ => Err(crate::Error::EventTooEarly),
+            },
+        }
     }
 
     /// Refunds paid order `id` of `user` in full, with the client's
@@ -190,13 +341,32 @@ impl OrderLife {
                 amount: order.amount,
                 key: key.to_owned(),
             };
-            if let Err(e) = self.payments.refund(&refund).await {
-                if matches!(e, PaymentError::Declined(_)) {
-                    db::by(database_deadline(), self.db.abandon_refund(id)).await?;
+            match self.payments.refund(&refund).await {
+                Ok(Settlement::Now) => {}
+                Ok(Settlement::Later) => {
+                    // The callback finishes it; if it is lost, the sweep
+                    // asks again after a while.
+                    db::by(
+                        database_deadline(),
+                        self.db.refund_asked(id, REFUND_RECHECK),
+                    )
+                    .await?;
+                    return Ok(Transition::Pending(order.clone()));
                 }
-                return Err(e.into());
+                Err(e) => {
+                    if matches!(e, PaymentError::Declined(_)) {
+                        db::by(database_deadline(), self.db.abandon_refund(id)).await?;
+                    }
+                    return Err(e.into());
+                }
             }
         }
+        self.record_refund(id).await
+    }
+
+    /// Records that the provider refunded refunding order `id`, and takes
+    /// its unit back in Redis if it went back on sale.
+    async fn record_refund(&self, id: i64) -> Result<Transition> {
         let (outcome, returned) = db::by(database_deadline(), self.db.finish_refund(id)).await?;
         if matches!(outcome, Transition::Done(_)) {
             self.metrics.orders_refunded.inc();
@@ -236,6 +406,9 @@ impl OrderLife {
     pub async fn cancel(&self, id: i64, user: i64) -> Result<Transition> {
         let cancel = self.db.give_back(id, Some(user), GiveBack::Cancel);
         let (outcome, returned) = db::by(database_deadline(), cancel).await?;
+        if let Transition::Done(order) = &outcome {
+            self.void_unconfirmed(order).await;
+        }
         if let Some(returned) = returned {
             self.metrics
                 .orders_returned
@@ -310,6 +483,7 @@ impl OrderLife {
                     let id = record.id.as_i64();
                     match self.db.give_back(id, None, GiveBack::Expire).await? {
                         (_, Some(_)) => {
+                            self.void_unconfirmed(order).await;
                             report.expired += 1;
                             self.metrics
                                 .orders_returned

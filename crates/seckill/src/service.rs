@@ -14,13 +14,16 @@ use tokio::sync::watch;
 use crate::auth::Tokens;
 use crate::db::Database;
 use crate::domain::money::Currency;
+use crate::http::Webhook;
 use crate::http::{router, AppState, RateLimits};
 use crate::live::Live;
 use crate::order_life::OrderLife;
-use crate::payments::{StandIn, Totals};
+use crate::payments::provider::HttpProvider;
+use crate::payments::{Payments, StandIn, Totals};
 use crate::pipeline::{OrderPipeline, PipelineSettings};
 use crate::repair::SaleRepair;
 use crate::sale::{PurchasePath, Sales};
+use crate::settings::PaymentSettings;
 use crate::settings::{Mode, Settings, UserLocks};
 use crate::store::{FastPath, OrderIdGenerator, Redis};
 use crate::sync_path::SyncPath;
@@ -36,7 +39,7 @@ pub struct Service {
     ticker: tokio::task::JoinHandle<()>,
     keeper: Option<tokio::task::JoinHandle<()>>,
     pipeline: Arc<OrderPipeline>,
-    payments: Arc<StandIn>,
+    stand_in: Arc<StandIn>,
 }
 
 impl Service {
@@ -98,11 +101,26 @@ impl Service {
             ))
         });
         let sales = Arc::new(Sales::new(purchases, fast, db.clone(), repair));
-        let payments = Arc::new(StandIn::default());
+        let stand_in = Arc::new(StandIn::default());
+        let (payments, webhook): (Arc<dyn Payments>, _) = match &config.payments {
+            PaymentSettings::StandIn => (stand_in.clone(), None),
+            PaymentSettings::Provider {
+                url,
+                api_key,
+                webhook_secret,
+                tolerance,
+            } => (
+                Arc::new(HttpProvider::new(url, api_key.clone())?),
+                Some(Webhook {
+                    secret: webhook_secret.clone(),
+                    tolerance: *tolerance,
+                }),
+            ),
+        };
         let orders = Arc::new(OrderLife::new(
             db.clone(),
             sales.fast_path().cloned(),
-            payments.clone(),
+            payments,
             metrics.clone(),
         ));
         let live = Live::new(stop.clone());
@@ -122,6 +140,7 @@ impl Service {
             metrics: metrics.clone(),
             live: live.clone(),
             demo_sign_in: config.demo_sign_in,
+            webhook,
         };
         let ticker = tokio::spawn(crate::live::tick_until_stopped(
             live,
@@ -170,14 +189,15 @@ impl Service {
             ticker,
             keeper,
             pipeline,
-            payments,
+            stand_in,
         })
     }
 
-    /// What this instance's payment stand-in charged and voided, per
-    /// currency.
+    /// What this instance's payment stand-in charged, voided and refunded,
+    /// per currency (empty with a provider that confirms by callback: its
+    /// own ledger tells).
     pub fn payments_ledger(&self) -> BTreeMap<Currency, Totals> {
-        self.payments.ledger()
+        self.stand_in.ledger()
     }
 
     /// The bound address.

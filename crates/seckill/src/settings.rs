@@ -39,6 +39,9 @@
 //! | body timeout | `--body-timeout-ms` … `body_timeout_ms` | 10,000 |
 //! | payment window of a new voucher that names none | `--pay-within-ms` … `pay_within_ms` | 900,000 (15 min) |
 //! | expiry sweep period | `--sweep-every-ms` … `sweep_every_ms` | 1,000 |
+//! | payment provider (confirms by signed callback): its base URL | `--payment-provider` … `payment_provider` | none: the in-process stand-in, which approves at once |
+//! | its API key; the secret its callbacks are signed with | `--payment-api-key`, `--payment-webhook-secret` … | none: both required with a provider |
+//! | a callback's replay window | `--payment-webhook-tolerance-s` … `payment_webhook_tolerance_s` | 300 |
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -124,6 +127,28 @@ pub struct Settings {
     /// token for any user id, or the operator's, to whoever asks. Refused
     /// unless `listen` is a loopback address.
     pub demo_sign_in: bool,
+    /// Who takes the buyers' money.
+    pub payments: PaymentSettings,
+}
+
+/// Who takes the buyers' money.
+#[derive(Debug, Clone)]
+pub enum PaymentSettings {
+    /// The in-process stand-in: approves every charge at once (for
+    /// development and the tests).
+    StandIn,
+    /// A provider over HTTP that confirms by signed callback
+    /// (`payments::provider`).
+    Provider {
+        /// Its base URL.
+        url: String,
+        /// The API key the service presents.
+        api_key: SecretString,
+        /// The secret its callbacks are signed with.
+        webhook_secret: SecretString,
+        /// How far a callback's signing time may be from now.
+        tolerance: Duration,
+    },
 }
 
 impl Settings {
@@ -264,6 +289,18 @@ pub struct Layer {
     /// Demo only: the pages may sign anyone in as any user or the operator (refused unless listening on loopback) [default: false].
     #[arg(long, env = "SECKILL_DEMO_SIGN_IN")]
     pub demo_sign_in: Option<bool>,
+    /// A payment provider that confirms by signed callback: its base URL (http:// or https://) [default: none, the in-process stand-in].
+    #[arg(long, env = "SECKILL_PAYMENT_PROVIDER")]
+    pub payment_provider: Option<String>,
+    /// The API key presented to the payment provider (required with --payment-provider).
+    #[arg(long, env = "SECKILL_PAYMENT_API_KEY", hide_env_values = true, value_parser = secret)]
+    pub payment_api_key: Option<SecretString>,
+    /// The secret the provider signs its callbacks with (required with --payment-provider).
+    #[arg(long, env = "SECKILL_PAYMENT_WEBHOOK_SECRET", hide_env_values = true, value_parser = secret)]
+    pub payment_webhook_secret: Option<SecretString>,
+    /// How far a callback's signing time may be from now, in seconds [default: 300].
+    #[arg(long, env = "SECKILL_PAYMENT_WEBHOOK_TOLERANCE_S")]
+    pub payment_webhook_tolerance_s: Option<u64>,
 }
 
 /// A secret from the command line or the environment (a clap value
@@ -326,6 +363,10 @@ impl Layer {
             pay_within_ms: Some(DEFAULT_PAY_WITHIN.as_millis() as u64),
             sweep_every_ms: Some(1_000),
             demo_sign_in: Some(false),
+            payment_provider: None,
+            payment_api_key: None,
+            payment_webhook_secret: None,
+            payment_webhook_tolerance_s: Some(300),
         }
     }
 
@@ -380,6 +421,12 @@ impl Layer {
             pay_within_ms: self.pay_within_ms.or(lower.pay_within_ms),
             sweep_every_ms: self.sweep_every_ms.or(lower.sweep_every_ms),
             demo_sign_in: self.demo_sign_in.or(lower.demo_sign_in),
+            payment_provider: self.payment_provider.or(lower.payment_provider),
+            payment_api_key: self.payment_api_key.or(lower.payment_api_key),
+            payment_webhook_secret: self.payment_webhook_secret.or(lower.payment_webhook_secret),
+            payment_webhook_tolerance_s: self
+                .payment_webhook_tolerance_s
+                .or(lower.payment_webhook_tolerance_s),
         }
     }
 
@@ -509,6 +556,39 @@ impl Layer {
                 "mints the service's own tokens: needs token_secret",
             ));
         }
+        let payments = match all.payment_provider.clone() {
+            None => PaymentSettings::StandIn,
+            Some(url) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(Error::invalid(
+                        "payment_provider",
+                        format!("{url:?}: expected an http:// or https:// URL"),
+                    ));
+                }
+                let required = |value: Option<SecretString>, name| {
+                    value.ok_or_else(|| Error::invalid(name, "required with payment_provider"))
+                };
+                let tolerance = set(
+                    all.payment_webhook_tolerance_s,
+                    "payment_webhook_tolerance_s",
+                )?;
+                if !(1..=3600).contains(&tolerance) {
+                    return Err(Error::invalid(
+                        "payment_webhook_tolerance_s",
+                        "must be 1 to 3,600 seconds",
+                    ));
+                }
+                PaymentSettings::Provider {
+                    url,
+                    api_key: required(all.payment_api_key.clone(), "payment_api_key")?,
+                    webhook_secret: required(
+                        all.payment_webhook_secret.clone(),
+                        "payment_webhook_secret",
+                    )?,
+                    tolerance: Duration::from_secs(tolerance),
+                }
+            }
+        };
         Ok(Settings {
             redis_url: storage.redis_url,
             redis_tls: storage.redis_tls,
@@ -536,6 +616,7 @@ impl Layer {
             },
             sweep_every: ms(all.sweep_every_ms, "sweep_every_ms")?,
             demo_sign_in,
+            payments,
         })
     }
 }

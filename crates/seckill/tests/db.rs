@@ -244,7 +244,10 @@ async fn an_order_changes_once_by_its_row_on_every_backend() {
         }
         let id = |seq| OrderId::compose(1_000, seq).unwrap().as_i64();
         let state = |t: &Transition| match t {
-            Transition::Done(o) | Transition::Already(o) | Transition::Refused(o) => Some(o.state),
+            Transition::Done(o)
+            | Transition::Already(o)
+            | Transition::Refused(o)
+            | Transition::Pending(o) => Some(o.state),
             Transition::NotFound => None,
         };
         // Payment: by its buyer only; once per key; final.
@@ -452,7 +455,10 @@ async fn a_paid_order_is_used_or_refunded_once_on_every_backend() {
     on_every_backend(|db| async move {
         db.migrate().await.unwrap();
         let state = |t: &Transition| match t {
-            Transition::Done(o) | Transition::Already(o) | Transition::Refused(o) => Some(o.state),
+            Transition::Done(o)
+            | Transition::Already(o)
+            | Transition::Refused(o)
+            | Transition::Pending(o) => Some(o.state),
             Transition::NotFound => None,
         };
         let now = SystemTime::now();

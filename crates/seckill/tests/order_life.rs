@@ -150,7 +150,10 @@ impl Sale {
 
 fn state(t: &Transition) -> Option<OrderState> {
     match t {
-        Transition::Done(o) | Transition::Already(o) | Transition::Refused(o) => Some(o.state),
+        Transition::Done(o)
+        | Transition::Already(o)
+        | Transition::Refused(o)
+        | Transition::Pending(o) => Some(o.state),
         Transition::NotFound => None,
     }
 }

@@ -15,8 +15,9 @@
 //!
 //! One [`Database`] type, its methods in rooms by what they serve:
 //! `vouchers` (a sale's terms), `orders` (storing the pipeline's orders and
-//! reading one order back), `order_life` (payment, cancellation, expiry)
-//! and `reads` (a voucher's orders as lists and counts, for the repair,
+//! reading one order back), `order_life` (payment, cancellation, expiry,
+//! redemption, refund), `payments` (payments a provider confirms by
+//! callback, and the callbacks it sent) and `reads` (a voucher's orders as lists and counts, for the repair,
 //! the reconciliation and the checks).
 
 use std::borrow::Cow;
@@ -33,17 +34,19 @@ use crate::error::{Error, Result};
 macro_rules! order_columns {
     () => {
         "id, user_id, voucher_id, created_ms, state, pay_by_ms, paid_ms, closed_ms, amount_minor, \
-         currency, redeem_code, used_ms, refunded_ms, returned_ms"
+         currency, redeem_code, used_ms, refunded_ms, returned_ms, pay_reference"
     };
 }
 
 mod order_life;
 mod orders;
+mod payments;
 mod reads;
 mod vouchers;
 
 pub use order_life::{GiveBack, Returned, Transition};
 pub use orders::Recorded;
+pub use payments::{EventOutcome, PaymentStart};
 pub use reads::{OrderBuyer, OrderStateRow, StateCounts};
 pub use vouchers::{VoucherRow, VoucherWindow};
 

@@ -22,14 +22,16 @@ pub enum Transition {
     Refused(StoredOrder),
     /// No stored order of that id (for that buyer).
     NotFound,
+    /// Asked of the payment provider, whose callback decides; the order as
+    /// it stands meanwhile (reserved with its payment under way, or
+    /// refunding).
+    Pending(StoredOrder),
 }
 
-/// The keys an order's row keeps: the client's of its payment and refund,
-/// and the provider's reference of its charge.
+/// The client's keys an order's row keeps: of its payment and its refund.
 struct Keys {
     pay: Option<String>,
     refund: Option<String>,
-    reference: Option<String>,
 }
 
 /// Why a reserved order gives its unit back.
@@ -105,7 +107,7 @@ impl Database {
         let row = sqlx::query(self.sql(concat!(
             "SELECT ",
             order_columns!(),
-            ", pay_key, refund_key, pay_reference FROM voucher_order WHERE id = ? AND user_id = ?"
+            ", pay_key, refund_key FROM voucher_order WHERE id = ? AND user_id = ?"
         )))
         .bind(id)
         .bind(user_id)
@@ -113,9 +115,8 @@ impl Database {
         .await?;
         row.map(|r| {
             let keys = Keys {
-                pay: r.try_get(14)?,
-                refund: r.try_get(15)?,
-                reference: r.try_get(16)?,
+                pay: r.try_get(15)?,
+                refund: r.try_get(16)?,
             };
             Ok((stored_order(&r)?, keys))
         })
@@ -158,7 +159,14 @@ impl Database {
             }
             _ => Transition::Refused(order),
         };
-        Ok((outcome, keys.reference))
+        let reference = match &outcome {
+            Transition::Done(order)
+            | Transition::Already(order)
+            | Transition::Refused(order)
+            | Transition::Pending(order) => order.pay_reference.clone(),
+            Transition::NotFound => None,
+        };
+        Ok((outcome, reference))
     }
 
     /// What the provider's refund of refunding order `id` needs (its
@@ -411,6 +419,23 @@ impl Database {
             s if s == state => (Transition::Already(order), None),
             _ => (Transition::Refused(order), None),
         })
+    }
+
+    /// Leaves refunding order `id` to the provider's callback: due for the
+    /// sweep again only after `later` (it then asks the provider again, by
+    /// the same key, in case the callback was lost).
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn refund_asked(&self, id: i64, later: std::time::Duration) -> Result<()> {
+        sqlx::query(self.sql(
+            "UPDATE voucher_order SET due_ms = NOW_MS + ? WHERE id = ? AND state = 'refunding'",
+        ))
+        .bind(later.as_millis() as i64)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     /// Orders the expiry sweep must look at now (by the database's clock),

@@ -287,5 +287,6 @@ pub(super) fn stored_order(r: &AnyRow) -> Result<StoredOrder> {
         used_ms: r.try_get(11)?,
         refunded_ms: r.try_get(12)?,
         returned: r.try_get::<Option<i64>, _>(13)?.is_some(),
+        pay_reference: r.try_get(14)?,
     })
 }

@@ -115,6 +115,9 @@ pub struct StoredOrder {
     /// Whether its unit went back on sale (in the database): cancelled,
     /// expired, or refunded while its voucher takes refunded units back.
     pub returned: bool,
+    /// The provider's reference of its charge: the one it kept once paid;
+    /// while reserved, one asked for and not confirmed yet.
+    pub pay_reference: Option<String>,
 }
 
 /// Crockford's base32 alphabet: no I, L, O or U, which read as other

@@ -44,6 +44,11 @@ pub enum ApiError {
     OrderConflict(OrderState),
     /// 409: a refund or a redemption of an order not paid.
     NotPaid,
+    /// 409: another payment of the order (another key) is under way.
+    PaymentUnderWay,
+    /// 409: a provider's callback that came before what it answers (the
+    /// provider delivers it again).
+    EventTooEarly,
     /// 402: the payment provider declined the charge.
     PaymentDeclined(String),
     /// 503 with `Retry-After`: a dependency is down, loading or too slow;
@@ -121,6 +126,8 @@ impl From<crate::Error> for ApiError {
             crate::Error::Payment(PaymentError::Unavailable(_)) => {
                 ApiError::Unavailable(Dependency::Payments)
             }
+            crate::Error::PaymentUnderWay => ApiError::PaymentUnderWay,
+            crate::Error::EventTooEarly => ApiError::EventTooEarly,
             other => ApiError::Internal(other),
         }
     }
@@ -208,6 +215,18 @@ impl IntoResponse for ApiError {
                 };
                 (StatusCode::CONFLICT, code, message.to_owned(), None)
             }
+            ApiError::PaymentUnderWay => (
+                StatusCode::CONFLICT,
+                "payment_under_way",
+                "another payment of this order is under way: its outcome comes first".into(),
+                None,
+            ),
+            ApiError::EventTooEarly => (
+                StatusCode::CONFLICT,
+                "event_too_early",
+                "the callback came before what it answers: deliver it again later".into(),
+                None,
+            ),
             ApiError::NotPaid => (
                 StatusCode::CONFLICT,
                 "order_not_paid",
@@ -342,6 +361,8 @@ mod tests {
             ApiError::OrderConflict(OrderState::Refunding),
             ApiError::OrderConflict(OrderState::Refunded),
             ApiError::NotPaid,
+            ApiError::PaymentUnderWay,
+            ApiError::EventTooEarly,
             ApiError::PaymentDeclined("card".into()),
             ApiError::Unavailable(Dependency::Payments),
         ];

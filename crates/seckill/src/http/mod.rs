@@ -29,6 +29,7 @@ mod limits;
 mod live;
 mod orders;
 mod pages;
+mod payments;
 pub(crate) mod server;
 mod vouchers;
 
@@ -69,6 +70,18 @@ pub struct AppState {
     /// Whether `POST /api/demo/sign-in` hands out tokens (a loopback demo
     /// only; see [`Settings::demo_sign_in`](crate::settings::Settings::demo_sign_in)).
     pub demo_sign_in: bool,
+    /// How the payment provider's callbacks are checked (`None`: the
+    /// stand-in, which sends none; the callback route is then a 404).
+    pub webhook: Option<Webhook>,
+}
+
+/// What checks a payment provider's callbacks.
+#[derive(Debug, Clone)]
+pub struct Webhook {
+    /// The secret they are signed with.
+    pub secret: secrecy::SecretString,
+    /// How far their signing time may be from now.
+    pub tolerance: std::time::Duration,
 }
 
 /// The API's OpenAPI document (kept beside the routes; a test checks that
@@ -120,6 +133,7 @@ pub fn router(state: AppState) -> Router {
                 .route("/api/orders/{id}/cancel", post(orders::cancel))
                 .route("/api/orders/{id}/refund", post(orders::refund))
                 .route("/api/redemptions", post(orders::redeem))
+                .route("/api/payments/events", post(payments::event))
                 .layer(axum::middleware::from_fn_with_state(
                     state.clone(),
                     limits::per_ip,

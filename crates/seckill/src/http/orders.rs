@@ -1,6 +1,7 @@
 //! Order routes: a user sees and changes only their own orders.
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +53,10 @@ pub struct OrderView {
     /// while its voucher takes refunded units back), once stored.
     #[serde(skip_serializing_if = "Option::is_none")]
     unit_returned: Option<bool>,
+    /// `pending` while a payment asked of the provider awaits its
+    /// callback (the order is still reserved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payment: Option<&'static str>,
 }
 
 impl From<&StoredOrder> for OrderView {
@@ -69,6 +74,8 @@ impl From<&StoredOrder> for OrderView {
             used_ms: order.used_ms,
             refunded_ms: order.refunded_ms,
             unit_returned: Some(order.returned),
+            payment: (order.state == OrderState::Reserved && order.pay_reference.is_some())
+                .then_some("pending"),
         }
     }
 }
@@ -88,6 +95,7 @@ impl OrderView {
             used_ms: None,
             refunded_ms: None,
             unit_returned: None,
+            payment: None,
         }
     }
 }
@@ -142,7 +150,7 @@ pub(crate) async fn pay(
     User(user): User,
     PathId(id): PathId,
     IdempotencyKey(key): IdempotencyKey,
-) -> Result<Json<OrderView>, ApiError> {
+) -> Result<(StatusCode, Json<OrderView>), ApiError> {
     tracing::Span::current()
         .record("order", id)
         .record("user", user);
@@ -155,7 +163,7 @@ pub(crate) async fn cancel(
     State(state): State<AppState>,
     User(user): User,
     PathId(id): PathId,
-) -> Result<Json<OrderView>, ApiError> {
+) -> Result<(StatusCode, Json<OrderView>), ApiError> {
     tracing::Span::current()
         .record("order", id)
         .record("user", user);
@@ -169,7 +177,7 @@ pub(crate) async fn refund(
     User(user): User,
     PathId(id): PathId,
     IdempotencyKey(key): IdempotencyKey,
-) -> Result<Json<OrderView>, ApiError> {
+) -> Result<(StatusCode, Json<OrderView>), ApiError> {
     tracing::Span::current()
         .record("order", id)
         .record("user", user);
@@ -197,24 +205,31 @@ pub(crate) async fn redeem(
 ) -> Result<Json<OrderView>, ApiError> {
     let code = RedeemCode::parse(&body.code)?;
     match state.orders.redeem(code.as_str()).await? {
-        Transition::Done(order) | Transition::Already(order) => Ok(Json(OrderView::from(&order))),
+        Transition::Done(order) | Transition::Already(order) | Transition::Pending(order) => {
+            Ok(Json(OrderView::from(&order)))
+        }
         Transition::Refused(order) => Err(ApiError::OrderConflict(order.state)),
         Transition::NotFound => Err(ApiError::NotFound("redemption code")),
     }
 }
 
-/// A change done now or before is the order as it stands; a refused one a
-/// 409 naming the state; an order of `user` accepted but not stored yet a
-/// 409 `order_pending` (ask again in a moment) or `order_failed`; any other
-/// (unknown, or another buyer's) a 404.
+/// A change done now or before is the order as it stands (200); one asked
+/// of the payment provider, whose callback decides, the order meanwhile
+/// (202); a refused one a 409 naming the state; an order of `user`
+/// accepted but not stored yet a 409 `order_pending` (ask again in a
+/// moment) or `order_failed`; any other (unknown, or another buyer's) a
+/// 404.
 async fn answer(
     state: &AppState,
     user: i64,
     id: i64,
     outcome: Transition,
-) -> Result<Json<OrderView>, ApiError> {
+) -> Result<(StatusCode, Json<OrderView>), ApiError> {
     match outcome {
-        Transition::Done(order) | Transition::Already(order) => Ok(Json(OrderView::from(&order))),
+        Transition::Done(order) | Transition::Already(order) => {
+            Ok((StatusCode::OK, Json(OrderView::from(&order))))
+        }
+        Transition::Pending(order) => Ok((StatusCode::ACCEPTED, Json(OrderView::from(&order)))),
         Transition::Refused(order) => Err(ApiError::OrderConflict(order.state)),
         Transition::NotFound => match state.sales.unstored_order(user, id).await? {
             Some(unstored) => Err(ApiError::OrderConflict(unstored)),
