@@ -19,12 +19,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use seckill::auth::{Principal, Tokens};
 use seckill::service::Service;
-use seckill::settings::{Mode, Settings};
+use seckill::settings::{Mode, PaymentSettings, Settings};
 
 use crate::bench::after_sale::{AfterSalePlan, BuyerModel};
 use crate::bench::checks::{self, Check, Sale, Stores};
 use crate::bench::load::{self, Arrival, Plan, Progress, Until};
 use crate::bench::{create_voucher, report, ProgressDisplay};
+use crate::payments::Simulator;
 
 /// Options of `seckill-tools demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -60,6 +61,12 @@ pub struct DemoArgs {
     /// Share of buyers who cancel (the rest never pay).
     #[arg(long, default_value_t = 0.1)]
     pub cancel_share: f64,
+    /// Share of the paying buyers who have the order refunded.
+    #[arg(long, default_value_t = 0.1)]
+    pub refund_share: f64,
+    /// Share of the paying buyers who redeem the order at the shop.
+    #[arg(long, default_value_t = 0.2)]
+    pub redeem_share: f64,
     /// How long buyers have to pay.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub pay_within: Duration,
@@ -90,7 +97,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         "--requests-per-user must be positive"
     );
     anyhow::ensure!(args.concurrency > 0, "--concurrency must be positive");
-    let model = BuyerModel::new(args.pay_share, args.cancel_share)?;
+    let model = BuyerModel::new(args.pay_share, args.cancel_share)?
+        .with_after_payment(args.refund_share, args.redeem_share)?;
     anyhow::ensure!(
         (1..=100).contains(&args.rounds),
         "--rounds must be between 1 and 100"
@@ -125,6 +133,28 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     println!("database: {database_url}");
     // Never shorter than the 16 bytes tokens need, whatever the pid.
     let secret = format!("seckill-demo-secret-{:010}", std::process::id());
+    // Payments confirmed by signed callback, as real providers do: some
+    // late, some out of order, some twice, some beside a forged copy.
+    let (api_key, webhook_secret) = ("sk_demo", format!("whsec-demo-{}", std::process::id()));
+    let provider = Simulator::spawn(
+        api_key,
+        &webhook_secret,
+        &[
+            "--delay-ms",
+            "100",
+            "--reorder-ms",
+            "200",
+            "--duplicate",
+            "0.2",
+            "--forge",
+            "0.05",
+        ],
+    )
+    .await?;
+    println!(
+        "payments: provider simulator at {} (callbacks signed; 20% sent twice, 5% beside a forged copy, up to 0.3 s late and out of order)",
+        provider.base
+    );
     let service = Service::start(Settings {
         listen: "127.0.0.1:0".parse()?,
         mode: args.mode,
@@ -140,10 +170,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         },
         // Loopback only: a person watching may sign in as anyone.
         demo_sign_in: true,
+        payments: PaymentSettings::Provider {
+            url: provider.base.clone(),
+            api_key: api_key.into(),
+            webhook_secret: webhook_secret.clone().into(),
+            tolerance: seckill::payments::events::DEFAULT_TOLERANCE,
+        },
         ..Settings::new(&redis_url, &database_url, &secret)
     })
     .await?;
     let base = format!("http://{}", service.addr());
+    provider.call_back(std::slice::from_ref(&base)).await?;
     println!("storefront: {base}/   operator console: {base}/admin   (demo sign-in on: pick a user id, or the operator)");
     let tokens = Tokens::new(secret.as_bytes())?;
     let http = reqwest::Client::builder()
@@ -224,9 +261,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         crate::bench::after_sale_run(&http, &tokens, &plan, &record, &stores, args.stock).await;
     all.extend(life.checks);
     differences.extend(life.differences);
-    // The buyers are done: every charge the sale will see is made.
-    if let Some(revenue) = stores.revenue(voucher).await? {
-        let (money, lines) = checks::money_checks(&service.payments_ledger(), &revenue);
+    // The buyers are done: every charge the sale will see is made; the
+    // provider's last callbacks may still be on their way.
+    let ledger = provider.settled_ledger(Duration::from_secs(30)).await?;
+    if let Some(orders) = stores.order_money(voucher).await? {
+        let (money, lines) = checks::money_checks(&ledger, &orders);
         for line in lines {
             println!("{line}");
         }

@@ -479,3 +479,112 @@ async fn ledger(State(sim): State<Sim>) -> Json<Ledger> {
     }
     Json(out)
 }
+
+/// A provider simulator in a child process of this binary (killed when
+/// dropped): what the demo and the chaos run pay through.
+pub struct Simulator {
+    child: tokio::process::Child,
+    /// Its base URL.
+    pub base: String,
+    http: reqwest::Client,
+}
+
+impl Simulator {
+    /// Starts `seckill-tools payments` with `api_key`, `webhook_secret` and
+    /// the `switches` (e.g. `["--duplicate", "0.1"]`).
+    ///
+    /// # Errors
+    /// If it does not start and print its address within a minute.
+    pub async fn spawn(
+        api_key: &str,
+        webhook_secret: &str,
+        switches: &[&str],
+    ) -> anyhow::Result<Self> {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+            .args([
+                "payments",
+                "--api-key",
+                api_key,
+                "--webhook-secret",
+                webhook_secret,
+            ])
+            .args(switches)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the payment provider simulator")?;
+        let stdout = child.stdout.take().context("its output")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .context("the simulator did not print its address")??
+            .context("the simulator ended")?;
+        let base = line
+            .strip_prefix("payments: listening on ")
+            .with_context(|| format!("the simulator printed {line:?}"))?
+            .to_owned();
+        Ok(Self {
+            child,
+            base,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    /// Calls back the instances at `bases` from now on.
+    ///
+    /// # Errors
+    /// If the simulator does not answer.
+    pub async fn call_back(&self, bases: &[String]) -> anyhow::Result<()> {
+        let answer = self
+            .http
+            .put(format!("{}/v1/callbacks", self.base))
+            .json(&bases)
+            .send()
+            .await?;
+        anyhow::ensure!(
+            answer.status().is_success(),
+            "the simulator answered {}",
+            answer.status()
+        );
+        Ok(())
+    }
+
+    /// Its ledger.
+    ///
+    /// # Errors
+    /// If the simulator does not answer.
+    pub async fn ledger(&self) -> anyhow::Result<Ledger> {
+        Ok(self
+            .http
+            .get(format!("{}/v1/ledger", self.base))
+            .send()
+            .await?
+            .json()
+            .await?)
+    }
+
+    /// Its ledger once every callback it sent is acknowledged or given up
+    /// (the last ones may still be on their way), or after `bound`.
+    ///
+    /// # Errors
+    /// If the simulator does not answer.
+    pub async fn settled_ledger(&self, bound: Duration) -> anyhow::Result<Ledger> {
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut last = self.ledger().await?;
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = self.ledger().await?;
+            if now.callbacks == last.callbacks || tokio::time::Instant::now() >= deadline {
+                return Ok(now);
+            }
+            last = now;
+        }
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}

@@ -277,8 +277,9 @@ async fn an_open_loop_bench_keeps_its_schedule_and_charges_waiting_to_latency() 
 }
 
 /// Service 8 to 11: the buyer model after the load (some pay, some cancel,
-/// some never pay within a 1 s window), over two instances: every unit
-/// given back sells again, every unit ends paid, and the stores agree.
+/// some never pay within a 1 s window; of those who pay, some have it
+/// refunded and some redeem it), over two instances: every unit given back
+/// sells again, every unit ends paid or used, and the stores agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bench_with_the_buyer_model_ends_with_every_unit_paid() {
     let redis = RedisServer::start();
@@ -294,6 +295,10 @@ async fn a_bench_with_the_buyer_model_ends_with_every_unit_paid() {
         "0.5",
         "--cancel-share",
         "0.2",
+        "--refund-share",
+        "0.2",
+        "--redeem-share",
+        "0.3",
         "--pay-within",
         "1s",
         "--rounds",
@@ -314,8 +319,9 @@ async fn a_bench_with_the_buyer_model_ends_with_every_unit_paid() {
     for wanted in [
         "no order both paid and given back (answers)",
         "stock = available + reserved + paid + used + refunded units kept (database)",
-        "every unit given back was sold again, and every unit ends paid (database)",
-        "no unit taken back twice: Redis' returned orders = cancelled + expired, Redis stock = database stock",
+        "every unit given back was sold again, and every unit ends paid or used (database)",
+        "no unit taken back twice: Redis' returned orders = cancelled + expired + refunded units back, Redis stock = database stock",
+        "the database's paid, used, refunded and cancelled orders are those answered so",
     ] {
         assert!(held.contains(&wanted), "{wanted}: {held:?}");
     }
@@ -327,12 +333,14 @@ async fn a_bench_with_the_buyer_model_ends_with_every_unit_paid() {
         paid,
         cancelled,
         expired,
+        used,
+        refunded,
         ..
     } = db.order_states(voucher).await.unwrap();
-    assert_eq!((reserved, paid), (0, 40), "{log}");
+    assert_eq!((reserved, paid + used), (0, 40), "{log}");
     assert!(
-        cancelled + expired > 0,
-        "the model gave no unit back: {log}"
+        cancelled + expired > 0 && refunded > 0 && used > 0,
+        "the model gave no unit back, or refunded or redeemed none: {log}"
     );
     assert_eq!(db.voucher_stock(voucher).await.unwrap(), Some(0));
     a.stop().await.unwrap();

@@ -3,7 +3,6 @@
 //! sweep, the background check of Redis), on one Redis
 //! and one database, and a graceful shutdown that drains.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,13 +12,12 @@ use tokio::sync::watch;
 
 use crate::auth::Tokens;
 use crate::db::Database;
-use crate::domain::money::Currency;
 use crate::http::Webhook;
 use crate::http::{router, AppState, RateLimits};
 use crate::live::Live;
 use crate::order_life::OrderLife;
 use crate::payments::provider::HttpProvider;
-use crate::payments::{Payments, StandIn, Totals};
+use crate::payments::{Payments, StandIn};
 use crate::pipeline::{OrderPipeline, PipelineSettings};
 use crate::repair::SaleRepair;
 use crate::sale::{PurchasePath, Sales};
@@ -39,7 +37,6 @@ pub struct Service {
     ticker: tokio::task::JoinHandle<()>,
     keeper: Option<tokio::task::JoinHandle<()>>,
     pipeline: Arc<OrderPipeline>,
-    stand_in: Arc<StandIn>,
 }
 
 impl Service {
@@ -101,9 +98,8 @@ impl Service {
             ))
         });
         let sales = Arc::new(Sales::new(purchases, fast, db.clone(), repair));
-        let stand_in = Arc::new(StandIn::default());
         let (payments, webhook): (Arc<dyn Payments>, _) = match &config.payments {
-            PaymentSettings::StandIn => (stand_in.clone(), None),
+            PaymentSettings::StandIn => (Arc::new(StandIn::default()), None),
             PaymentSettings::Provider {
                 url,
                 api_key,
@@ -189,15 +185,7 @@ impl Service {
             ticker,
             keeper,
             pipeline,
-            stand_in,
         })
-    }
-
-    /// What this instance's payment stand-in charged, voided and refunded,
-    /// per currency (empty with a provider that confirms by callback: its
-    /// own ledger tells).
-    pub fn payments_ledger(&self) -> BTreeMap<Currency, Totals> {
-        self.stand_in.ledger()
     }
 
     /// The bound address.

@@ -1,15 +1,19 @@
 //! The buyer model: what buyers do with their orders after the purchase
-//! (pay at once, cancel, or never pay and let the deadline pass), the units
-//! given back sold again to new buyers round after round, and the
-//! invariants of an order's whole life, checked against the answers and
-//! the stores at the end.
+//! (pay at once, cancel, or never pay and let the deadline pass) and after
+//! the payment (keep the voucher, have it refunded, or redeem it at the
+//! shop), the units given back sold again to new buyers round after round,
+//! and the invariants of an order's whole life, checked against the
+//! answers and the stores at the end.
 //!
 //! Each round acts on the orders its buyers hold: once an order is stored,
 //! its buyer pays (with an idempotency key, asked twice for one order in
-//! ten), cancels, or does nothing until the sweep expires it. The units
-//! that came back are then bought by new users, whose orders make the next
-//! round. In the last round every buyer pays, so a completed run ends with
-//! every unit paid.
+//! ten; with a provider that confirms by callback, the order is followed
+//! until the callback pays it), cancels, or does nothing until the sweep
+//! expires it. A paid order is then kept, refunded (its unit back on sale)
+//! or redeemed by the shop's operator with its code. The units that came
+//! back are then bought by new users, whose orders make the next round. In
+//! the last round every buyer pays and keeps, so a completed run ends with
+//! every unit paid or used.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,11 +26,22 @@ use seckill::auth::{Principal, Tokens};
 
 use super::checks::{Check, LifeFigures};
 
-/// Shares of buyers who pay at once and who cancel; the rest never pay.
+/// Shares of buyers who pay at once and who cancel (the rest never pay);
+/// of those who paid, shares who have it refunded and who redeem it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BuyerModel {
     pay: f64,
     cancel: f64,
+    refund: f64,
+    redeem: f64,
+}
+
+/// What one buyer does with a paid order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterPay {
+    Keep,
+    Refund,
+    Redeem,
 }
 
 /// What one buyer does with an order.
@@ -47,7 +62,36 @@ impl BuyerModel {
             (0.0..=1.0).contains(&pay) && (0.0..=1.0).contains(&cancel) && pay + cancel <= 1.0,
             "the pay and cancel shares must be between 0 and 1 and add up to 1 at most"
         );
-        Ok(Self { pay, cancel })
+        Ok(Self {
+            pay,
+            cancel,
+            refund: 0.0,
+            redeem: 0.0,
+        })
+    }
+
+    /// This model where `refund` of the paying buyers have the order
+    /// refunded and `redeem` redeem it at the shop (the rest keep it).
+    ///
+    /// # Errors
+    /// Shares outside 0..=1, or adding up to more than 1.
+    pub fn with_after_payment(self, refund: f64, redeem: f64) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&refund)
+                && (0.0..=1.0).contains(&redeem)
+                && refund + redeem <= 1.0,
+            "the refund and redeem shares must be between 0 and 1 and add up to 1 at most"
+        );
+        Ok(Self {
+            refund,
+            redeem,
+            ..self
+        })
+    }
+
+    /// The shares of paying buyers who have it refunded, and who redeem it.
+    pub fn after_payment(&self) -> (f64, f64) {
+        (self.refund, self.redeem)
     }
 
     /// The share of buyers who cancel.
@@ -63,12 +107,7 @@ impl BuyerModel {
     /// What `user` does: the same for the same user (a hash of the id), so
     /// a run can be repeated.
     fn choose(&self, user: i64) -> Choice {
-        // SplitMix64's finaliser: well spread for consecutive ids.
-        let mut x = user as u64;
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^= x >> 31;
-        let share = (x >> 11) as f64 / (1u64 << 53) as f64;
+        let share = spread(user as u64);
         if share < self.pay {
             Choice::Pay
         } else if share < self.pay + self.cancel {
@@ -77,6 +116,27 @@ impl BuyerModel {
             Choice::NeverPay
         }
     }
+
+    /// What `user` does once paid: the same for the same user.
+    fn choose_after(&self, user: i64) -> AfterPay {
+        let share = spread((user as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5bd1);
+        if share < self.refund {
+            AfterPay::Refund
+        } else if share < self.refund + self.redeem {
+            AfterPay::Redeem
+        } else {
+            AfterPay::Keep
+        }
+    }
+}
+
+/// A number in 0..1 from `x`, well spread for consecutive ids
+/// (SplitMix64's finaliser).
+fn spread(mut x: u64) -> f64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Where and how the after-sale runs.
@@ -103,13 +163,17 @@ pub struct AfterSalePlan {
 pub struct AfterSale {
     /// Rounds run.
     pub rounds: u32,
-    /// Orders answered `paid`.
+    /// Orders answered `paid` (and kept).
     pub paid: HashSet<i64>,
+    /// Paid orders the shop redeemed (answered `used`).
+    pub used: HashSet<i64>,
+    /// Paid orders refunded (answered `refunded`).
+    pub refunded: HashSet<i64>,
     /// Orders answered `cancelled`.
     pub cancelled: HashSet<i64>,
     /// Orders seen `expired`.
     pub expired: HashSet<i64>,
-    /// Units given back (cancelled + expired) and bought again.
+    /// Units given back (cancelled, expired or refunded) and bought again.
     pub resold: usize,
     /// Payments asked a second time with their key that answered the same.
     pub repeats_same: usize,
@@ -158,17 +222,42 @@ impl Client<'_> {
             .await
     }
 
-    /// Pays (with the order's own key) or cancels `order`. Both are
-    /// idempotent, so an answer that was lost, or a 503, is asked again
+    /// Pays or refunds (with the order's own key) or cancels `order`. All
+    /// are idempotent, so an answer that was lost, or a 503, is asked again
     /// (on the next instance) until one comes, for up to a minute.
     async fn act(&self, user: i64, order: i64, action: &str) -> Option<(u16, Value)> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let url = format!("{}/api/orders/{order}/{action}", self.base());
             let mut request = self.http.post(url).bearer_auth(self.token(user));
-            if action == "pay" {
-                request = request.header("Idempotency-Key", format!("after-sale-{order}"));
+            if action != "cancel" {
+                let key = format!("after-sale-{action}-{order}");
+                request = request.header("Idempotency-Key", key);
             }
+            match self.send(request).await {
+                Some((503, _)) | None if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
+    /// Redeems the order whose code is `code`, as the shop's operator;
+    /// asked again like [`Client::act`] (a second redemption of a code that
+    /// was used answers 409 `order_used`).
+    async fn redeem(&self, code: &str) -> Option<(u16, Value)> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let admin = self
+            .tokens
+            .mint(Principal::Admin, Duration::from_secs(3600));
+        loop {
+            let url = format!("{}/api/redemptions", self.base());
+            let request = self
+                .http
+                .post(url)
+                .bearer_auth(&admin)
+                .json(&serde_json::json!({ "code": code }));
             match self.send(request).await {
                 Some((503, _)) | None if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -199,10 +288,25 @@ impl Client<'_> {
 
 /// What happened to one order.
 enum Fate {
-    Paid { repeated: Option<bool> },
+    /// Paid (and kept, redeemed or refunded); whether a payment asked again
+    /// answered the same.
+    Paid {
+        repeated: Option<bool>,
+        then: Then,
+    },
     Cancelled,
     Expired,
     Unexpected(String),
+}
+
+/// What became of a paid order.
+enum Then {
+    Kept,
+    Used,
+    /// Refunded; whether its unit went back on sale.
+    Refunded {
+        returned: bool,
+    },
 }
 
 /// Runs the after-sale on `orders` (`(user, order id)`, the purchase run's
@@ -231,14 +335,19 @@ pub async fn run(
         let fates: Vec<(i64, Fate)> = futures_util::stream::iter(orders.iter().copied())
             .map(|(user, order)| {
                 let client = &client;
-                let choice = if last {
-                    Choice::Pay
+                let (choice, after) = if last {
+                    (Choice::Pay, AfterPay::Keep)
                 } else {
-                    plan.model.choose(user)
+                    (plan.model.choose(user), plan.model.choose_after(user))
                 };
                 async move {
-                    let fate =
+                    let mut fate =
                         one_order(client, user, order, choice, stored_within, expired_within).await;
+                    if let Fate::Paid { repeated, .. } = fate {
+                        fate = after_payment(client, user, order, after, expired_within)
+                            .await
+                            .map_or_else(Fate::Unexpected, |then| Fate::Paid { repeated, then });
+                    }
                     (order, fate)
                 }
             })
@@ -248,8 +357,15 @@ pub async fn run(
         let mut returned = 0;
         for (order, fate) in fates {
             match fate {
-                Fate::Paid { repeated } => {
-                    seen.paid.insert(order);
+                Fate::Paid { repeated, then } => {
+                    match then {
+                        Then::Kept => seen.paid.insert(order),
+                        Then::Used => seen.used.insert(order),
+                        Then::Refunded { returned: back } => {
+                            returned += usize::from(back);
+                            seen.refunded.insert(order)
+                        }
+                    };
                     if let Some(same) = repeated {
                         seen.repeats += 1;
                         seen.repeats_same += usize::from(same);
@@ -316,7 +432,35 @@ async fn one_order(
                 } else {
                     None
                 };
-                Fate::Paid { repeated }
+                Fate::Paid {
+                    repeated,
+                    then: Then::Kept,
+                }
+            }
+            // Asked of a provider that confirms by callback: paid when it
+            // calls back (or expired, if it does not in time).
+            Some((202, pending)) if pending["payment"] == "pending" => {
+                let body = client
+                    .until_state(user, order, &["paid", "expired"], expired_within)
+                    .await;
+                match body["state"].as_str() {
+                    Some("paid") => {
+                        let repeated = if order % 10 == 0 {
+                            let again = client.act(user, order, "pay").await;
+                            Some(matches!(again, Some((200, b)) if b["paid_ms"] == body["paid_ms"]))
+                        } else {
+                            None
+                        };
+                        Fate::Paid {
+                            repeated,
+                            then: Then::Kept,
+                        }
+                    }
+                    Some("expired") => Fate::Expired,
+                    _ => Fate::Unexpected(format!(
+                        "order {order} not paid by callback in time: {body}"
+                    )),
+                }
             }
             // Too late: the deadline passed first, and the unit came back.
             Some((409, body)) if body["code"] == "order_expired" => Fate::Expired,
@@ -335,6 +479,47 @@ async fn one_order(
                 Fate::Expired
             } else {
                 Fate::Unexpected(format!("order {order} did not expire in time: {body}"))
+            }
+        }
+    }
+}
+
+/// What the buyer of paid order `order` does next: keeps it, has it
+/// refunded (followed until the provider's callback refunds it), or the
+/// shop redeems it with the code the order shows; `Err` says what was
+/// unexpected.
+async fn after_payment(
+    client: &Client<'_>,
+    user: i64,
+    order: i64,
+    after: AfterPay,
+    bound: Duration,
+) -> Result<Then, String> {
+    match after {
+        AfterPay::Keep => Ok(Then::Kept),
+        AfterPay::Refund => {
+            let body = match client.act(user, order, "refund").await {
+                Some((200, body)) if body["state"] == "refunded" => body,
+                Some((202, body)) if body["state"] == "refunding" => {
+                    client.until_state(user, order, &["refunded"], bound).await
+                }
+                other => return Err(format!("refunding order {order}: {other:?}")),
+            };
+            match body["state"].as_str() {
+                Some("refunded") => Ok(Then::Refunded {
+                    returned: body["unit_returned"] == true,
+                }),
+                _ => Err(format!("order {order} not refunded in time: {body}")),
+            }
+        }
+        AfterPay::Redeem => {
+            let body = client.until_state(user, order, &["paid"], bound).await;
+            let Some(code) = body["redeem_code"].as_str() else {
+                return Err(format!("paid order {order} shows no code: {body}"));
+            };
+            match client.redeem(code).await {
+                Some((200, used)) if used["state"] == "used" => Ok(Then::Used),
+                other => Err(format!("redeeming order {order}: {other:?}")),
             }
         }
     }
@@ -419,6 +604,7 @@ pub fn checks(
     stores: Option<&LifeFigures>,
 ) -> Vec<Check> {
     let returned: HashSet<i64> = seen.cancelled.union(&seen.expired).copied().collect();
+    let after_payment: HashSet<i64> = seen.used.union(&seen.refunded).copied().collect();
     let mut checks = vec![
         Check::new(
             format!(
@@ -429,7 +615,11 @@ pub fn checks(
         ),
         Check::new(
             "no order both paid and given back (answers)",
-            seen.paid.is_disjoint(&returned),
+            seen.paid.is_disjoint(&returned) && after_payment.is_disjoint(&returned),
+        ),
+        Check::new(
+            "no order both used and refunded (answers)",
+            seen.used.is_disjoint(&seen.refunded),
         ),
         Check::new(
             format!(
@@ -453,8 +643,11 @@ pub fn checks(
             figures.db_stock + figures.states.holding_units() == stock,
         ));
         checks.push(Check::new(
-            "the database's paid and cancelled orders are those answered so",
-            paid as usize == seen.paid.len() && cancelled as usize == seen.cancelled.len(),
+            "the database's paid, used, refunded and cancelled orders are those answered so",
+            paid as usize == seen.paid.len()
+                && cancelled as usize == seen.cancelled.len()
+                && figures.states.used as usize == seen.used.len()
+                && figures.states.refunded as usize == seen.refunded.len(),
         ));
         // An order bought with an unknown outcome is never acted on: it
         // expires (or is still reserved) without the run seeing it.
@@ -468,12 +661,13 @@ pub fn checks(
         ));
         checks.push(Check::new(
             "one live order per user (database)",
-            figures.live_users == (reserved + paid) as usize,
+            figures.live_users == figures.states.holding_units() as usize,
         ));
         if let Some((redis_stock, redis_returned)) = figures.redis {
             checks.push(Check::new(
-                "no unit taken back twice: Redis' returned orders = cancelled + expired, Redis stock = database stock",
-                redis_returned == (cancelled + expired) as usize && redis_stock == figures.db_stock,
+                "no unit taken back twice: Redis' returned orders = cancelled + expired + refunded units back, Redis stock = database stock",
+                redis_returned == figures.states.returned() as usize
+                    && redis_stock == figures.db_stock,
             ));
         }
         if seen.completed {
@@ -483,8 +677,8 @@ pub fn checks(
             ));
             if sold_out {
                 checks.push(Check::new(
-                    "every unit given back was sold again, and every unit ends paid (database)",
-                    paid == stock && figures.db_stock == 0,
+                    "every unit given back was sold again, and every unit ends paid or used (database)",
+                    paid + figures.states.used == stock && figures.db_stock == 0,
                 ));
             }
         }

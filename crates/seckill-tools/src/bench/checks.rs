@@ -203,18 +203,17 @@ impl Stores {
         })
     }
 
-    /// What `voucher`'s paid orders add up to, per currency (`None`
+    /// Every stored order of `voucher` with its state and amount (`None`
     /// without a database).
     ///
     /// # Errors
     /// If the database fails.
-    pub async fn revenue(
+    pub async fn order_money(
         &self,
         voucher: i64,
-    ) -> anyhow::Result<Option<std::collections::BTreeMap<seckill::domain::money::Currency, i64>>>
-    {
+    ) -> anyhow::Result<Option<Vec<seckill::db::OrderStateRow>>> {
         Ok(match &self.db {
-            Some(db) => Some(db.revenue(voucher).await?),
+            Some(db) => Some(db.voucher_order_states(voucher).await?),
             None => None,
         })
     }
@@ -444,43 +443,99 @@ pub fn print(checks: &[Check], differences: &[String]) -> bool {
     ok
 }
 
-/// The money checks of a sale: in each currency, what the payment
-/// provider kept (charged less voided) equals what the database's paid
-/// orders add up to; and the lines of the report that show it.
+/// The money checks of a sale, against the payment provider's own ledger:
+/// every order kept exactly its amount if it ends paid or used, and
+/// nothing otherwise (charged less voided and refunded); in each currency
+/// what the provider kept equals what the paid and used orders cost; and
+/// no forged callback was taken. Also the lines of the report that show
+/// the money.
 pub fn money_checks(
-    ledger: &std::collections::BTreeMap<
-        seckill::domain::money::Currency,
-        seckill::payments::Totals,
-    >,
-    revenue: &std::collections::BTreeMap<seckill::domain::money::Currency, i64>,
+    ledger: &crate::payments::Ledger,
+    orders: &[seckill::db::OrderStateRow],
 ) -> (Vec<Check>, Vec<String>) {
-    use seckill::domain::money::Money;
-    let show = |minor: i64, currency| {
-        Money::new("amount", minor, currency)
-            .map_or_else(|_| format!("{minor} {currency}"), |m| m.to_string())
+    use seckill::domain::money::{Currency, Money};
+    use seckill::domain::order::OrderState;
+    use std::collections::BTreeMap;
+    let show = |minor: i64, code: &str| match Currency::parse("currency", code) {
+        Ok(currency) => Money::new("amount", minor, currency)
+            .map_or_else(|_| format!("{minor} {code}"), |m| m.to_string()),
+        Err(_) => format!("{minor} {code}"),
     };
-    let mut currencies: Vec<_> = ledger.keys().chain(revenue.keys()).copied().collect();
+    let mut owed: BTreeMap<String, (i64, usize)> = BTreeMap::new();
+    let mut wrong = Vec::new();
+    for order in orders {
+        let keeps = matches!(order.state, OrderState::Paid | OrderState::Used);
+        let expected = if keeps { order.amount.minor() } else { 0 };
+        let kept = ledger
+            .kept_by_order
+            .get(&order.order_id.to_string())
+            .copied()
+            .unwrap_or(0);
+        if kept != expected {
+            wrong.push(format!(
+                "order {} ({:?}): kept {kept}, owed {expected}",
+                order.order_id, order.state
+            ));
+        }
+        if keeps {
+            let entry = owed
+                .entry(order.amount.currency().code().to_owned())
+                .or_default();
+            entry.0 += order.amount.minor();
+            entry.1 += 1;
+        }
+    }
+    let mut checks = vec![Check::new(
+        format!(
+            "money: every order kept its amount if paid or used, nothing otherwise ({} not)",
+            wrong.len()
+        ),
+        wrong.is_empty(),
+    )];
+    let mut lines: Vec<String> = wrong.iter().take(5).map(|w| format!("  {w}")).collect();
+    let mut currencies: Vec<&String> = ledger.totals.keys().chain(owed.keys()).collect();
     currencies.sort();
     currencies.dedup();
-    let mut checks = Vec::new();
-    let mut lines = Vec::new();
-    for currency in currencies {
-        let totals = ledger.get(&currency).copied().unwrap_or_default();
-        let paid = revenue.get(&currency).copied().unwrap_or(0);
+    for code in currencies {
+        let totals = ledger.totals.get(code).cloned().unwrap_or_default();
+        let (paid, count) = owed.get(code).copied().unwrap_or_default();
+        let kept = totals.charged_minor - totals.voided_minor - totals.refunded_minor;
         lines.push(format!(
-            "money ({currency}): paid orders {}; provider charged {} in {} charges, voided {} in {}, kept {}",
-            show(paid, currency),
-            show(totals.charged_minor, currency),
+            "money ({code}): revenue {} from {count} paid or used orders; provider charged {} in {} charges, voided {} in {}, refunded {} in {}, kept {}; {} declined",
+            show(paid, code),
+            show(totals.charged_minor, code),
             totals.charges,
-            show(totals.voided_minor, currency),
+            show(totals.voided_minor, code),
             totals.voids,
-            show(totals.kept_minor(), currency),
+            show(totals.refunded_minor, code),
+            totals.refunds,
+            show(kept, code),
+            totals.declined,
         ));
         checks.push(Check::new(
-            format!("money adds up ({currency}): the provider kept what the paid orders cost"),
-            totals.kept_minor() == paid,
+            format!("money adds up ({code}): the provider kept what the paid and used orders cost"),
+            kept == paid,
         ));
     }
+    let count = |what: &str| ledger.callbacks.get(what).copied().unwrap_or(0);
+    lines.push(format!(
+        "callbacks: {} acknowledged, {} sent again, {} sent twice on purpose, {} lost on purpose, {} forged copies refused",
+        count("acknowledged"),
+        count("sent_again"),
+        count("duplicated"),
+        count("lost"),
+        count("forged_refused"),
+    ));
+    // A forged copy sent while its instance was down went unanswered:
+    // neither taken nor refused.
+    checks.push(Check::new(
+        format!(
+            "no forged callback taken ({} refused, {} unanswered)",
+            count("forged_refused"),
+            count("forged_unanswered")
+        ),
+        count("forged_taken") == 0,
+    ));
     (checks, lines)
 }
 

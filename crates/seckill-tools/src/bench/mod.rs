@@ -95,6 +95,14 @@ pub struct BenchArgs {
     /// After the load, this share of buyers cancels.
     #[arg(long)]
     pub cancel_share: Option<f64>,
+    /// With the buyer model, this share of the paying buyers has the order
+    /// refunded (its unit comes back on sale and is sold again).
+    #[arg(long, default_value_t = 0.0)]
+    pub refund_share: f64,
+    /// With the buyer model, this share of the paying buyers redeems the
+    /// order at the shop (the operator enters its code).
+    #[arg(long, default_value_t = 0.0)]
+    pub redeem_share: f64,
     /// The voucher's payment window, with the buyer model.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub pay_within: Duration,
@@ -112,7 +120,8 @@ impl BenchArgs {
         let model = after_sale::BuyerModel::new(
             self.pay_share.unwrap_or(0.0),
             self.cancel_share.unwrap_or(0.0),
-        )?;
+        )?
+        .with_after_payment(self.refund_share, self.redeem_share)?;
         anyhow::ensure!(
             (1..=100).contains(&self.rounds),
             "--rounds must be between 1 and 100"
@@ -340,28 +349,33 @@ pub async fn after_sale_run(
         .map(|o| (o.user_id, o.order_id))
         .collect();
     let fast_path = record.orders.iter().any(|o| o.pending);
+    let (refund, redeem) = plan.model.after_payment();
     println!(
-        "after-sale: {} orders; {:.0}% pay at once, {:.0}% cancel, {:.0}% never pay ({} window); at most {} rounds",
+        "after-sale: {} orders; {:.0}% pay at once, {:.0}% cancel, {:.0}% never pay ({} window); of those who pay, {:.0}% have it refunded and {:.0}% redeem it; at most {} rounds",
         orders.len(),
         100.0 * (1.0 - plan.model.never_pay()) - 100.0 * plan.model.cancel_share(),
         100.0 * plan.model.cancel_share(),
         100.0 * plan.model.never_pay(),
         humantime::format_duration(plan.pay_within),
+        100.0 * refund,
+        100.0 * redeem,
         plan.rounds
     );
     let started = std::time::Instant::now();
     let seen = after_sale::run(http, tokens, plan, orders).await;
     println!(
-        "after-sale: {} rounds in {:.1?}: {} paid, {} cancelled, {} expired, {} units sold again ({} purchases with a lost answer; {})",
+        "after-sale: {} rounds in {:.1?}: {} paid and kept, {} redeemed, {} refunded, {} cancelled, {} expired, {} units sold again ({} purchases with a lost answer; {})",
         seen.rounds,
         started.elapsed(),
         seen.paid.len(),
+        seen.used.len(),
+        seen.refunded.len(),
         seen.cancelled.len(),
         seen.expired.len(),
         seen.resold,
         seen.unknown_purchases,
         if seen.completed {
-            "every unit bought is paid"
+            "every unit bought ends paid or used"
         } else {
             "not every unit could be followed to its payment"
         }
@@ -381,8 +395,7 @@ pub async fn after_sale_run(
                 let settled = found.is_none_or(|f| {
                     f.nothing_due
                         && f.redis.is_none_or(|(stock, returned)| {
-                            stock == f.db_stock
-                                && returned as i64 == f.states.cancelled + f.states.expired
+                            stock == f.db_stock && returned as i64 == f.states.returned()
                         })
                 });
                 figures = found;

@@ -6,7 +6,7 @@ use sqlx::Row;
 use std::collections::BTreeMap;
 
 use super::{first_column, order_state, Backend, Database};
-use crate::domain::money::Currency;
+use crate::domain::money::{Currency, Money};
 use crate::domain::order::OrderState;
 use crate::error::{Error, Result};
 
@@ -30,6 +30,8 @@ pub struct OrderStateRow {
     pub state: OrderState,
     /// Whether its unit went back on sale (in the database).
     pub returned: bool,
+    /// What its buyer pays.
+    pub amount: Money,
 }
 
 /// How many of a voucher's orders are in each state.
@@ -118,13 +120,13 @@ impl Database {
     /// # Errors
     /// [`Error::Database`] on failure.
     pub async fn voucher_order_states(&self, voucher_id: i64) -> Result<Vec<OrderStateRow>> {
-        let rows =
-            sqlx::query(self.sql(
-                "SELECT id, user_id, state, returned_ms FROM voucher_order WHERE voucher_id = ?",
-            ))
-            .bind(voucher_id)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(self.sql(
+            "SELECT id, user_id, state, returned_ms, amount_minor, currency \
+                 FROM voucher_order WHERE voucher_id = ?",
+        ))
+        .bind(voucher_id)
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter()
             .map(|r| {
                 Ok(OrderStateRow {
@@ -132,6 +134,7 @@ impl Database {
                     user_id: r.try_get(1)?,
                     state: order_state(&r.try_get::<String, _>(2)?)?,
                     returned: r.try_get::<Option<i64>, _>(3)?.is_some(),
+                    amount: Money::from_stored(r.try_get(4)?, &r.try_get::<String, _>(5)?)?,
                 })
             })
             .collect()

@@ -9,8 +9,13 @@ use crate::domain::money::Currency;
 
 /// A provider that approves every charge and keeps a ledger of what it
 /// did, per currency. Like a real provider it charges once per key and
-/// voids a charge once, however often it is asked (it remembers every
-/// charge it made: a development stand-in, not for years of orders).
+/// voids or refunds a charge once, however often it is asked (it remembers
+/// every charge it made: a development stand-in, not for years of orders).
+///
+/// Each instance of the service runs its own: one that is asked to void or
+/// refund a charge another instance's stand-in made approves it too, and
+/// records it in its own ledger; only the sum of the instances' ledgers
+/// is the whole of what was charged.
 #[derive(Debug, Default)]
 pub struct StandIn {
     state: Mutex<Book>,
@@ -80,11 +85,15 @@ impl Payments for StandIn {
             match book.charges.get_mut(&receipt.reference) {
                 Some(fate @ Fate::Kept) => *fate = Fate::Voided,
                 Some(Fate::Voided) => return Ok(()),
-                Some(Fate::Refunded) | None => {
+                Some(Fate::Refunded) => {
                     return Err(PaymentError::Declined(format!(
-                        "no charge {} to void",
+                        "charge {} is refunded",
                         receipt.reference
                     )))
+                }
+                // Another instance's stand-in made it.
+                None => {
+                    book.charges.insert(receipt.reference.clone(), Fate::Voided);
                 }
             }
             let totals = book.ledger.entry(receipt.amount.currency()).or_default();
@@ -104,11 +113,16 @@ impl Payments for StandIn {
                 Some(fate @ Fate::Kept) => *fate = Fate::Refunded,
                 // Refunded before (the same refund asked again): done.
                 Some(Fate::Refunded) => return Ok(Settlement::Now),
-                Some(Fate::Voided) | None => {
+                Some(Fate::Voided) => {
                     return Err(PaymentError::Declined(format!(
-                        "no charge {} to refund",
+                        "charge {} is voided",
                         refund.reference
                     )))
+                }
+                // Another instance's stand-in made it.
+                None => {
+                    book.charges
+                        .insert(refund.reference.clone(), Fate::Refunded);
                 }
             }
             let totals = book.ledger.entry(refund.amount.currency()).or_default();
