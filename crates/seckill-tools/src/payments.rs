@@ -257,9 +257,13 @@ impl Sim {
                 .body(body.clone())
                 .send()
                 .await;
-            if sent.is_ok_and(|r| r.status().is_success()) {
-                self.count("acknowledged");
-                return;
+            match sent {
+                Ok(r) if r.status().is_success() => {
+                    self.count("acknowledged");
+                    return;
+                }
+                Ok(r) => self.count(&format!("answered_{}", r.status().as_u16())),
+                Err(_) => self.count("unanswered"),
             }
             self.count("sent_again");
             attempt += 1;

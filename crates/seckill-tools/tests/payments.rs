@@ -86,10 +86,17 @@ impl Drop for Provider {
 /// A service paying through `provider`, on a private Redis and a fresh
 /// SQLite file; its base URL and database.
 async fn service(what: &str, provider: &Provider) -> (RedisServer, Service, String, Database) {
-    let redis = RedisServer::start();
     let dir = std::env::temp_dir().join(format!("seckill-payments-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let database = format!("sqlite://{}/shop.db", dir.display());
+    service_on(&format!("sqlite://{}/shop.db", dir.display()), provider).await
+}
+
+/// As [`service`], on the database at `database`.
+async fn service_on(
+    database: &str,
+    provider: &Provider,
+) -> (RedisServer, Service, String, Database) {
+    let redis = RedisServer::start();
     let service = Service::start(Settings {
         payments: PaymentSettings::Provider {
             url: provider.base.clone(),
@@ -97,13 +104,13 @@ async fn service(what: &str, provider: &Provider) -> (RedisServer, Service, Stri
             webhook_secret: SecretString::from(WEBHOOK_SECRET),
             tolerance: events::DEFAULT_TOLERANCE,
         },
-        ..support::settings(redis.url(), &database, SECRET)
+        ..support::settings(redis.url(), database, SECRET)
     })
     .await
     .unwrap();
     let base = format!("http://{}", service.addr());
     provider.call_back(&base).await;
-    let db = Database::connect(&database).await.unwrap();
+    let db = Database::connect(database).await.unwrap();
     (redis, service, base, db)
 }
 
@@ -301,10 +308,26 @@ async fn payments_and_refunds_follow_a_provider_that_repeats_reorders_and_is_for
 /// and its charge voided.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_callback_case_has_its_outcome() {
+    every_callback_case_on(None).await;
+}
+
+/// The same on PostgreSQL and MariaDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_callback_case_has_its_outcome_on_postgres_and_mariadb() {
+    let pg = testkit::PostgresServer::start();
+    every_callback_case_on(Some(&pg.url())).await;
+    let maria = testkit::MariaDbServer::start();
+    every_callback_case_on(Some(&maria.url())).await;
+}
+
+async fn every_callback_case_on(database: Option<&str>) {
     // This provider takes charges and loses every callback: the test sends
     // its own.
     let provider = Provider::start(&["--lose", "1", "--delay-ms", "50"]).await;
-    let (_redis, service, base, db) = service("cases", &provider).await;
+    let (_redis, service, base, db) = match database {
+        Some(url) => service_on(url, &provider).await,
+        None => service("cases", &provider).await,
+    };
     let shop = Shop::new(&base);
     let voucher = shop.voucher(600_000).await;
     let order = shop.bought(voucher, 1).await;

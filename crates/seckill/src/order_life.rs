@@ -111,10 +111,11 @@ impl OrderLife {
     /// client's idempotency `key`, then marked paid if it is still reserved
     /// and its deadline has not passed (else the charge is voided). The
     /// same key again answers [`Transition::Already`]. With a provider
-    /// that confirms by callback, the charge is recorded as asked and the
-    /// answer is [`Transition::Pending`]: the callback decides
-    /// ([`OrderLife::apply_event`]); another key meanwhile is refused
-    /// ([`Error::PaymentUnderWay`](crate::Error::PaymentUnderWay)).
+    /// that confirms by callback, the payment is recorded as under way
+    /// before the provider is asked, and the answer is
+    /// [`Transition::Pending`]: the callback decides
+    /// ([`OrderLife::apply_event`]); another key meanwhile is refused,
+    /// uncharged ([`Error::PaymentUnderWay`](crate::Error::PaymentUnderWay)).
     ///
     /// # Errors
     /// [`Error::Payment`](crate::Error::Payment) if the provider did not
@@ -140,21 +141,10 @@ impl OrderLife {
             amount: order.amount,
             key: key.to_owned(),
         };
-        let receipt = self.payments.charge(&charge).await?;
-        if receipt.settlement == Settlement::Later {
-            let start = self.db.start_payment(id, user, key, &receipt.reference);
-            return match db::by(database_deadline(), start).await? {
-                PaymentStart::Started(order) => Ok(Transition::Pending(order)),
-                refused => {
-                    self.void(id, &receipt).await;
-                    match refused {
-                        PaymentStart::Busy(_) => Err(crate::Error::PaymentUnderWay),
-                        PaymentStart::Other(outcome) => Ok(outcome),
-                        PaymentStart::Started(_) => unreachable!("handled above"),
-                    }
-                }
-            };
+        if self.payments.confirms_by_callback() {
+            return self.pay_by_callback(order, &charge).await;
         }
+        let receipt = self.payments.charge(&charge).await?;
         // The charge's own time does not count against the database.
         let paid = self
             .db
@@ -166,6 +156,48 @@ impl OrderLife {
             Transition::Refused(_) | Transition::NotFound => self.void(id, &receipt).await,
         }
         Ok(outcome)
+    }
+
+    /// [`OrderLife::pay`] through a provider that confirms by callback:
+    /// the payment is recorded as under way before the provider is asked
+    /// (its callback may come before its answer), then its charge's
+    /// reference.
+    async fn pay_by_callback(&self, order: StoredOrder, charge: &Charge) -> Result<Transition> {
+        let (id, user) = (charge.order_id, order.record.user_id);
+        let begin = self.db.begin_payment(id, user, &charge.key);
+        match db::by(database_deadline(), begin).await? {
+            PaymentStart::Started(_) => {}
+            PaymentStart::Busy(_) => return Err(crate::Error::PaymentUnderWay),
+            PaymentStart::Other(outcome) => return Ok(outcome),
+        }
+        let receipt = match self.payments.charge(charge).await {
+            Ok(receipt) => receipt,
+            Err(e) => {
+                // Declined at once: the buyer may pay again, with another
+                // key. Unknown: the payment stays under way, for the same
+                // key again (or the callback).
+                if matches!(e, PaymentError::Declined(_)) {
+                    db::by(
+                        database_deadline(),
+                        self.db.abandon_payment(id, &charge.key),
+                    )
+                    .await?;
+                }
+                return Err(e.into());
+            }
+        };
+        let noted = self.db.note_reference(id, &charge.key, &receipt.reference);
+        if let Err(e) = db::by(database_deadline(), noted).await {
+            // The callback carries the reference too.
+            tracing::warn!(order = id, error = %e, "recording a charge's reference failed");
+        }
+        let order = db::by(database_deadline(), self.db.order(id)).await?;
+        Ok(
+            order.map_or(Transition::NotFound, |order| match order.state {
+                OrderState::Reserved => Transition::Pending(order),
+                _ => Transition::Already(order),
+            }),
+        )
     }
 
     /// Gives back the charge asked for on `order`, given back before its
@@ -236,15 +268,7 @@ impl OrderLife {
             amount: charged.unwrap_or(order.amount),
             settlement: Settlement::Later,
         };
-        // A provider may call back before the service has recorded the
-        // charge it asked for: not applied yet, delivered again.
-        let unrecorded = order.state == OrderState::Reserved && order.pay_reference.is_none();
         match event.kind {
-            EventKind::ChargeSucceeded | EventKind::ChargeFailed
-                if unrecorded && charged == Some(order.amount) =>
-            {
-                Err(crate::Error::EventTooEarly)
-            }
             EventKind::ChargeSucceeded => {
                 if charged != Some(order.amount) {
                     tracing::warn!(order = id, event = %event.id, amount = event.amount_minor, currency = %event.currency, "a charge of another amount than the order's: refused and voided");

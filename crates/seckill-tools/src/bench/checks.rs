@@ -518,14 +518,12 @@ pub fn money_checks(
         ));
     }
     let count = |what: &str| ledger.callbacks.get(what).copied().unwrap_or(0);
-    lines.push(format!(
-        "callbacks: {} acknowledged, {} sent again, {} sent twice on purpose, {} lost on purpose, {} forged copies refused",
-        count("acknowledged"),
-        count("sent_again"),
-        count("duplicated"),
-        count("lost"),
-        count("forged_refused"),
-    ));
+    let all: Vec<String> = ledger
+        .callbacks
+        .iter()
+        .map(|(what, n)| format!("{what} {n}"))
+        .collect();
+    lines.push(format!("callbacks: {}", all.join(", ")));
     // A forged copy sent while its instance was down went unanswered:
     // neither taken nor refused.
     checks.push(Check::new(

@@ -1,6 +1,6 @@
-//! Payments a provider confirms by callback: the charge asked for on a
-//! reserved order, its confirmation or refusal, and the record of every
-//! callback, each applied once.
+//! Payments a provider confirms by callback: a payment under way on a
+//! reserved order and its charge's reference, its confirmation or refusal,
+//! and the record of every callback, each applied once.
 
 use sqlx::Row;
 
@@ -10,11 +10,11 @@ use crate::domain::order::OrderState;
 use crate::error::{Error, Result};
 use crate::payments::events::{Event, EventKind};
 
-/// What asking for a payment by callback found.
+/// What beginning a payment confirmed by callback found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PaymentStart {
-    /// The charge is asked for (now, or before with this key): the
-    /// provider's callback decides.
+    /// Under way with this key (now, or before): ask the provider; its
+    /// callback decides.
     Started(crate::db::StoredOrder),
     /// Another payment of the order is under way (another key).
     Busy(crate::db::StoredOrder),
@@ -61,26 +61,20 @@ impl EventOutcome {
 }
 
 impl Database {
-    /// Records on reserved order `id` of `user_id` that a charge of the
-    /// client's key `key` was asked of the provider as `reference`, if its
-    /// deadline has not passed and no other payment of it is under way.
+    /// Records on reserved order `id` of `user_id` that a payment of the
+    /// client's key `key` is under way, before the provider is asked (its
+    /// callback may come before its answer), if the order's deadline has
+    /// not passed and no payment of another key is under way.
     ///
     /// # Errors
     /// [`Error::Database`] on failure.
-    pub async fn start_payment(
-        &self,
-        id: i64,
-        user_id: i64,
-        key: &str,
-        reference: &str,
-    ) -> Result<PaymentStart> {
+    pub async fn begin_payment(&self, id: i64, user_id: i64, key: &str) -> Result<PaymentStart> {
         let started = sqlx::query(self.sql(
-            "UPDATE voucher_order SET pay_key = ?, pay_reference = ? \
+            "UPDATE voucher_order SET pay_key = ? \
              WHERE id = ? AND user_id = ? AND state = 'reserved' AND pay_by_ms > NOW_MS \
              AND (pay_key IS NULL OR pay_key = ?)",
         ))
         .bind(key)
-        .bind(reference)
         .bind(id)
         .bind(user_id)
         .bind(key)
@@ -93,17 +87,66 @@ impl Database {
         else {
             return Ok(PaymentStart::Other(Transition::NotFound));
         };
+        if order.state == OrderState::Reserved && started.rows_affected() == 1 {
+            return Ok(PaymentStart::Started(order));
+        }
+        // Still reserved: past its deadline (the sweep has not expired it
+        // yet), or another key's payment is under way.
+        let row = sqlx::query(self.sql(
+            "SELECT CASE WHEN pay_by_ms > NOW_MS THEN 1 ELSE 0 END FROM voucher_order WHERE id = ?",
+        ))
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await?;
+        let in_time = row.try_get::<i64, _>(0)? == 1;
         Ok(match order.state {
-            OrderState::Reserved if started.rows_affected() == 1 => PaymentStart::Started(order),
-            OrderState::Reserved if order.pay_reference.is_some() => PaymentStart::Busy(order),
+            OrderState::Reserved if in_time => PaymentStart::Busy(order),
             _ => PaymentStart::Other(Transition::Refused(order)),
         })
     }
 
+    /// Records the provider's reference `reference` of the charge of key
+    /// `key` on reserved order `id` (what a void names if the order is
+    /// given back before the callback comes), unless the callback recorded
+    /// it first.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn note_reference(&self, id: i64, key: &str, reference: &str) -> Result<()> {
+        sqlx::query(self.sql(
+            "UPDATE voucher_order SET pay_reference = ? \
+             WHERE id = ? AND pay_key = ? AND pay_reference IS NULL",
+        ))
+        .bind(reference)
+        .bind(id)
+        .bind(key)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Forgets the payment of key `key` on reserved order `id`: the
+    /// provider declined it at once, and the buyer may pay with another
+    /// key.
+    ///
+    /// # Errors
+    /// [`Error::Database`] on failure.
+    pub async fn abandon_payment(&self, id: i64, key: &str) -> Result<()> {
+        sqlx::query(self.sql(
+            "UPDATE voucher_order SET pay_key = NULL, pay_reference = NULL \
+             WHERE id = ? AND pay_key = ? AND state = 'reserved'",
+        ))
+        .bind(id)
+        .bind(key)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// The provider confirmed charge `reference` of order `id`: the order
-    /// is paid (with redemption code `code`) if it is still reserved with
-    /// that charge and its deadline has not passed, by the database's
-    /// clock.
+    /// is paid (with redemption code `code`) if it is still reserved, a
+    /// payment of it is under way and no other charge of it is recorded,
+    /// and its deadline has not passed, by the database's clock.
     ///
     /// # Errors
     /// [`Error::Database`] on failure (the order's state tells whether it
@@ -116,10 +159,12 @@ impl Database {
     ) -> Result<Transition> {
         let paid = sqlx::query(self.sql(
             "UPDATE voucher_order SET state = 'paid', paid_ms = NOW_MS, redeem_code = ?, \
-             due_ms = NULL \
-             WHERE id = ? AND pay_reference = ? AND state = 'reserved' AND pay_by_ms > NOW_MS",
+             pay_reference = ?, due_ms = NULL \
+             WHERE id = ? AND state = 'reserved' AND pay_by_ms > NOW_MS AND pay_key IS NOT NULL \
+             AND (pay_reference IS NULL OR pay_reference = ?)",
         ))
         .bind(code)
+        .bind(reference)
         .bind(id)
         .bind(reference)
         .execute(&self.pool)
@@ -144,7 +189,7 @@ impl Database {
     pub async fn clear_payment(&self, id: i64, reference: &str) -> Result<()> {
         sqlx::query(self.sql(
             "UPDATE voucher_order SET pay_key = NULL, pay_reference = NULL \
-             WHERE id = ? AND pay_reference = ? AND state = 'reserved'",
+             WHERE id = ? AND (pay_reference IS NULL OR pay_reference = ?) AND state = 'reserved'",
         ))
         .bind(id)
         .bind(reference)

@@ -82,6 +82,13 @@ pub trait Payments: std::fmt::Debug + Send + Sync {
     /// `charge.key` (the same key answers the same receipt).
     fn charge<'a>(&'a self, charge: &'a Charge) -> PaymentFuture<'a, Receipt>;
 
+    /// Whether this provider confirms charges later, by callback: the
+    /// service then records that a payment is under way before it asks
+    /// (a callback may arrive before the charge's answer does).
+    fn confirms_by_callback(&self) -> bool {
+        false
+    }
+
     /// Gives back the charge of `receipt` (its order could not be marked
     /// paid).
     fn void<'a>(&'a self, receipt: &'a Receipt) -> PaymentFuture<'a, ()>;

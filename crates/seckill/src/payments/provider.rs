@@ -115,6 +115,10 @@ impl Payments for HttpProvider {
         })
     }
 
+    fn confirms_by_callback(&self) -> bool {
+        true
+    }
+
     fn void<'a>(&'a self, receipt: &'a Receipt) -> PaymentFuture<'a, ()> {
         Box::pin(async move {
             let path = format!("/v1/charges/{}/void", encode(&receipt.reference));
