@@ -71,7 +71,7 @@ pub struct AppState {
     /// only; see [`Settings::demo_sign_in`](crate::settings::Settings::demo_sign_in)).
     pub demo_sign_in: bool,
     /// How the payment provider's callbacks are checked (`None`: the
-    /// stand-in, which sends none; the callback route is then a 404).
+    /// stand-in, which sends none; every callback is then a 401).
     pub webhook: Option<Webhook>,
 }
 

@@ -18,15 +18,20 @@ use crate::payments::events::{self, Event, SIGNATURE_HEADER};
 /// for an event applied before, or one refused and recorded); 401 for a
 /// signature that does not hold; 409 `event_too_early` for a refund's
 /// callback that came before the refund it answers (the provider delivers
-/// it again); 404 while the service runs its stand-in, which sends none.
+/// it again); 401 for every callback while the service runs its stand-in,
+/// which sends none.
 #[tracing::instrument(name = "payment_event", skip_all, fields(event))]
 pub(crate) async fn event(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
+    // Without a provider no callback can be verified: each is refused as
+    // unsigned would be.
     let Some(webhook) = &state.webhook else {
-        return Err(ApiError::NotFound("route"));
+        return Err(ApiError::Unauthorized(
+            "this service runs the payment stand-in: it takes no callbacks",
+        ));
     };
     let signature = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
     let secret = webhook.secret.expose_secret().as_bytes();
