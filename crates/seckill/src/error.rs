@@ -57,7 +57,7 @@ pub enum Error {
     Protocol(String),
     /// The payment provider did not charge.
     #[error(transparent)]
-    Payment(#[from] crate::payments::PaymentError),
+    Payment(#[from] PaymentError),
     /// Another payment of the order, by another key, is under way: its
     /// provider's callback decides first.
     #[error("another payment of this order is under way")]
@@ -66,6 +66,19 @@ pub enum Error {
     /// refund was recorded: not applied; the provider delivers it again.
     #[error("the callback came before what it answers; deliver it again later")]
     EventTooEarly,
+}
+
+/// Why a payment provider did not charge, void or refund.
+#[derive(Debug, thiserror::Error)]
+pub enum PaymentError {
+    /// The provider refused the charge (the buyer's card, say): asking again
+    /// with the same key is refused again.
+    #[error("payment declined: {0}")]
+    Declined(String),
+    /// The provider could not be asked or did not answer: the outcome is
+    /// unknown; ask again with the same key.
+    #[error("payment provider unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl Error {
@@ -80,7 +93,7 @@ impl Error {
             Error::TableLock(e) => e.is_retryable(),
             Error::Lock(e) => e.is_retryable(),
             Error::Redis(e) => hasp::Error::Redis(e.clone()).is_retryable(),
-            Error::Payment(crate::payments::PaymentError::Unavailable(_)) => true,
+            Error::Payment(PaymentError::Unavailable(_)) => true,
             _ => false,
         }
     }

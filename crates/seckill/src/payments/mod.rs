@@ -21,6 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::domain::money::Money;
+pub use crate::error::PaymentError;
 
 pub mod events;
 pub mod provider;
@@ -30,19 +31,6 @@ pub use stand_in::StandIn;
 
 /// A charge's future, boxed so that a provider can be chosen at run time.
 pub type PaymentFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, PaymentError>> + Send + 'a>>;
-
-/// Why a payment provider did not charge.
-#[derive(Debug, thiserror::Error)]
-pub enum PaymentError {
-    /// The provider refused the charge (the buyer's card, say): asking again
-    /// with the same key is refused again.
-    #[error("payment declined: {0}")]
-    Declined(String),
-    /// The provider could not be asked or did not answer: the outcome is
-    /// unknown; ask again with the same key.
-    #[error("payment provider unavailable: {0}")]
-    Unavailable(String),
-}
 
 /// What the service asks a provider to charge.
 #[derive(Debug, Clone, PartialEq, Eq)]
