@@ -1078,7 +1078,7 @@ async fn order_life_tour(app: &TestApp, sold: i64) {
     );
     assert!(paid["paid_ms"].as_i64().is_some() && paid["pay_by_ms"].as_i64().is_some());
     // The same key answers the same; another key, or a cancellation, is a
-    // 409: a paid order is final.
+    // 409: a paid order is not cancelled (it is refunded instead).
     let (status, again) = app.order_action(1, &first, "pay", Some("k1")).await;
     assert_eq!(
         (status, again["paid_ms"].clone()),

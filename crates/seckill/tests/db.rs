@@ -279,7 +279,7 @@ async fn an_order_changes_once_by_its_row_on_every_backend() {
             .unwrap();
         assert!(
             matches!(t, Transition::Refused(_)) && r.is_none(),
-            "a paid order is final"
+            "a paid order is not cancelled (it is refunded instead)"
         );
         // Cancellation: once; the unit back with it; then no payment.
         let (t, r) = db
