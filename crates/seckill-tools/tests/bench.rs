@@ -555,3 +555,105 @@ fn tempdir(what: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Shop 9 through the bench: two instances paying through the provider
+/// simulator (callbacks late, reordered and sent twice), the buyer model
+/// paying, refunding and redeeming; the money checked against the
+/// provider's ledger (`--payments-ledger`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bench_checks_the_money_against_the_providers_ledger() {
+    use seckill::settings::PaymentSettings;
+    use secrecy::SecretString;
+    use tokio::io::AsyncBufReadExt;
+    let mut provider = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckill-tools"))
+        .args([
+            "payments",
+            "--api-key",
+            "sk_bench",
+            "--webhook-secret",
+            "whsec_bench",
+        ])
+        .args([
+            "--delay-ms",
+            "50",
+            "--reorder-ms",
+            "100",
+            "--duplicate",
+            "0.5",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(provider.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let ledger = line
+        .strip_prefix("payments: listening on ")
+        .unwrap()
+        .to_owned();
+    let redis = RedisServer::start();
+    let database = format!("sqlite://{}/bench.db", tempdir("money").display());
+    let config = |consumer: &str| Settings {
+        consumer: consumer.into(),
+        payments: PaymentSettings::Provider {
+            url: ledger.clone(),
+            api_key: SecretString::from("sk_bench"),
+            webhook_secret: SecretString::from("whsec_bench"),
+            tolerance: seckill::payments::events::DEFAULT_TOLERANCE,
+        },
+        ..support::settings(redis.url(), &database, SECRET)
+    };
+    let a = Service::start(config("a")).await.unwrap();
+    let b = Service::start(config("b")).await.unwrap();
+    let (url_a, url_b) = (
+        format!("http://{}", a.addr()),
+        format!("http://{}", b.addr()),
+    );
+    let set = reqwest::Client::new()
+        .put(format!("{ledger}/v1/callbacks"))
+        .json(&[&url_a, &url_b])
+        .send()
+        .await
+        .unwrap();
+    assert!(set.status().is_success());
+    let out_dir = tempdir("money-out");
+    let model = [
+        "--pay-share",
+        "0.6",
+        "--cancel-share",
+        "0.1",
+        "--refund-share",
+        "0.2",
+        "--redeem-share",
+        "0.3",
+        "--pay-within",
+        "2s",
+        "--rounds",
+        "4",
+        "--payments-ledger",
+        &ledger,
+    ];
+    let out = bench_with_stores(
+        &[&sale_of_40(&url_a, &url_b)[..], &model[..]].concat(),
+        &redis.url(),
+        &database,
+        &out_dir,
+    )
+    .await;
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    let r = report(&out_dir);
+    let held = check_names(&r, Some(true));
+    for wanted in [
+        "money: every order kept its amount if paid or used, nothing otherwise (0 not)",
+        "money adds up (CNY): the provider kept what the paid and used orders cost",
+    ] {
+        assert!(held.contains(&wanted), "{wanted}: {held:?}");
+    }
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}

@@ -109,6 +109,11 @@ pub struct BenchArgs {
     /// Rounds of the buyer model at most (the last one's buyers all pay).
     #[arg(long, default_value_t = 4)]
     pub rounds: u32,
+    /// With the buyer model and --database-url: the base URL of the
+    /// payment provider simulator (`seckill-tools payments`) the instances
+    /// pay through; the money is then checked against its ledger.
+    #[arg(long)]
+    pub payments_ledger: Option<String>,
 }
 
 impl BenchArgs {
@@ -299,6 +304,23 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         let outcome = after_sale_run(&http, &tokens, &plan, &record, &stores, args.stock).await;
         all.extend(outcome.checks);
         differences.extend(outcome.differences);
+        if let Some(base) = &args.payments_ledger {
+            let ledger: crate::payments::Ledger = http
+                .get(format!("{}/v1/ledger", base.trim_end_matches('/')))
+                .send()
+                .await
+                .context("reading the provider's ledger")?
+                .json()
+                .await
+                .context("the provider's ledger")?;
+            if let Some(orders) = stores.order_money(voucher).await? {
+                let (money, lines) = checks::money_checks(&ledger, &orders);
+                for line in lines {
+                    println!("{line}");
+                }
+                all.extend(money);
+            }
+        }
     }
     report::print_unknowns(&record, verified.unknown_stored);
     if args.redis_url.is_none() || args.database_url.is_none() {
