@@ -190,6 +190,15 @@ impl SaleRepair {
     }
 
     async fn run_locked(&self, scope: Scope) -> Result<RepairReport> {
+        let scope = match scope {
+            // Arming after one sale's verification would let every sale
+            // sell on a server whose data was not verified (one that a
+            // switch or a restart left without the script meanwhile).
+            Scope::Voucher(id) if !self.fast.is_armed().await? => {
+                Scope::Restarted { voucher: Some(id) }
+            }
+            scope => scope,
+        };
         let mut history = None;
         let vouchers = match scope {
             Scope::Voucher(id) => vec![id],

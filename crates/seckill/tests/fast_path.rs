@@ -360,8 +360,16 @@ async fn with_replica_ack_accepted_means_a_replica_has_the_order() {
     )
     .with_replica_ack(ack, conn.clone())
     .unwrap();
-    path.arm(0).await.unwrap();
     path.load_voucher(1, &open_sale(10)).await.unwrap();
+    // Armed without a recorded verification: no server and history to tie
+    // a confirmation to, so none counts.
+    path.arm(0).await.unwrap();
+    assert!(matches!(
+        path.purchase(1, 100).await,
+        Err(seckill::Error::NotReplicated { acked: 0, .. })
+    ));
+    let history = path.history().await.unwrap();
+    path.arm_all(history.as_ref()).await.unwrap();
     assert!(matches!(
         path.purchase(1, 1).await.unwrap(),
         Purchase::Accepted(_)
@@ -369,8 +377,8 @@ async fn with_replica_ack_accepted_means_a_replica_has_the_order() {
     let key = VoucherKeys::new("seckill", 1);
     assert_eq!(
         replica.cli(&["XLEN", &key.orders]),
-        "1",
-        "the replica has it"
+        "2",
+        "the replica has both"
     );
 
     replica.pause();
@@ -388,8 +396,8 @@ async fn with_replica_ack_accepted_means_a_replica_has_the_order() {
     );
     assert_eq!(
         primary.cli(&["XLEN", &key.orders]),
-        "2",
-        "it stands on the primary"
+        "3",
+        "they stand on the primary"
     );
     // A refusal is answered as it is: it changed nothing to confirm.
     assert_eq!(
@@ -412,4 +420,60 @@ async fn with_replica_ack_accepted_means_a_replica_has_the_order() {
         .is_err()
     };
     assert!(bad(0, 100) && bad(1, 0));
+}
+
+/// Replica confirmation counts only on the master that took the purchase
+/// (`docs/guarantees.md`, service 7): a confirmation asked on another
+/// server, whose replica does acknowledge (as the new master's does once
+/// the master left behind follows it), does not confirm a purchase made
+/// on the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmation_from_another_master_does_not_count() {
+    use seckill::store::ReplicaAck;
+    let took = RedisServer::start_tcp();
+    let _its_replica = RedisServer::start_replica_of(&took);
+    let other = RedisServer::start_tcp();
+    let _other_replica = RedisServer::start_replica_of(&other);
+    let ack = ReplicaAck {
+        replicas: 1,
+        timeout: Duration::from_secs(2),
+    };
+    let on = |server: &RedisServer| {
+        let url = server.url();
+        async move { seckill::store::connect(&url).await.unwrap() }
+    };
+    let main = on(&took).await;
+    let path = FastPath::new(
+        seckill::store::Redis::new(main.clone(), "seckill"),
+        OrderIdGenerator::new(seckill::store::Redis::new(main, "seckill"), 100).unwrap(),
+    )
+    .with_replica_ack(ack, on(&other).await)
+    .unwrap();
+    let history = path.history().await.unwrap();
+    path.arm_all(history.as_ref()).await.unwrap();
+    path.load_voucher(1, &open_sale(10)).await.unwrap();
+    // The other master's replica acknowledges everything asked there.
+    let confirmed_there = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2_000)
+        .query_async::<u32>(&mut on(&other).await)
+        .await
+        .unwrap();
+    assert_eq!(confirmed_there, 1);
+    let answer = path.purchase(1, 1).await;
+    assert!(
+        matches!(
+            answer,
+            Err(seckill::Error::NotReplicated {
+                acked: 0,
+                wanted: 1
+            })
+        ),
+        "{answer:?}"
+    );
+    assert_eq!(
+        took.cli(&["XLEN", &VoucherKeys::new("seckill", 1).orders]),
+        "1",
+        "it stands on the master that took it"
+    );
 }

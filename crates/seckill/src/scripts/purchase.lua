@@ -8,6 +8,10 @@
 -- KEYS[2]  buyers set of the voucher (user ids)
 -- KEYS[3]  order stream of the voucher
 -- KEYS[4]  order-of hash of the voucher (user id -> order id)
+-- KEYS[5]  (optional, one server or a Sentinel master) the replication
+--          history the sale state was verified for: given, an accepted
+--          purchase answers it too, so that a replica confirmation can be
+--          tied to the server and history that took the order
 -- ARGV[1]  user id
 -- ARGV[2]  order id
 -- ARGV[3]  voucher id (written into the stream entry)
@@ -20,7 +24,8 @@
 --
 -- Returns -1  no arguments: nothing done
 --          0  accepted (stock decremented, buyer and their order id
---             recorded, order appended)
+--             recorded, order appended); with KEYS[5], {0, history} (the
+--             history false if none is recorded)
 --          1  the sale has not started
 --          2  the sale has ended
 --          3  sold out
@@ -54,4 +59,7 @@ end
 redis.call('hincrby', KEYS[1], 'stock', -1)
 redis.call('hset', KEYS[4], ARGV[1], ARGV[2])
 redis.call('xadd', KEYS[3], '*', 'order', ARGV[2], 'user', ARGV[1], 'voucher', ARGV[3])
+if KEYS[5] then
+  return {0, redis.call('get', KEYS[5])}
+end
 return 0

@@ -39,6 +39,37 @@ pub enum TakeBack {
 /// (`repair`): an instance that did not run it learns within this time.
 pub const SOLD_OUT_MEMORY: Duration = Duration::from_secs(1);
 
+/// The purchase script's answer: its code, and for an accepted purchase
+/// with a history key the history its server's sale state was verified for
+/// (`None` if none is recorded there).
+struct PurchaseReply {
+    code: i64,
+    history: Option<String>,
+}
+
+impl redis::FromRedisValue for PurchaseReply {
+    fn from_redis_value(v: redis::Value) -> std::result::Result<Self, redis::ParsingError> {
+        let redis::Value::Array(items) = v else {
+            return Ok(Self {
+                code: i64::from_redis_value(v)?,
+                history: None,
+            });
+        };
+        let mut items = items.into_iter();
+        let code = items
+            .next()
+            .ok_or_else(|| redis::ParsingError::from("an empty purchase answer".to_owned()))?;
+        Ok(Self {
+            code: i64::from_redis_value(code)?,
+            history: items
+                .next()
+                .map(Option::<String>::from_redis_value)
+                .transpose()?
+                .flatten(),
+        })
+    }
+}
+
 /// Purchases decided entirely in Redis, one script call each.
 ///
 /// The purchase script is sent by hash (`EVALSHA`) and never loaded
@@ -127,6 +158,13 @@ impl FastPath {
     /// answered `accepted`. Redis 7.0 has no `WAITAOF` (7.2): a replica's
     /// own disk is not waited for.
     ///
+    /// A confirmation counts only if it comes from the master, in the
+    /// replication history, that took the purchase: the one its sale state
+    /// was verified for ([`FastPath::arm_all`] with the history read by
+    /// [`FastPath::history`] before the verification, as the service's
+    /// repair does). On a server armed without a recorded history, no
+    /// purchase is confirmed.
+    ///
     /// # Errors
     /// [`Error::Invalid`] for 0 replicas, a zero timeout, a Redis Cluster
     /// connection (`WAIT` names no key to route by), or no tokio runtime.
@@ -149,7 +187,8 @@ impl FastPath {
             ));
         }
         let marker = crate::store::keys::replica_ack_marker(self.redis.prefix());
-        self.acker = Some(Acker::start(acks, marker, ack)?);
+        let history = crate::store::keys::verified_history(self.redis.prefix());
+        self.acker = Some(Acker::start(acks, marker, history, ack)?);
         Ok(self)
     }
 
@@ -346,27 +385,39 @@ impl FastPath {
         };
         let keys = self.redis.voucher(voucher_id);
         let mut script = redis::cmd("EVALSHA");
-        script
-            .arg(PURCHASE.get_hash())
-            .arg(4)
-            .arg(&keys.voucher)
-            .arg(&keys.buyers)
-            .arg(&keys.orders)
-            .arg(&keys.order_of)
-            .arg(user_id)
-            .arg(order.as_i64())
-            .arg(voucher_id);
-        let answer = script.query_async::<i64>(&mut self.redis.conn()).await;
+        script.arg(PURCHASE.get_hash());
+        match &self.acker {
+            // An accepted purchase answers the history its server's sale
+            // state was verified for: the confirmation must come from that
+            // server in that history (`replica_ack`).
+            Some(acker) => script
+                .arg(5)
+                .arg(&keys.voucher)
+                .arg(&keys.buyers)
+                .arg(&keys.orders)
+                .arg(&keys.order_of)
+                .arg(acker.history_key()),
+            None => script
+                .arg(4)
+                .arg(&keys.voucher)
+                .arg(&keys.buyers)
+                .arg(&keys.orders)
+                .arg(&keys.order_of),
+        };
+        script.arg(user_id).arg(order.as_i64()).arg(voucher_id);
+        let answer = script
+            .query_async::<PurchaseReply>(&mut self.redis.conn())
+            .await;
         self.reachability.record(&answer);
-        let code = match answer {
-            Ok(answer) => answer,
+        let (code, history) = match answer {
+            Ok(PurchaseReply { code, history }) => (code, history),
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 return Err(Error::SaleUnverified)
             }
             Err(e) => return Err(e.into()),
         };
         if let (0, Some(acker)) = (code, &self.acker) {
-            acker.confirm().await?;
+            acker.confirm(history).await?;
         }
         Ok(match code {
             0 => Purchase::Accepted(order),

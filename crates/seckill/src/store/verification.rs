@@ -43,6 +43,11 @@ pub(crate) async fn history(conn: &mut impl ConnectionLike) -> redis::RedisResul
         .arg("replication")
         .query_async(conn)
         .await?;
+    parse_history(&info)
+}
+
+/// The replication history in `INFO replication`'s answer `info`.
+pub(crate) fn parse_history(info: &str) -> redis::RedisResult<History> {
     let field = |name: &str| {
         info.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
