@@ -378,12 +378,12 @@ impl OrderPipeline {
             let refusal = match outcome {
                 Ok(Recorded::Created) => {
                     report.created += 1;
-                    stored.push(delivery.id());
+                    stored.push(delivery);
                     continue;
                 }
                 Ok(Recorded::AlreadyStored) => {
                     report.already_stored += 1;
-                    stored.push(delivery.id());
+                    stored.push(delivery);
                     continue;
                 }
                 // Redis accepted what the database refuses: no retry can

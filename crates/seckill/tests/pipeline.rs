@@ -359,3 +359,73 @@ async fn reconcile_sees_agreement_mid_pipeline_and_repairs_what_is_safe() {
         Purchase::Refused(seckill::domain::purchase::Refusal::AlreadyBought)
     );
 }
+
+/// A stream id names an entry on one server only: after a Sentinel switch
+/// the new master numbers its entries from the same last id as the master
+/// left behind. Entries read on the master left behind (a reader still
+/// there when the switch came) and acknowledged on the new one must not
+/// delete the new master's entry under the same id, another buyer's
+/// accepted order (`docs/guarantees.md`, service 7): both orders are
+/// stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_read_on_a_master_left_behind_never_acknowledges_another_order() {
+    let sale = sale(10).await;
+    let p = pipeline(&sale, "a", Duration::from_secs(30)).await;
+    let keys = VoucherKeys::new("seckill", sale.voucher);
+    // The new master's accepted order (sale.server).
+    let kept = buy(&sale, 2..3).await;
+    assert_eq!(kept.len(), 1);
+    let mut new_master = conn(&sale.server).await;
+    let ids: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&keys.orders)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut new_master)
+        .await
+        .unwrap();
+    let id = ids.ids[0].id.clone();
+    // The master left behind holds another order under the same id.
+    let left = RedisServer::start();
+    let mut left_conn = conn(&left).await;
+    let other_order = kept[0] + 1;
+    let () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&keys.orders)
+        .arg("orders")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut left_conn)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&keys.orders)
+        .arg(&id)
+        .arg("order")
+        .arg(other_order)
+        .arg("user")
+        .arg(1)
+        .arg("voucher")
+        .arg(sale.voucher)
+        .query_async(&mut left_conn)
+        .await
+        .unwrap();
+
+    // Read there, stored, acknowledged through the pipeline's connection
+    // (the new master).
+    let report = p
+        .step_blocking(&mut left_conn, &[sale.voucher], Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(report.created, 1);
+    assert_eq!(
+        stream_state(&sale).await.0,
+        1,
+        "the new master's entry under the same id is still there"
+    );
+    let report = drain(&p, sale.voucher).await;
+    assert_eq!(report.created, 1);
+    let mut stored = sale.db.order_ids(sale.voucher).await.unwrap();
+    stored.sort_unstable();
+    assert_eq!(stored, vec![kept[0], other_order]);
+    assert_eq!(stream_state(&sale).await.0, 0);
+}

@@ -15,6 +15,9 @@ use crate::store::keys::dead_letter_stream;
 use crate::store::{Redis, RedisConn};
 use crate::OrderId;
 
+static ACKNOWLEDGE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../scripts/acknowledge.lua")));
+
 /// One stream entry handed to this consumer, with how often it has been
 /// delivered (1 for a first read).
 #[derive(Debug, Clone)]
@@ -46,6 +49,12 @@ impl Delivery {
             voucher_id: e.get("voucher")?,
             created_ms,
         })
+    }
+
+    /// The order id the entry carries as written (`""` if none): what
+    /// [`OrderStreams::acknowledge`] checks before deleting it.
+    fn carried_order(&self) -> String {
+        self.entry.get("order").unwrap_or_default()
     }
 
     fn first(entry: StreamId) -> Self {
@@ -292,30 +301,25 @@ impl OrderStreams {
             .collect())
     }
 
-    /// Acknowledges and deletes the entries `ids` of `voucher`'s stream
-    /// (their orders are stored), in one transaction; none: no call.
+    /// Acknowledges and deletes the entries `done` of `voucher`'s stream
+    /// (their orders are stored), in one script call (`acknowledge.lua`),
+    /// each only if the entry under its id still carries its order: an id
+    /// read on a master left behind may name another order on the new one.
+    /// None: no call.
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis fails.
-    #[tracing::instrument(level = "debug", skip(self, ids), fields(entries = ids.len()))]
-    pub async fn acknowledge(&self, voucher: i64, ids: &[&str]) -> Result<()> {
-        if ids.is_empty() {
+    #[tracing::instrument(level = "debug", skip(self, done), fields(entries = done.len()))]
+    pub async fn acknowledge(&self, voucher: i64, done: &[&Delivery]) -> Result<()> {
+        if done.is_empty() {
             return Ok(());
         }
-        let stream = self.stream(voucher);
-        let () = redis::pipe()
-            .atomic()
-            .cmd("XACK")
-            .arg(&stream)
-            .arg(&self.group)
-            .arg(ids)
-            .ignore()
-            .cmd("XDEL")
-            .arg(&stream)
-            .arg(ids)
-            .ignore()
-            .query_async(&mut self.redis.conn())
-            .await?;
+        let mut call = ACKNOWLEDGE.key(self.stream(voucher));
+        call.arg(&self.group);
+        for delivery in done {
+            call.arg(delivery.id()).arg(delivery.carried_order());
+        }
+        let _: u64 = call.invoke_async(&mut self.redis.conn()).await?;
         Ok(())
     }
 
@@ -353,30 +357,19 @@ impl OrderStreams {
             }
         }
         // The dead-letter stream is on another slot than the voucher's
-        // stream (a cluster cannot make both one transaction): added first,
-        // so a crash in between leaves the entry pending, to be
-        // dead-lettered again.
+        // stream (a cluster cannot make both one transaction): the dead
+        // letter first, then the buyer's failed order, then the entry
+        // leaves its stream, so a crash in between leaves the entry
+        // pending, to be dead-lettered again.
         let _: String = add.query_async(&mut self.redis.conn()).await?;
-        let mut done = redis::pipe();
-        done.atomic();
-        if acknowledge {
-            done.cmd("XACK")
-                .arg(&keys.orders)
-                .arg(&self.group)
-                .arg(&entry.id)
-                .ignore()
-                .cmd("XDEL")
-                .arg(&keys.orders)
-                .arg(&entry.id)
-                .ignore();
-        }
-        // Same hash tag as the stream: one transaction on a cluster too.
         let user: Option<String> = entry.get("user");
         let order: Option<String> = entry.get("order");
         if let (Some(user), Some(order)) = (user, order) {
-            done.hset(&keys.failed, user, order).ignore();
+            let _: i64 = self.redis.conn().hset(&keys.failed, user, order).await?;
         }
-        let () = done.query_async(&mut self.redis.conn()).await?;
+        if acknowledge {
+            self.acknowledge(voucher, &[delivery]).await?;
+        }
         Ok(())
     }
 }
