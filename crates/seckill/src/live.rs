@@ -209,6 +209,10 @@ pub struct PublicSnapshot<'a> {
     pub as_of_ms: i64,
     /// As [`Snapshot::now_ms`].
     pub now_ms: i64,
+    /// Whether the figures are current: both stores answered the last
+    /// read. `false`: a store is down and `sales` are the figures of
+    /// `as_of_ms`, kept.
+    pub current: bool,
     /// As [`Snapshot::sales`].
     pub sales: &'a [SaleView],
 }
@@ -243,6 +247,7 @@ impl Snapshot {
         PublicSnapshot {
             as_of_ms: self.as_of_ms,
             now_ms: self.now_ms,
+            current: self.redis == Health::Ok && self.database == Health::Ok,
             sales: &self.sales,
         }
     }

@@ -22,7 +22,7 @@ const SECRET: &str = "pages-test-secret-0001";
 const PATIENCE: Duration = Duration::from_secs(30);
 
 struct Shop {
-    _redis: RedisServer,
+    redis: RedisServer,
     service: Option<Service>,
     base: String,
     tokens: Tokens,
@@ -38,7 +38,7 @@ impl Shop {
         Self {
             base: format!("http://{}", service.addr()),
             service: Some(service),
-            _redis: redis,
+            redis,
             tokens: Tokens::new(SECRET.as_bytes()).unwrap(),
             http: reqwest::Client::new(),
             _dir: dir,
@@ -517,5 +517,87 @@ async fn an_operator_creates_a_sale_and_watches_it_and_a_user_token_cannot_open_
     screenshot(&console, "console.png").await;
 
     console.close().await.unwrap();
+    shop.stop().await;
+}
+
+/// Service 24 (`docs/guarantees.md`): Redis killed under an open page, a
+/// purchase answered 503, Redis back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_reads_as_one_and_the_stock_as_not_current() {
+    let driver = ChromeDriver::start();
+    let mut shop = Shop::start("outage").await;
+    let page = browser(&driver, 1100, 800).await;
+    page.goto(&shop.base).await.unwrap();
+    sign_in(&page, &shop.token(Principal::User(11))).await;
+    assert!(until_text(&page, "#who", |t| t.contains("user 11"))
+        .await
+        .is_some());
+    let voucher = shop.voucher("Outage teapot", 5, Duration::ZERO).await;
+    let card = format!(".sale[data-id='{voucher}']");
+    let stock = format!("{card} .stock");
+    let buy = format!("{card} .buy");
+    assert_eq!(
+        until_text(&page, &stock, |t| t == "5 left")
+            .await
+            .as_deref(),
+        Some("5 left")
+    );
+
+    tokio::task::block_in_place(|| shop.redis.kill());
+    let stale = until_text(&page, &stock, |t| t.contains("not current")).await;
+    assert!(
+        stale
+            .as_deref()
+            .is_some_and(|t| t.starts_with("5 left when last seen at ")),
+        "{stale:?}"
+    );
+    assert!(
+        text(&page, &format!("{stock}.stale")).await.is_some(),
+        "marked as not current"
+    );
+    click(&page, &buy).await;
+    // The message and the button as the page shows them at one moment (the
+    // wait asked for may be a second: two reads could straddle its end).
+    let seen = async || {
+        let value = page
+            .execute(
+                "const c = document.querySelector(arguments[0]); \
+                 const b = c && c.querySelector('.buy'), o = c && c.querySelector('.outcome'); \
+                 return c ? [o.textContent, b.textContent, b.disabled] : null;",
+                vec![json!(card)],
+            )
+            .await
+            .unwrap();
+        serde_json::from_value::<(String, String, bool)>(value).ok()
+    };
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut told = seen().await;
+    while !told.as_ref().is_some_and(|(o, ..)| o.contains("trouble"))
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        told = seen().await;
+    }
+    let (outcome, button, disabled) = told.expect("the card");
+    assert_eq!(
+        outcome,
+        "The shop is having trouble right now. If your purchase went through, \
+         your order shows here.",
+        "the buyer's words, not the API's"
+    );
+    assert!(button.starts_with("Try again in "), "{button}");
+    assert!(disabled, "Buy waits as asked");
+    screenshot(&page, "storefront-outage.png").await;
+
+    tokio::task::block_in_place(|| shop.redis.restart());
+    assert_eq!(
+        until_text(&page, &stock, |t| t == "5 left")
+            .await
+            .as_deref(),
+        Some("5 left"),
+        "current again once Redis is back"
+    );
+    assert!(until_flag(&page, &buy, "disabled", false).await);
+    assert_eq!(text(&page, &buy).await.as_deref(), Some("Buy"));
     shop.stop().await;
 }

@@ -181,10 +181,33 @@ const ORDER_REFUSALS = {
   order_not_paid: "This order is not paid: there is nothing to refund.",
 };
 
+// What a 503 or a lost answer means to the buyer, by the API's code. Only
+// a purchase refused before it was made ("sale_repairing") is known not
+// to have happened; otherwise the order shows on the page if it did.
+const OUTAGES = {
+  sale_repairing: "The sale is being checked after an outage: nothing was bought.",
+  not_replicated: "Your purchase may have gone through: if it did, your order shows here shortly.",
+  unreachable: "The shop did not answer: check your connection. If your purchase went through, your order shows here.",
+  unavailable: "The shop is having trouble right now. If your purchase went through, your order shows here.",
+};
+
+// How long to wait before asking again after a 503 or a 429: the server's
+// Retry-After (seconds), within reason.
+function retryAfterMs(answer) {
+  const seconds = Number(answer.retryAfter);
+  return Math.min(60, Math.max(1, Number.isFinite(seconds) && seconds > 0 ? seconds : 2)) * 1000;
+}
+
 function storefront() {
   const cards = new Map(); // voucher id -> { el, sale, clicked, order }
   const mine = new Map(); // voucher id -> the buyer's latest stored order
   let latest = [];
+  // Whether the figures shown are current: the stream is live and the
+  // server read its stores for them (it keeps the last figures, and says
+  // so, while a store is down).
+  let live = false;
+  let figuresCurrent = true;
+  let figuresAsOf = 0;
 
   // The buyer's stored orders, in one request (not one per sale).
   async function loadMine() {
@@ -253,7 +276,12 @@ function storefront() {
       ? "worth " + fmtMoney(sale.face_value_minor, sale.currency, sale.currency_exponent) : "";
     $(".rules-text", el).textContent = sale.rules;
     $(".rules", el).hidden = !sale.rules;
-    $(".stock", el).textContent = sale.stock_left > 0 ? sale.stock_left + " left" : "Sold out";
+    const stale = !live || !figuresCurrent;
+    const stock = sale.stock_left > 0 ? sale.stock_left + " left" : "Sold out";
+    $(".stock", el).textContent = stale
+      ? stock + " when last seen" + (figuresAsOf > 0 ? " at " + new Date(figuresAsOf).toLocaleTimeString() : "") + " (not current)"
+      : stock;
+    $(".stock", el).classList.toggle("stale", stale);
     el.classList.toggle("sold-out", sale.stock_left <= 0);
     el.dataset.status = status;
     $(".countdown", el).textContent =
@@ -262,8 +290,12 @@ function storefront() {
           : "Ends in " + fmtDuration(sale.end_ms - now);
     const button = $(".buy", el);
     const holds = entry.order && entry.order.state !== "failed" && !entry.order.unit_returned;
-    button.disabled = entry.clicked || entry.busy || holds || status !== "open";
-    button.textContent = status === "sold out" ? "Sold out" : holds ? "Bought" : "Buy";
+    // After a 503 or a 429 the button waits as long as the server asked;
+    // the countdown is on the button, not in the announced message.
+    const waitMs = entry.retryAt ? entry.retryAt - Date.now() : 0;
+    button.disabled = entry.clicked || entry.busy || holds || status !== "open" || waitMs > 0;
+    button.textContent = status === "sold out" ? "Sold out" : holds ? "Bought"
+      : waitMs > 0 ? "Try again in " + Math.ceil(waitMs / 1000) + " s" : "Buy";
     const order = $(".order", el);
     order.hidden = !entry.order;
     if (entry.order) {
@@ -307,15 +339,18 @@ function storefront() {
       setMessage(outcome, REFUSALS[code], "error");
       if (code === "already_bought" || code === "purchase_in_progress") loadOrder(entry);
     } else if (answer.status === 429) {
-      const wait = Number(answer.retryAfter || 1);
-      setMessage(outcome, "Too many requests: try again in " + wait + " s.", "error");
-      setTimeout(() => { entry.clicked = false; paint(entry, serverNow()); }, wait * 1000);
+      setMessage(outcome, "Too many requests at once: nothing was bought.", "error");
+      entry.retryAt = Date.now() + retryAfterMs(answer);
+      entry.clicked = false;
     } else if (answer.status === 401) {
       setMessage(outcome, "Your token was refused: sign in again.", "error");
       entry.clicked = false;
     } else {
-      // 503, a lost answer: the purchase may or may not have happened.
-      setMessage(outcome, "Unavailable: try again. (If it went through, your order shows here.)", "error");
+      // A 503 or a lost answer: the purchase may or may not have happened
+      // (the code says which), so the page asks for the order too.
+      const known = answer.status === 0 ? "unreachable" : code;
+      setMessage(outcome, OUTAGES[known] || OUTAGES.unavailable, "error");
+      entry.retryAt = Date.now() + retryAfterMs(answer);
       entry.clicked = false;
       loadOrder(entry);
     }
@@ -369,7 +404,9 @@ function storefront() {
       setMessage(outcome, done[what], "ok");
     } else {
       const code = answer.body && answer.body.code;
-      setMessage(outcome, ORDER_REFUSALS[code] || "Unavailable: try again.", "error");
+      const outage = answer.status === 0 ? OUTAGES.unreachable
+        : "The shop is having trouble right now: try again in " + Math.ceil(retryAfterMs(answer) / 1000) + " s.";
+      setMessage(outcome, ORDER_REFUSALS[code] || outage, "error");
       if (answer.status === 409) loadOrder(entry);
     }
     entry.busy = false;
@@ -385,10 +422,14 @@ function storefront() {
     onFigures(snapshot) {
       clockOffsetMs = snapshot.now_ms - Date.now();
       latest = snapshot.sales;
+      figuresCurrent = snapshot.current !== false;
+      figuresAsOf = snapshot.as_of_ms;
       render();
     },
     onState(state) {
-      setMessage($("#connection"), state === "live" ? "" : "Reconnecting…", state === "live" ? null : "error");
+      live = state === "live";
+      setMessage($("#connection"), live ? "" : "Reconnecting: the figures shown are not current.", live ? null : "error");
+      render();
     },
     onRefused() {},
   });
