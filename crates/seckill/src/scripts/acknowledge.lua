@@ -14,7 +14,7 @@
 --          an entry without one)
 --
 -- Returns the number of entries acknowledged and deleted.
-local done = 0
+local matched = {}
 for i = 2, #ARGV - 1, 2 do
   local id, order = ARGV[i], ARGV[i + 1]
   local entry = redis.call('xrange', KEYS[1], id, id)[1]
@@ -28,10 +28,14 @@ for i = 2, #ARGV - 1, 2 do
       end
     end
     if carried == order then
-      redis.call('xack', KEYS[1], ARGV[1], id)
-      redis.call('xdel', KEYS[1], id)
-      done = done + 1
+      matched[#matched + 1] = id
     end
   end
 end
-return done
+-- One XACK and one XDEL for the batch (in slices: unpack has a limit).
+for first = 1, #matched, 1000 do
+  local slice = {unpack(matched, first, math.min(first + 999, #matched))}
+  redis.call('xack', KEYS[1], ARGV[1], unpack(slice))
+  redis.call('xdel', KEYS[1], unpack(slice))
+end
+return #matched
