@@ -6,6 +6,9 @@
 #   PostgreSQL (initdb, postgres, psql)        <- postgresql
 #   MariaDB (mariadbd, mariadb-install-db)     <- mariadb-server, mariadb-client
 #   chromium, chromedriver (the pages' tests)  <- chromium, chromium-driver
+#   node, npm (to fetch axe-core)               <- nodejs, npm
+#   axe-core (the pages' accessibility checks)  <- npm, the version pinned in
+#                                                  tools/axe/package.json
 # The tests start private instances of each (unix sockets in temporary
 # directories); they never use the system services these packages start.
 set -euo pipefail
@@ -25,6 +28,10 @@ for bin in chromium chromedriver; do
   [ -x "/usr/bin/$bin" ] || command -v "$bin" >/dev/null 2>&1 || { packages+=(chromium chromium-driver); break; }
 done
 
+for bin in node npm; do
+  command -v "$bin" >/dev/null 2>&1 || { packages+=(nodejs npm); break; }
+done
+
 if ((${#packages[@]})); then
   echo "ensure-deps: installing ${packages[*]} with apt-get" >&2
   sudo=""
@@ -35,6 +42,12 @@ if ((${#packages[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get -o DPkg::Lock::Timeout=300 update -qq
   $sudo apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+fi
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ ! -f "$root/tools/axe/node_modules/axe-core/axe.min.js" ]; then
+  echo "ensure-deps: installing axe-core with npm (tools/axe)" >&2
+  (cd "$root/tools/axe" && npm install --no-save --silent >/dev/null)
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -161,6 +161,8 @@ async fn sign_in(page: &Client, token: &str) {
 async fn screenshot(page: &Client, name: &str) {
     let png = page.screenshot().await.unwrap();
     assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let violations = accessibility_violations(page).await;
+    assert!(violations.is_empty(), "{name}: {violations:#?}");
     if let Some(dir) = std::env::var_os("SECKILL_SCREENSHOTS") {
         let dir = std::path::PathBuf::from(dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -168,7 +170,43 @@ async fn screenshot(page: &Client, name: &str) {
     }
 }
 
-/// Service 14 and 15 (`docs/guarantees.md`).
+/// axe-core's findings on the page as it is now, of every impact (WCAG
+/// 2.2 A and AA rules and axe's best practices), each as "rule: impact, N
+/// elements: help". axe-core is the npm package pinned in
+/// `tools/axe` (`scripts/ensure-deps.sh` installs it), run inside the page.
+async fn accessibility_violations(page: &Client) -> Vec<String> {
+    static AXE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let axe = AXE.get_or_init(|| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tools/axe/node_modules/axe-core/axe.min.js");
+        std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: run scripts/ensure-deps.sh (it installs axe-core)",
+                path.display()
+            )
+        })
+    });
+    page.execute(&format!("{axe}\nreturn true;"), vec![])
+        .await
+        .unwrap();
+    let found = page
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             axe.run(document, {
+               runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa', 'wcag22aa', 'best-practice'] },
+               resultTypes: ['violations'],
+             }).then(
+               (r) => done(r.violations
+                 .map((v) => v.id + ': ' + v.impact + ', ' + v.nodes.length + ' elements: ' + v.help)),
+               (e) => done(['axe failed: ' + e]));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    serde_json::from_value(found).unwrap()
+}
+
+/// Service 14, 15 and 25 (`docs/guarantees.md`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_storefront_counts_down_sells_once_and_shows_the_stock_fall_on_another_page() {
     let driver = ChromeDriver::start();
@@ -425,7 +463,7 @@ async fn the_buyers_page_follows_the_order_to_its_deadline_and_back() {
     shop.stop().await;
 }
 
-/// Service 15 and 16 (`docs/guarantees.md`).
+/// Service 15, 16 and 25 (`docs/guarantees.md`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_creates_a_sale_and_watches_it_and_a_user_token_cannot_open_the_console() {
     let driver = ChromeDriver::start();
@@ -520,8 +558,8 @@ async fn an_operator_creates_a_sale_and_watches_it_and_a_user_token_cannot_open_
     shop.stop().await;
 }
 
-/// Service 24 (`docs/guarantees.md`): Redis killed under an open page, a
-/// purchase answered 503, Redis back.
+/// Service 24 and 25 (`docs/guarantees.md`): Redis killed under an open
+/// page, a purchase answered 503, Redis back; the accessibility check sees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_reads_as_one_and_the_stock_as_not_current() {
     let driver = ChromeDriver::start();
@@ -599,5 +637,20 @@ async fn an_outage_reads_as_one_and_the_stock_as_not_current() {
     );
     assert!(until_flag(&page, &buy, "disabled", false).await);
     assert_eq!(text(&page, &buy).await.as_deref(), Some("Buy"));
+
+    // The accessibility check does see: an image without a text
+    // alternative is a critical finding.
+    page.execute(
+        "const img = document.createElement('img'); img.src = '/assets/favicon.svg'; \
+         document.querySelector('header').appendChild(img); return true;",
+        vec![],
+    )
+    .await
+    .unwrap();
+    let found = accessibility_violations(&page).await;
+    assert!(
+        found.iter().any(|v| v.starts_with("image-alt: critical")),
+        "{found:#?}"
+    );
     shop.stop().await;
 }
