@@ -552,6 +552,19 @@ async fn an_operator_creates_a_sale_and_watches_it_and_a_user_token_cannot_open_
             .as_deref(),
         Some("2")
     );
+    // The window names its day: the start's date as the page writes it.
+    let today = console
+        .execute(
+            "return new Date(arguments[0]).toLocaleDateString();",
+            vec![json!(support::now_ms())],
+        )
+        .await
+        .unwrap();
+    let window = text(&console, &format!("{row} .window")).await.unwrap();
+    assert!(
+        today.as_str().is_some_and(|d| window.starts_with(d)),
+        "{window} (today: {today})"
+    );
     screenshot(&console, "console.png").await;
 
     console.close().await.unwrap();

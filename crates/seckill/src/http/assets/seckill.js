@@ -96,6 +96,14 @@ function fmtMoney(minor, currency, exponent) {
   }
 }
 
+// A sale's window with its day (a 24-hour sale would otherwise read
+// "9:24:45 AM – 9:24:45 AM"); the end's day only when it is another one.
+function fmtWindow(beginMs, endMs) {
+  const begin = new Date(beginMs), end = new Date(endMs);
+  const sameDay = begin.toLocaleDateString() === end.toLocaleDateString();
+  return begin.toLocaleString() + " – " + (sameDay ? end.toLocaleTimeString() : end.toLocaleString());
+}
+
 function saleStatus(sale, now) {
   if (now < sale.begin_ms) return "coming";
   if (now >= sale.end_ms) return "ended";
@@ -483,7 +491,7 @@ function consolePage() {
       tr.dataset.id = sale.id;
       const price = sale.price_minor === 0 ? "Free" : fmtMoney(sale.price_minor, sale.currency, sale.currency_exponent);
       const cells = [sale.id, sale.title, price, sale.stock_left, saleStatus(sale, now),
-        new Date(sale.begin_ms).toLocaleTimeString() + " – " + new Date(sale.end_ms).toLocaleTimeString()];
+        fmtWindow(sale.begin_ms, sale.end_ms)];
       const classes = ["id", "title", "price", "stock-left", "status", "window"];
       cells.forEach((text, i) => {
         const td = document.createElement("td");
