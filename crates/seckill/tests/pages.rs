@@ -501,6 +501,41 @@ async fn an_operator_creates_a_sale_and_watches_it_and_a_user_token_cannot_open_
         Some("ok")
     );
 
+    // A refusal names the field in the form's words, marks and focuses it,
+    // and goes as soon as the form is changed.
+    let currency = console.find(Locator::Css("#new-currency")).await.unwrap();
+    currency.send_keys("ZZZ").await.unwrap();
+    let price = console.find(Locator::Css("#new-price")).await.unwrap();
+    price.clear().await.unwrap();
+    price.send_keys("100").await.unwrap();
+    click(&console, "#create").await;
+    let refused = until_text(&console, "#created", |t| !t.is_empty()).await;
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|t| t.starts_with("Currency: ")),
+        "{refused:?}"
+    );
+    let marked = console
+        .execute(
+            "const e = document.querySelector('#new-currency'); \
+             return [e.getAttribute('aria-invalid'), document.activeElement === e];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(marked, json!(["true", true]));
+    currency.clear().await.unwrap();
+    price.clear().await.unwrap();
+    price.send_keys("0").await.unwrap();
+    assert_eq!(
+        until_text(&console, "#created", str::is_empty)
+            .await
+            .as_deref(),
+        Some("")
+    );
+    assert!(!flag(&console, "#new-currency", "ariaInvalid").await);
+
     // Create a sale from the form; it shows in the list, live.
     for (field, value) in [
         ("#new-title", "Console sale"),

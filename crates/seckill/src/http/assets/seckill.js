@@ -504,8 +504,22 @@ function consolePage() {
     $("#console-sales").replaceChildren(...rows);
   }
 
+  // The form's input for each field the API names in a refusal.
+  const FORM_FIELDS = {
+    title: "#new-title", stock: "#new-stock", begin_ms: "#new-starts-in", end_ms: "#new-lasts",
+    pay_within_ms: "#new-pay-within", price_minor: "#new-price", face_value_minor: "#new-face-value",
+    currency: "#new-currency",
+  };
+  const clearRefusal = () => {
+    for (const input of document.querySelectorAll("#create-form [aria-invalid]")) input.removeAttribute("aria-invalid");
+    if ($("#created").classList.contains("error")) setMessage($("#created"), "", null);
+  };
+  // An old refusal goes as soon as the form is changed.
+  $("#create-form").addEventListener("input", clearRefusal);
+
   $("#create-form").addEventListener("submit", async (e) => {
     e.preventDefault();
+    clearRefusal();
     const begin = serverNow() + Number($("#new-starts-in").value) * 1000;
     const body = {
       title: $("#new-title").value,
@@ -521,7 +535,15 @@ function consolePage() {
     if (answer.status === 201) {
       setMessage($("#created"), "Created sale " + answer.body.id + ".", "ok");
     } else {
-      setMessage($("#created"), (answer.body && answer.body.message) || "Not created (" + answer.status + ").", "error");
+      // A refusal names its field: said with the field's label, and the
+      // field marked and focused.
+      const input = answer.body && answer.body.field && $(FORM_FIELDS[answer.body.field] || "#none");
+      const label = input && input.closest("label") ? input.closest("label").firstChild.textContent.trim() + ": " : "";
+      setMessage($("#created"), label + ((answer.body && answer.body.message) || "not created (" + answer.status + ")"), "error");
+      if (input) {
+        input.setAttribute("aria-invalid", "true");
+        input.focus();
+      }
     }
   });
 
