@@ -39,8 +39,10 @@ const BLOCK: Duration = Duration::from_millis(500);
 /// down) before the next.
 const FAILED_ROUND_PAUSE: Duration = Duration::from_millis(200);
 
-/// How often the backlog gauge is measured (an `XLEN` per sale worked, pipelined).
-const MEASURE: Duration = Duration::from_secs(5);
+/// How often the backlog gauge is measured (an `XLEN` per sale worked,
+/// pipelined: one round trip): the console's backlog figure is at most this
+/// old, plus a tick.
+const MEASURE: Duration = Duration::from_secs(1);
 
 /// The sales the pipeline works on: those open now, and those that still
 /// have entries in their stream (ended with orders on their way, or left
