@@ -96,21 +96,13 @@ struct ChargeRecord {
     taken: bool,
 }
 
-/// What the ledger says, per currency.
+/// What the ledger says, per currency: the provider's money as the service
+/// counts it, and the charges it declined.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LedgerTotals {
-    /// Charges taken.
-    pub charges: u64,
-    /// Their sum.
-    pub charged_minor: i64,
-    /// Taken charges voided.
-    pub voids: u64,
-    /// Their sum.
-    pub voided_minor: i64,
-    /// Charges refunded.
-    pub refunds: u64,
-    /// Their sum.
-    pub refunded_minor: i64,
+    /// Charges taken, voided and refunded, and their sums.
+    #[serde(flatten)]
+    pub money: seckill::payments::Totals,
     /// Charges declined.
     pub declined: u64,
 }
@@ -462,17 +454,17 @@ async fn ledger(State(sim): State<Sim>) -> Json<Ledger> {
         if !charge.taken {
             continue;
         }
-        totals.charges += 1;
-        totals.charged_minor += amount;
+        totals.money.charges += 1;
+        totals.money.charged_minor += amount;
         let kept = match charge.fate {
             Fate::Voided => {
-                totals.voids += 1;
-                totals.voided_minor += amount;
+                totals.money.voids += 1;
+                totals.money.voided_minor += amount;
                 0
             }
             Fate::Refunded => {
-                totals.refunds += 1;
-                totals.refunded_minor += amount;
+                totals.money.refunds += 1;
+                totals.money.refunded_minor += amount;
                 0
             }
             _ => amount,

@@ -499,16 +499,16 @@ pub fn money_checks(
     for code in currencies {
         let totals = ledger.totals.get(code).cloned().unwrap_or_default();
         let (paid, count) = owed.get(code).copied().unwrap_or_default();
-        let kept = totals.charged_minor - totals.voided_minor - totals.refunded_minor;
+        let kept = totals.money.kept_minor();
         lines.push(format!(
             "money ({code}): revenue {} from {count} paid or used orders; provider charged {} in {} charges, voided {} in {}, refunded {} in {}, kept {}; {} declined",
             show(paid, code),
-            show(totals.charged_minor, code),
-            totals.charges,
-            show(totals.voided_minor, code),
-            totals.voids,
-            show(totals.refunded_minor, code),
-            totals.refunds,
+            show(totals.money.charged_minor, code),
+            totals.money.charges,
+            show(totals.money.voided_minor, code),
+            totals.money.voids,
+            show(totals.money.refunded_minor, code),
+            totals.money.refunds,
             show(kept, code),
             totals.declined,
         ));

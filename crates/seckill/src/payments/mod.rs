@@ -99,7 +99,7 @@ pub struct Refund {
 
 /// What a provider did in one currency: how many charges and voids, and
 /// their sums in minor units.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Totals {
     /// Charges made.
     pub charges: u64,
