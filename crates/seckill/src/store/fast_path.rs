@@ -384,26 +384,20 @@ impl FastPath {
             }
         };
         let keys = self.redis.voucher(voucher_id);
+        // With replica confirmation, an accepted purchase also answers the
+        // history its server's sale state was verified for: the
+        // confirmation must come from that server in that history
+        // (`replica_ack`).
+        let history_key = self.acker.as_ref().map(Acker::history_key);
         let mut script = redis::cmd("EVALSHA");
-        script.arg(PURCHASE.get_hash());
-        match &self.acker {
-            // An accepted purchase answers the history its server's sale
-            // state was verified for: the confirmation must come from that
-            // server in that history (`replica_ack`).
-            Some(acker) => script
-                .arg(5)
-                .arg(&keys.voucher)
-                .arg(&keys.buyers)
-                .arg(&keys.orders)
-                .arg(&keys.order_of)
-                .arg(acker.history_key()),
-            None => script
-                .arg(4)
-                .arg(&keys.voucher)
-                .arg(&keys.buyers)
-                .arg(&keys.orders)
-                .arg(&keys.order_of),
-        };
+        script
+            .arg(PURCHASE.get_hash())
+            .arg(4 + usize::from(history_key.is_some()))
+            .arg(&keys.voucher)
+            .arg(&keys.buyers)
+            .arg(&keys.orders)
+            .arg(&keys.order_of)
+            .arg(history_key);
         script.arg(user_id).arg(order.as_i64()).arg(voucher_id);
         let answer = script
             .query_async::<PurchaseReply>(&mut self.redis.conn())
