@@ -42,7 +42,9 @@ async fn short_chaos_run(extra: &[&str]) {
     );
     let report: Value =
         serde_json::from_slice(&std::fs::read(out.join("chaos-report.json")).unwrap()).unwrap();
-    assert_eq!(report["clean"], true, "{report}");
+    // The run's own log says what each phase saw (the after-sale's
+    // rounds, what was unexpected), which the report's figures do not.
+    assert_eq!(report["clean"], true, "{report}\n{log}");
     let phases = report["phases"].as_array().unwrap();
     let faults: Vec<&str> = phases
         .iter()

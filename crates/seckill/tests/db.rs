@@ -337,6 +337,7 @@ async fn an_order_changes_once_by_its_row_on_every_backend() {
                 paid: 1,
                 cancelled: 1,
                 expired: 1,
+                claims: 2,
                 ..Default::default()
             }
         );

@@ -223,6 +223,8 @@ async fn a_given_back_unit_comes_back_once_whatever_repeats_or_crashes() {
             paid: 0,
             cancelled: 2,
             expired: 0,
+            // The cancelled orders let go of their buyers' claims.
+            claims: 3,
             ..Default::default()
         }
     );
@@ -250,6 +252,7 @@ async fn unpaid_orders_expire_in_batches_and_every_unit_sells_again() {
                 paid: 1,
                 cancelled: 0,
                 expired: UNITS - 1,
+                claims: 1,
                 ..Default::default()
             }
     })

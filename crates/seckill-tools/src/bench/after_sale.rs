@@ -596,11 +596,13 @@ async fn resell(
 /// returned orders).
 ///
 /// `sold_out`: the purchase run sold the whole stock (then buyers remained
-/// for every unit given back).
+/// for every unit given back). `unknown_before`: the purchase run's
+/// purchases with an unknown outcome, whose orders (if any) nobody follows.
 pub fn checks(
     seen: &AfterSale,
     stock: i64,
     sold_out: bool,
+    unknown_before: usize,
     stores: Option<&LifeFigures>,
 ) -> Vec<Check> {
     let returned: HashSet<i64> = seen.cancelled.union(&seen.expired).copied().collect();
@@ -649,19 +651,27 @@ pub fn checks(
                 && figures.states.used as usize == seen.used.len()
                 && figures.states.refunded as usize == seen.refunded.len(),
         ));
-        // An order bought with an unknown outcome is never acted on: it
-        // expires (or is still reserved) without the run seeing it.
+        // An order bought with an unknown outcome (in the purchase run or
+        // a resale) is never acted on: it expires (or is still reserved)
+        // without the run seeing it.
+        let unknown = seen.unknown_purchases + unknown_before;
         checks.push(Check::new(
             format!(
-                "every expired order was seen expired or bought with an unknown outcome ({} such purchases)",
-                seen.unknown_purchases
+                "every expired order was seen expired or bought with an unknown outcome ({} seen expired, {unknown} such purchases; database: {expired} expired, {reserved} reserved)",
+                seen.expired.len()
             ),
             (expired as usize) >= seen.expired.len()
-                && (expired + reserved) as usize <= seen.expired.len() + seen.unknown_purchases,
+                && (expired + reserved) as usize <= seen.expired.len() + unknown,
         ));
+        // Claims are unique per user by the database's own constraint; the
+        // check is that exactly the orders holding a unit hold one.
         checks.push(Check::new(
-            "one live order per user (database)",
-            figures.live_users == figures.states.holding_units() as usize,
+            format!(
+                "one live order per user (database: {} claims, {} orders holding a unit)",
+                figures.states.claims,
+                figures.states.holding_units()
+            ),
+            figures.states.claims == figures.states.holding_units(),
         ));
         if let Some((redis_stock, redis_returned)) = figures.redis {
             checks.push(Check::new(
@@ -718,7 +728,7 @@ mod tests {
         seen.paid.extend([1, 2]);
         seen.cancelled.insert(2);
         seen.resold = 1;
-        let failed: Vec<String> = checks(&seen, 2, true, None)
+        let failed: Vec<String> = checks(&seen, 2, true, 0, None)
             .into_iter()
             .filter(|c| !c.held)
             .map(|c| c.name)
@@ -730,14 +740,14 @@ mod tests {
                 paid: 2,
                 cancelled: 1,
                 expired: 0,
+                claims: 2,
                 ..Default::default()
             },
             db_stock: 1, // a unit too many came back
-            live_users: 2,
             redis: Some((1, 1)),
             nothing_due: true,
         };
-        let failed: Vec<String> = checks(&seen, 2, true, Some(&figures))
+        let failed: Vec<String> = checks(&seen, 2, true, 0, Some(&figures))
             .into_iter()
             .filter(|c| !c.held)
             .map(|c| c.name)

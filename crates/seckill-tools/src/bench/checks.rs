@@ -131,8 +131,6 @@ pub struct LifeFigures {
     pub states: seckill::db::StateCounts,
     /// The database's stock.
     pub db_stock: i64,
-    /// Users holding a live order (a claim on the voucher).
-    pub live_users: usize,
     /// On the fast path: Redis' stock and how many orders it took back.
     pub redis: Option<(i64, usize)>,
     /// Whether no order is due (none past its deadline still reserved, no
@@ -234,12 +232,6 @@ impl Stores {
         };
         let states = db.order_states(voucher).await?;
         let db_stock = db.voucher_stock(voucher).await?.unwrap_or(0);
-        let live_users = db
-            .order_users(voucher)
-            .await?
-            .into_iter()
-            .collect::<HashSet<i64>>()
-            .len();
         let redis = match &self.redis {
             Some(conn) if fast_path => {
                 let sale = seckill::store::read_sale(conn, voucher).await?;
@@ -251,7 +243,6 @@ impl Stores {
         Ok(Some(LifeFigures {
             states,
             db_stock,
-            live_users,
             redis,
             nothing_due,
         }))

@@ -53,6 +53,10 @@ pub struct StateCounts {
     pub refunded: i64,
     /// Of the refunded, those whose unit went back on sale.
     pub refunded_returned: i64,
+    /// Orders that hold their buyer's one order of the voucher (see
+    /// [`Database::order_users`]), counted by the same statement as the
+    /// states, so the two agree even while orders change.
+    pub claims: i64,
 }
 
 impl StateCounts {
@@ -223,8 +227,8 @@ impl Database {
     /// [`Error::Database`] on failure.
     pub async fn order_states(&self, voucher_id: i64) -> Result<StateCounts> {
         let rows = sqlx::query(self.sql(
-            "SELECT state, COUNT(*), COUNT(returned_ms) FROM voucher_order \
-                 WHERE voucher_id = ? GROUP BY state",
+            "SELECT state, COUNT(*), COUNT(returned_ms), COUNT(claim_user_id) \
+                 FROM voucher_order WHERE voucher_id = ? GROUP BY state",
         ))
         .bind(voucher_id)
         .fetch_all(&self.pool)
@@ -232,6 +236,7 @@ impl Database {
         let mut counts = StateCounts::default();
         for row in &rows {
             let n: i64 = row.try_get(1)?;
+            counts.claims += row.try_get::<i64, _>(3)?;
             match order_state(&row.try_get::<String, _>(0)?)? {
                 OrderState::Reserved => counts.reserved = n,
                 OrderState::Paid => counts.paid = n,
