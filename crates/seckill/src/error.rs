@@ -66,6 +66,9 @@ pub enum Error {
     /// refund was recorded: not applied; the provider delivers it again.
     #[error("the callback came before what it answers; deliver it again later")]
     EventTooEarly,
+    /// A waiting-room pass that does not let its bearer buy.
+    #[error(transparent)]
+    Pass(#[from] crate::domain::waiting_room::PassError),
 }
 
 /// Why a payment provider did not charge, void or refund.

@@ -30,6 +30,9 @@
 //! * [`reconcile`]: Redis and the database compared, safe repairs applied.
 //! * [`repair::SaleRepair`]: the service repairing itself when Redis lost
 //!   or rolled back a sale's state (restart without data, old snapshot).
+//! * [`waiting_room::WaitingRooms`]: a waiting room in front of a hot sale
+//!   — a fair place in line for every person, admission at the shop's
+//!   rate, and signed passes to buy with.
 //!
 //! ```
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -77,6 +80,7 @@ pub mod store;
 pub mod sync_path;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod waiting_room;
 mod worker;
 
 pub use domain::order_id::OrderId;

@@ -32,8 +32,10 @@ use tokio::sync::{watch, Notify};
 use crate::db::{Database, VoucherRow};
 use crate::domain::money::Currency;
 use crate::domain::voucher::{RefundRestock, Shop};
+use crate::domain::waiting_room::RoomSettings;
 use crate::metrics::Metrics;
 use crate::sale::Sales;
+use crate::store::{LineFigures, RoomLines};
 
 /// How often the figures are read while someone wants them (at most four
 /// updates a second reach a page).
@@ -88,6 +90,23 @@ pub struct SaleView {
     pub currency_exponent: u16,
     /// Whether a refunded unit goes back on sale.
     pub refund_restock: RefundRestock,
+    /// Its waiting room (`null`: none): the shop's settings, and the line
+    /// as the last tick read it (`null` in an answer read from the stores
+    /// directly).
+    pub waiting_room: Option<RoomLive>,
+}
+
+/// A sale's waiting room as the pages watch it: a person's place moves
+/// with `admitted_through`, so one read per tick serves everyone waiting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RoomLive {
+    /// The shop's settings.
+    #[serde(flatten)]
+    pub settings: RoomSettings,
+    /// When joining opens (Unix ms).
+    pub opens_ms: i64,
+    /// The line, as last read.
+    pub line: Option<LineFigures>,
 }
 
 impl SaleView {
@@ -109,6 +128,11 @@ impl SaleView {
             currency: row.price.currency(),
             currency_exponent: row.price.currency().exponent(),
             refund_restock: row.refund_restock,
+            waiting_room: row.room.map(|settings| RoomLive {
+                settings,
+                opens_ms: settings.opens_ms(row.begin_ms),
+                line: None,
+            }),
         }
     }
 }
@@ -335,6 +359,7 @@ pub async fn tick_until_stopped(
     live: Arc<Live>,
     db: Database,
     sales: Arc<Sales>,
+    lines: RoomLines,
     metrics: Metrics,
 ) {
     let mut counters = Counters::default();
@@ -356,7 +381,7 @@ pub async fn tick_until_stopped(
         }
         let next = tokio::time::Instant::now() + TICK;
         let previous = live.snapshot.borrow().clone();
-        let snapshot = read(&db, &sales, &metrics, &mut counters, &previous)
+        let snapshot = read(&db, &sales, &lines, &metrics, &mut counters, &previous)
             .await
             .rendered();
         live.snapshot.send_if_modified(|current| {
@@ -384,6 +409,7 @@ struct Counters {
 async fn read(
     db: &Database,
     sales: &Sales,
+    lines: &RoomLines,
     metrics: &Metrics,
     counters: &mut Counters,
     previous: &Snapshot,
@@ -418,14 +444,30 @@ async fn read(
         .filter(|row| final_stock(row).is_none())
         .map(|row| (row.id, row.stock))
         .collect();
-    match sales.stock_left(&stocks).await {
-        Ok(read) => {
+    // The lines of the rooms of sales not ended, in the same tick.
+    let rooms: Vec<i64> = (rows.iter())
+        .filter(|row| row.room.is_some() && row.end_ms > as_of_ms)
+        .map(|row| row.id)
+        .collect();
+    let read_both = async {
+        let left = sales.stock_left(&stocks).await?;
+        let figures = lines.lines(&rooms).await?;
+        Ok::<_, crate::Error>((left, figures))
+    };
+    match read_both.await {
+        Ok((read, figures)) => {
             let mut read = read.into_iter();
+            let figures: HashMap<i64, LineFigures> = rooms.into_iter().zip(figures).collect();
             let sales: Vec<SaleView> = rows
                 .into_iter()
                 .filter_map(|row| {
                     let left = final_stock(&row).or_else(|| read.next())?;
-                    Some(SaleView::new(row, left))
+                    let line = figures.get(&row.id).copied();
+                    let mut view = SaleView::new(row, left);
+                    if let Some(room) = &mut view.waiting_room {
+                        room.line = line;
+                    }
+                    Some(view)
                 })
                 .collect();
             let answers = sales

@@ -57,7 +57,7 @@ use crate::domain::now_ms;
 use crate::error::Result;
 use crate::pipeline::OrderPipeline;
 use crate::reconcile::{reconcile, repair};
-use crate::store::FastPath;
+use crate::store::{FastPath, SaleHash};
 
 /// How long an instance waits for another's repair before giving up this
 /// attempt (the next purchase that needs one starts another).
@@ -307,9 +307,13 @@ impl SaleRepair {
                 .fast
                 .restore_sale(
                     id,
-                    stock,
-                    (voucher.begin_ms, voucher.end_ms),
-                    voucher.rebuy_after_cancel,
+                    &SaleHash {
+                        stock,
+                        begin_ms: voucher.begin_ms,
+                        end_ms: voucher.end_ms,
+                        rebuy: voucher.rebuy_after_cancel,
+                        room: voucher.room.is_some(),
+                    },
                     &buyers,
                     &returned,
                 )

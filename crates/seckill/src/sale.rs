@@ -76,11 +76,12 @@ impl Sales {
         }
     }
 
-    /// Puts voucher `id`, just stored in the database, on sale in Redis. A
+    /// Puts voucher `id`, just stored in the database, on sale in Redis
+    /// (behind a waiting room if `room`: a purchase then needs a pass). A
     /// Redis failure is not the caller's: the voucher exists, and its first
     /// purchase restores the sale (`repair`).
-    pub async fn open(&self, id: i64, terms: &SaleTerms) {
-        if let Err(e) = self.fast.load_voucher(id, terms).await {
+    pub async fn open(&self, id: i64, terms: &SaleTerms, room: bool) {
+        if let Err(e) = self.fast.load_voucher_with_room(id, terms, room).await {
             tracing::warn!(voucher = id, error = %e, "voucher created; Redis will get its sale on the first purchase");
         } else if matches!(self.path, PurchasePath::Async) {
             // A Redis that restarted since its state was last verified is
@@ -97,10 +98,24 @@ impl Sales {
     /// As the path's purchase; on the fast path [`Error::SaleUnverified`]
     /// also when Redis lost this sale's state (its repair is started).
     pub async fn purchase(&self, voucher: i64, user: i64) -> Result<Purchase> {
+        self.purchase_with_pass(voucher, user, false).await
+    }
+
+    /// [`Sales::purchase`] by a buyer who showed a valid waiting-room pass
+    /// (`passed`): a sale with a room refuses a purchase without one.
+    ///
+    /// # Errors
+    /// As [`Sales::purchase`].
+    pub async fn purchase_with_pass(
+        &self,
+        voucher: i64,
+        user: i64,
+        passed: bool,
+    ) -> Result<Purchase> {
         if let PurchasePath::Sync(sync) = &self.path {
-            return sync.purchase(voucher, user).await;
+            return sync.purchase_with_pass(voucher, user, passed).await;
         }
-        match self.fast.purchase(voucher, user).await {
+        match self.fast.purchase_with_pass(voucher, user, passed).await {
             Err(Error::SaleUnverified) => {
                 self.repair.start(Scope::Restarted {
                     voucher: Some(voucher),

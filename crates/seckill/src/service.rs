@@ -35,6 +35,7 @@ pub struct Service {
     worker: tokio::task::JoinHandle<()>,
     sweeper: tokio::task::JoinHandle<()>,
     ticker: tokio::task::JoinHandle<()>,
+    admitter: tokio::task::JoinHandle<()>,
     keeper: Option<tokio::task::JoinHandle<()>>,
     pipeline: Arc<OrderPipeline>,
 }
@@ -119,6 +120,11 @@ impl Service {
             payments,
             metrics.clone(),
         ));
+        let rooms = Arc::new(crate::waiting_room::WaitingRooms::new(
+            crate::store::RoomLines::new(redis.clone()),
+            db.clone(),
+            sales.fast_path().cloned(),
+        ));
         let live = Live::new(stop.clone());
         let secret = config
             .token_secret
@@ -137,12 +143,18 @@ impl Service {
             live: live.clone(),
             demo_sign_in: config.demo_sign_in,
             webhook,
+            rooms: rooms.clone(),
         };
         let ticker = tokio::spawn(crate::live::tick_until_stopped(
             live,
             db.clone(),
             state.sales.clone(),
+            rooms.lines().clone(),
             metrics.clone(),
+        ));
+        let admitter = tokio::spawn(crate::waiting_room::admit_until_stopped(
+            rooms,
+            shutdown.subscribe(),
         ));
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
@@ -183,6 +195,7 @@ impl Service {
             worker,
             sweeper,
             ticker,
+            admitter,
             keeper,
             pipeline,
         })
@@ -211,6 +224,7 @@ impl Service {
         self.worker.await?;
         self.sweeper.await?;
         self.ticker.await?;
+        self.admitter.await?;
         if let Some(keeper) = self.keeper {
             keeper.await?;
         }

@@ -105,8 +105,26 @@ impl SyncPath {
     /// (nothing committed).
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn purchase(&self, voucher_id: i64, user_id: i64) -> Result<Purchase> {
+        self.purchase_with_pass(voucher_id, user_id, false).await
+    }
+
+    /// [`SyncPath::purchase`] by a buyer who showed a valid waiting-room
+    /// pass (`passed`): a sale with a room refuses a purchase without one
+    /// ([`Refusal::PassRequired`]).
+    ///
+    /// # Errors
+    /// As [`SyncPath::purchase`].
+    pub async fn purchase_with_pass(
+        &self,
+        voucher_id: i64,
+        user_id: i64,
+        passed: bool,
+    ) -> Result<Purchase> {
         let Some(VoucherWindow {
-            begin_ms, end_ms, ..
+            begin_ms,
+            end_ms,
+            room,
+            ..
         }) = self.db.voucher_window(voucher_id).await?
         else {
             return Ok(Purchase::Refused(Refusal::UnknownVoucher));
@@ -117,6 +135,9 @@ impl SyncPath {
         }
         if now >= end_ms {
             return Ok(Purchase::Refused(Refusal::Ended));
+        }
+        if room && !passed {
+            return Ok(Purchase::Refused(Refusal::PassRequired));
         }
         let name = format!("{}:user:{user_id}", self.prefix);
         // Release before reporting, whatever the outcome; a failed release

@@ -702,3 +702,84 @@ async fn an_outage_reads_as_one_and_the_stock_as_not_current() {
     );
     shop.stop().await;
 }
+
+/// Room 8 (`docs/guarantees.md`): a buyer joins a sale's waiting room from
+/// the page, sees their place and the people ahead fall as the room
+/// admits, is admitted and buys with one press; a second tab of the same
+/// person shows the same place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buyer_waits_in_the_room_sees_the_place_fall_and_buys_when_admitted() {
+    let driver = ChromeDriver::start();
+    let shop = Shop::start("room").await;
+    let begin = support::now_ms() + 3_000;
+    // One person a second, so the place falls visibly.
+    let voucher = support::create_voucher_from(
+        &shop.http,
+        &shop.base,
+        &shop.tokens,
+        json!({"title": "A hot teapot", "stock": 10, "begin_ms": begin,
+               "end_ms": begin + 3_600_000,
+               "waiting_room": {"admit_per_s": 1, "opens_before_ms": 60_000}}),
+    )
+    .await;
+    // Four people joined before the start: they are drawn ahead of anyone
+    // who comes after it.
+    for user in 101..=104 {
+        let answer = shop
+            .http
+            .post(format!("{}/api/vouchers/{voucher}/room", shop.base))
+            .bearer_auth(shop.token(Principal::User(user)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+    let buyer = browser(&driver, 1100, 800).await;
+    let tab = browser(&driver, 390, 844).await;
+    for page in [&buyer, &tab] {
+        page.goto(&shop.base).await.unwrap();
+        sign_in(page, &shop.token(Principal::User(7))).await;
+    }
+    let card = format!(".sale[data-id='{voucher}']");
+    let line = format!("{card} .room-line");
+    let room = until_text(&buyer, &line, |t| t.contains("waiting room")).await;
+    assert!(room.is_some_and(|t| t.contains("Join the line")));
+    assert!(flag(&buyer, &format!("{card} .buy"), "disabled").await);
+    // After the start: the buyer queues behind the drawn four.
+    assert!(until_text(&buyer, &format!("{card} .countdown"), |t| t
+        .starts_with("Ends in"))
+    .await
+    .is_some_and(|t| t.starts_with("Ends in")));
+    click(&buyer, &format!("{card} .join")).await;
+    let first = until_text(&buyer, &line, |t| t.starts_with("Your place: 5.")).await;
+    let first = first.unwrap_or_default();
+    assert!(first.starts_with("Your place: 5."), "{first}");
+    screenshot(&buyer, "storefront-waiting-room.png").await;
+    // The other tab, reloaded, shows the same place.
+    tab.refresh().await.unwrap();
+    let shared = until_text(&tab, &line, |t| t.starts_with("Your place:")).await;
+    assert!(shared.is_some_and(|t| t.starts_with("Your place: 5.")));
+    assert!(flag(&buyer, &format!("{card} .buy"), "disabled").await);
+    // The people ahead fall to none, then it is the buyer's turn.
+    let ahead = |t: &str| -> Option<u32> { t.split(". ").nth(1)?.split(' ').next()?.parse().ok() };
+    if let Some(before) = ahead(&first) {
+        let fell = until_text(&buyer, &line, |t| {
+            t.contains("next") || t.starts_with("Your turn") || ahead(t).is_some_and(|n| n < before)
+        })
+        .await;
+        assert!(fell.is_some(), "the place never moved");
+    }
+    let turn = until_text(&buyer, &line, |t| t.starts_with("Your turn")).await;
+    assert!(turn.is_some_and(|t| t.starts_with("Your turn: buy within")));
+    assert!(until_flag(&buyer, &format!("{card} .buy"), "disabled", false).await);
+    click(&buyer, &format!("{card} .buy")).await;
+    let outcome = until_text(&buyer, &format!("{card} .outcome"), |t| {
+        t.starts_with("Accepted")
+    })
+    .await;
+    assert!(outcome.is_some_and(|t| t.starts_with("Accepted")));
+    for page in [buyer, tab] {
+        page.close().await.unwrap();
+    }
+    shop.stop().await;
+}

@@ -5,6 +5,7 @@ pub mod order;
 pub mod order_id;
 pub mod purchase;
 pub mod voucher;
+pub mod waiting_room;
 
 /// The local wall clock in Unix milliseconds.
 pub(crate) fn now_ms() -> i64 {

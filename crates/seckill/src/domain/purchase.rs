@@ -19,6 +19,9 @@ pub enum Refusal {
     /// Another purchase of this user is being decided (the locked path's
     /// per-user lock stayed busy for its whole wait); nothing changed.
     InProgress,
+    /// A waiting room stands in front of the sale and the buyer showed no
+    /// valid pass.
+    PassRequired,
 }
 
 /// The outcome of a purchase.

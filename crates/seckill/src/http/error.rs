@@ -61,6 +61,9 @@ pub enum ApiError {
     /// confirmed by enough replicas in time; the order may stand (check the
     /// order status before buying again).
     NotReplicated,
+    /// 403: a waiting-room pass that does not let its bearer buy (forged,
+    /// run out, someone else's, another sale's).
+    Pass(crate::domain::waiting_room::PassError),
     /// 500: infrastructure failure; logged, never shown to the client.
     Internal(crate::Error),
 }
@@ -128,6 +131,7 @@ impl From<crate::Error> for ApiError {
             }
             crate::Error::PaymentUnderWay => ApiError::PaymentUnderWay,
             crate::Error::EventTooEarly => ApiError::EventTooEarly,
+            crate::Error::Pass(why) => ApiError::Pass(why),
             other => ApiError::Internal(other),
         }
     }
@@ -284,8 +288,24 @@ impl IntoResponse for ApiError {
                         "unknown_voucher",
                         "no such voucher on sale",
                     ),
+                    Refusal::PassRequired => (
+                        StatusCode::FORBIDDEN,
+                        "pass_required",
+                        "this sale has a waiting room: join it, and buy with the pass it gives when your turn comes",
+                    ),
                 };
                 (status, code, message.to_owned(), None)
+            }
+            ApiError::Pass(why) => {
+                use crate::domain::waiting_room::PassError;
+                let code = match why {
+                    PassError::Missing => "pass_required",
+                    PassError::Forged => "pass_invalid",
+                    PassError::Expired => "pass_expired",
+                    PassError::NotYours => "pass_not_yours",
+                    PassError::OtherSale => "pass_other_sale",
+                };
+                (StatusCode::FORBIDDEN, code, why.to_string(), None)
             }
             ApiError::Internal(e) => {
                 tracing::error!(error = %e, error.debug = ?e, "request failed");
@@ -352,6 +372,11 @@ mod tests {
             ApiError::Refused(Refusal::AlreadyBought),
             ApiError::Refused(Refusal::UnknownVoucher),
             ApiError::Refused(Refusal::InProgress),
+            ApiError::Refused(Refusal::PassRequired),
+            ApiError::Pass(crate::domain::waiting_room::PassError::Forged),
+            ApiError::Pass(crate::domain::waiting_room::PassError::Expired),
+            ApiError::Pass(crate::domain::waiting_room::PassError::NotYours),
+            ApiError::Pass(crate::domain::waiting_room::PassError::OtherSale),
             ApiError::OrderConflict(OrderState::Paid),
             ApiError::OrderConflict(OrderState::Cancelled),
             ApiError::OrderConflict(OrderState::Expired),

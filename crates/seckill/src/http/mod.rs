@@ -15,7 +15,11 @@
 //! | `POST /api/vouchers` | admin | create a voucher and put its stock on sale |
 //! | `GET /api/vouchers` | anyone | the newest 100 vouchers with live stock |
 //! | `GET /api/vouchers/{id}` | anyone | a voucher with its live remaining stock |
-//! | `POST /api/vouchers/{id}/seckill` | user | buy: an order id, or a refusal |
+//! | `POST /api/vouchers/{id}/seckill` | user | buy: an order id, or a refusal (`Room-Pass` header: the pass of a sale's waiting room) |
+//! | `POST /api/vouchers/{id}/room` | user | join the sale's waiting room (again: the same place) |
+//! | `GET /api/vouchers/{id}/room` | user | where the caller stands in it, and their pass once admitted |
+//! | `PUT /api/vouchers/{id}/room` | admin | set, change, pause or resume the sale's waiting room |
+//! | `DELETE /api/vouchers/{id}/room` | admin | the sale without a waiting room |
 //! | `GET /api/vouchers/{id}/order` | user | the caller's order for the voucher and its state |
 //! | `GET /api/orders` | user | the caller's stored orders, newest first (100 at most) |
 //! | `GET /api/orders/{id}` | user | one stored order of the caller: its state and payment deadline |
@@ -30,6 +34,7 @@ mod live;
 mod orders;
 mod pages;
 mod payments;
+pub(crate) mod room;
 pub(crate) mod server;
 mod vouchers;
 
@@ -73,6 +78,8 @@ pub struct AppState {
     /// How the payment provider's callbacks are checked (`None`: the
     /// stand-in, which sends none; every callback is then a 401).
     pub webhook: Option<Webhook>,
+    /// The sales' waiting rooms.
+    pub rooms: Arc<crate::waiting_room::WaitingRooms>,
 }
 
 /// What checks a payment provider's callbacks.
@@ -125,6 +132,13 @@ pub fn router(state: AppState) -> Router {
                 .route(
                     "/api/vouchers/{id}/seckill",
                     post(vouchers::purchase).layer(axum::middleware::from_fn(limits::small_body)),
+                )
+                .route(
+                    "/api/vouchers/{id}/room",
+                    post(room::join)
+                        .get(room::standing)
+                        .put(room::set)
+                        .delete(room::remove),
                 )
                 .route("/api/vouchers/{id}/order", get(orders::for_voucher))
                 .route("/api/orders", get(orders::mine))

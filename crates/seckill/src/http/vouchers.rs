@@ -3,7 +3,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -12,9 +12,11 @@ use crate::db::VoucherRow;
 use crate::domain::money::{Currency, Money};
 use crate::domain::purchase::Purchase;
 use crate::domain::voucher::{Offer, RefundRestock, SaleTerms, Shop, Title};
+use crate::domain::waiting_room::{PassError, RoomSettings};
 use crate::error::Error;
 use crate::http::error::ApiError;
 use crate::http::extract::{Admin, ApiJson, PathId, User};
+use crate::http::room::PASS_HEADER;
 use crate::http::AppState;
 use crate::live::{now_ms, SaleView};
 
@@ -54,6 +56,8 @@ pub struct NewVoucher {
     /// open).
     #[serde(default)]
     refund_restock: RefundRestock,
+    /// A waiting room in front of the sale (default: none).
+    waiting_room: Option<RoomSettings>,
 }
 
 /// The shop of a [`NewVoucher`].
@@ -118,13 +122,17 @@ pub(crate) async fn create(
         .with_pay_within(window)?
         .with_rebuy_after_cancel(body.rebuy_after_cancel.unwrap_or(true));
     let offer = body.offer()?;
+    let room = body.waiting_room.map(RoomSettings::checked).transpose()?;
     // The database is the record; Redis holds the sale's live state. With
     // Redis failing the voucher is still created: its first purchase finds
     // the sale missing in Redis and restores it from the database (see
     // `repair`), so nothing is left half made and a client that retries
     // does not create it twice.
-    let id = state.db.publish_voucher(&title, &offer, &terms).await?;
-    state.sales.open(id, &terms).await;
+    let id = state
+        .db
+        .publish_voucher_with_room(&title, &offer, &terms, room.as_ref())
+        .await?;
+    state.sales.open(id, &terms, room.is_some()).await;
     let row = VoucherRow {
         id,
         title: body.title,
@@ -139,6 +147,7 @@ pub(crate) async fn create(
         price: offer.price(),
         face_value: offer.face_value(),
         refund_restock: offer.refund_restock(),
+        room,
     };
     Ok((
         StatusCode::CREATED,
@@ -231,17 +240,35 @@ pub(crate) async fn purchase(
     State(state): State<AppState>,
     User(user): User,
     PathId(voucher): PathId,
+    headers: HeaderMap,
 ) -> Result<Json<Accepted>, ApiError> {
     tracing::Span::current()
         .record("voucher", voucher)
         .record("user", user);
     state.limits.check_user(user)?;
-    let outcome = state.sales.purchase(voucher, user).await?;
+    // A pass is checked here (signature, person, sale, time); whether the
+    // sale needs one is the purchase's own check, atomic with it.
+    let pass = match headers.get(PASS_HEADER) {
+        Some(value) => {
+            let signed = value.to_str().map_err(|_| Error::Pass(PassError::Forged))?;
+            Some(state.rooms.check_pass(signed, voucher, user).await?)
+        }
+        None => None,
+    };
+    let outcome = state
+        .sales
+        .purchase_with_pass(voucher, user, pass.is_some())
+        .await?;
     match outcome {
-        Purchase::Accepted(id) => Ok(Json(Accepted {
-            order_id: id.to_string(),
-            state: state.sales.accepted_state(),
-        })),
+        Purchase::Accepted(id) => {
+            if let Some(pass) = &pass {
+                state.rooms.bought(pass).await;
+            }
+            Ok(Json(Accepted {
+                order_id: id.to_string(),
+                state: state.sales.accepted_state(),
+            }))
+        }
         Purchase::Refused(refusal) => Err(ApiError::Refused(refusal)),
     }
 }

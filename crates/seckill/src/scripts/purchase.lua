@@ -4,7 +4,8 @@
 --
 -- All keys share the voucher's hash tag, so the script runs on one Redis
 -- Cluster slot.
--- KEYS[1]  voucher hash: stock, begin_ms, end_ms (epoch milliseconds)
+-- KEYS[1]  voucher hash: stock, begin_ms, end_ms (epoch milliseconds),
+--          room ('1': a waiting room stands in front of the sale)
 -- KEYS[2]  buyers set of the voucher (user ids)
 -- KEYS[3]  order stream of the voucher
 -- KEYS[4]  order-of hash of the voucher (user id -> order id)
@@ -15,6 +16,8 @@
 -- ARGV[1]  user id
 -- ARGV[2]  order id
 -- ARGV[3]  voucher id (written into the stream entry)
+-- ARGV[4]  '1' if the buyer showed a valid waiting-room pass (the service
+--          checked its signature, person, sale and time)
 --
 -- The sale window is judged by the Redis server's clock (TIME), the one
 -- clock every service instance shares.
@@ -31,10 +34,11 @@
 --          3  sold out
 --          4  this user already bought this voucher
 --          5  unknown voucher
+--          6  the sale has a waiting room and no valid pass came
 if #ARGV == 0 then
   return -1
 end
-local v = redis.call('hmget', KEYS[1], 'stock', 'begin_ms', 'end_ms')
+local v = redis.call('hmget', KEYS[1], 'stock', 'begin_ms', 'end_ms', 'room')
 if not v[1] then
   return 5
 end
@@ -45,6 +49,9 @@ if now < tonumber(v[2]) then
 end
 if now >= tonumber(v[3]) then
   return 2
+end
+if v[4] == '1' and ARGV[4] ~= '1' then
+  return 6
 end
 if tonumber(v[1]) <= 0 then
   -- A buyer asking again learns that, not that the sale sold out.

@@ -225,6 +225,12 @@ pub fn acl_rules(prefix: &str) -> String {
         "+xgroup|create",
         "+xpending",
         "+xclaim",
+        // The waiting rooms' lines (store/waiting_room.rs and its scripts).
+        "+rpush",
+        "+lrange",
+        "+llen",
+        "+scard",
+        "+zremrangebyscore",
     ];
     format!(
         "{} ~{prefix}:* {}",

@@ -39,6 +39,22 @@ pub enum TakeBack {
 /// (`repair`): an instance that did not run it learns within this time.
 pub const SOLD_OUT_MEMORY: Duration = Duration::from_secs(1);
 
+/// A sale as the voucher's hash in Redis keeps it: what a purchase checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaleHash {
+    /// Units left (written only where the hash has none yet).
+    pub stock: i64,
+    /// Sale start (Unix ms).
+    pub begin_ms: i64,
+    /// Sale end, exclusive (Unix ms).
+    pub end_ms: i64,
+    /// Whether a buyer whose order was given back may buy again.
+    pub rebuy: bool,
+    /// Whether a waiting room stands in front of the sale: a purchase then
+    /// needs a pass.
+    pub room: bool,
+}
+
 /// The purchase script's answer: its code, and for an accepted purchase
 /// with a history key the history its server's sale state was verified for
 /// (`None` if none is recorded there).
@@ -198,22 +214,63 @@ impl FastPath {
     /// # Errors
     /// [`Error::Redis`] if Redis is unreachable.
     pub async fn load_voucher(&self, id: i64, terms: &SaleTerms) -> Result<()> {
-        let window = (terms.begin_ms(), terms.end_ms());
-        self.put_terms(id, terms.stock(), window, terms.rebuy_after_cancel())
-            .await
-            .map(drop)
+        self.load_voucher_with_room(id, terms, false).await
     }
 
-    /// Writes voucher `id`'s window and rebuy rule, and `stock` only if the
-    /// voucher has none yet (one transaction); returns whether the stock
-    /// was written.
-    async fn put_terms(
+    /// [`FastPath::load_voucher`] for a sale with a waiting room in front
+    /// of it when `room` (a purchase then needs a pass).
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable.
+    pub async fn load_voucher_with_room(
         &self,
         id: i64,
-        stock: i64,
-        (begin_ms, end_ms): (i64, i64),
-        rebuy: bool,
-    ) -> Result<bool> {
+        terms: &SaleTerms,
+        room: bool,
+    ) -> Result<()> {
+        let window = (terms.begin_ms(), terms.end_ms());
+        let sale = SaleHash {
+            stock: terms.stock(),
+            begin_ms: window.0,
+            end_ms: window.1,
+            rebuy: terms.rebuy_after_cancel(),
+            room,
+        };
+        self.put_terms(id, &sale).await.map(drop)
+    }
+
+    /// Sets whether voucher `id`'s sale has a waiting room (a purchase then
+    /// needs a pass); `false` if Redis has no such sale (its first purchase
+    /// restores it from the database, room included).
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis is unreachable.
+    pub async fn set_room(&self, id: i64, room: bool) -> Result<bool> {
+        let keys = self.redis.voucher(id);
+        // Only on a sale Redis has: a hash with the flag alone would be
+        // a sale without terms.
+        let set: i64 = redis::Script::new(
+            "if redis.call('exists', KEYS[1]) == 0 then return 0 end \
+             redis.call('hset', KEYS[1], 'room', ARGV[1]) return 1",
+        )
+        .key(&keys.voucher)
+        .arg(i64::from(room))
+        .invoke_async(&mut self.redis.conn())
+        .await?;
+        Ok(set == 1)
+    }
+
+    /// Writes voucher `id`'s window, rebuy rule and room flag, and `stock`
+    /// only if the voucher has none yet (one transaction); returns whether
+    /// the stock was written.
+    async fn put_terms(&self, id: i64, sale: &SaleHash) -> Result<bool> {
+        let &SaleHash {
+            stock,
+            begin_ms,
+            end_ms,
+            rebuy,
+            room,
+        } = sale;
         let keys = self.redis.voucher(id);
         let (created,): (bool,) = redis::pipe()
             .atomic()
@@ -223,6 +280,8 @@ impl FastPath {
             .hset(&keys.voucher, "end_ms", end_ms)
             .ignore()
             .hset(&keys.voucher, "rebuy", i64::from(rebuy))
+            .ignore()
+            .hset(&keys.voucher, "room", i64::from(room))
             .ignore()
             .query_async(&mut self.redis.conn())
             .await?;
@@ -264,7 +323,7 @@ impl FastPath {
     }
 
     /// Puts back the sale state of voucher `id` that Redis lost: `buyers`
-    /// (user, order id) first, then the terms with `stock`, the stock only
+    /// (user, order id) first, then the terms `sale`, its stock the stock only
     /// if the voucher's hash is still missing (a purchase needs the hash, so
     /// none can slip between the two). Returns whether the hash was written.
     ///
@@ -275,9 +334,7 @@ impl FastPath {
     pub async fn restore_sale(
         &self,
         id: i64,
-        stock: i64,
-        window: (i64, i64),
-        rebuy: bool,
+        sale: &SaleHash,
         buyers: &[(i64, i64)],
         returned: &[i64],
     ) -> Result<bool> {
@@ -303,7 +360,7 @@ impl FastPath {
                 .query_async(&mut conn)
                 .await?;
         }
-        self.put_terms(id, stock, window, rebuy).await
+        self.put_terms(id, sale).await
     }
 
     /// Whether the purchase script is loaded: on a cluster, on every node.
@@ -364,8 +421,26 @@ impl FastPath {
     /// Not cancel safe: once sent, the purchase takes effect even if this
     /// future is dropped, and its order id is lost to the caller (the order
     /// is still in the stream).
-    #[tracing::instrument(level = "debug", skip(self))]
     pub async fn purchase(&self, voucher_id: i64, user_id: i64) -> Result<Purchase> {
+        self.purchase_with_pass(voucher_id, user_id, false).await
+    }
+
+    /// [`FastPath::purchase`] by a buyer who showed a valid waiting-room
+    /// pass (`passed`; the caller checked it): a sale with a room refuses
+    /// a purchase without one ([`Refusal::PassRequired`]).
+    ///
+    /// # Errors
+    /// As [`FastPath::purchase`].
+    ///
+    /// # Cancel safety
+    /// As [`FastPath::purchase`].
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn purchase_with_pass(
+        &self,
+        voucher_id: i64,
+        user_id: i64,
+        passed: bool,
+    ) -> Result<Purchase> {
         if self.known_sold_out(voucher_id) {
             return Ok(Purchase::Refused(Refusal::SoldOut));
         }
@@ -398,7 +473,11 @@ impl FastPath {
             .arg(&keys.orders)
             .arg(&keys.order_of)
             .arg(history_key);
-        script.arg(user_id).arg(order.as_i64()).arg(voucher_id);
+        script
+            .arg(user_id)
+            .arg(order.as_i64())
+            .arg(voucher_id)
+            .arg(if passed { "1" } else { "0" });
         let answer = script
             .query_async::<PurchaseReply>(&mut self.redis.conn())
             .await;
@@ -423,6 +502,7 @@ impl FastPath {
             }
             4 => Purchase::Refused(Refusal::AlreadyBought),
             5 => Purchase::Refused(Refusal::UnknownVoucher),
+            6 => Purchase::Refused(Refusal::PassRequired),
             other => return Err(Error::Protocol(format!("purchase script returned {other}"))),
         })
     }

@@ -8,6 +8,12 @@
 //! | `P:{v<id>}:order-of` | hash | user id → order id, written with the purchase (order status in one lookup) |
 //! | `P:{v<id>}:failed` | hash | user id → order id of orders the pipeline dead-lettered |
 //! | `P:{v<id>}:returned` | set | order ids whose unit came back (cancelled or expired): each is taken back once |
+//! | `P:{v<id>}:room` | hash | the waiting room's line: `drawn`, `head` (last ticket admitted), `tail` (last ticket issued), `last_ms`, `carry` |
+//! | `P:{v<id>}:room-early` | set | who joined the room before the sale's start, until the draw |
+//! | `P:{v<id>}:room-late` | list | who joined after the start but before the draw, in arrival order |
+//! | `P:{v<id>}:room-ticket` | hash | user id → ticket (`0` while awaiting the draw) |
+//! | `P:{v<id>}:room-active` | sorted set | admitted tickets → when their pass runs out (Unix ms) |
+//! | `P:room-pass-key` | string | the key waiting-room passes are signed with (32 random bytes) |
 //! | `P:order-seq:YYYYMMDD` | string | the day's order sequence counter |
 //! | `P:orders:dead` | stream | dead-lettered orders, with `stream`, `entry`, `reason` |
 //! | `P:replica-ack` | string | a counter written before each group `WAIT` (`--replica-ack`) |
@@ -30,6 +36,16 @@ pub struct VoucherKeys {
     pub failed: String,
     /// Orders whose unit was taken back.
     pub returned: String,
+    /// The waiting room's line.
+    pub room: String,
+    /// Who joined the room before the sale's start.
+    pub room_early: String,
+    /// Who joined after the start, before the draw.
+    pub room_late: String,
+    /// Each person's ticket.
+    pub room_ticket: String,
+    /// Admitted tickets and when their passes run out.
+    pub room_active: String,
 }
 
 impl VoucherKeys {
@@ -43,6 +59,11 @@ impl VoucherKeys {
             order_of: format!("{tag}:order-of"),
             failed: format!("{tag}:failed"),
             returned: format!("{tag}:returned"),
+            room: format!("{tag}:room"),
+            room_early: format!("{tag}:room-early"),
+            room_late: format!("{tag}:room-late"),
+            room_ticket: format!("{tag}:room-ticket"),
+            room_active: format!("{tag}:room-active"),
         }
     }
 }
@@ -65,4 +86,9 @@ pub(crate) fn replica_ack_marker(prefix: &str) -> String {
 /// The replication history the sale state was last verified for.
 pub(crate) fn verified_history(prefix: &str) -> String {
     format!("{prefix}:verified-history")
+}
+
+/// The key waiting-room passes are signed with.
+pub(crate) fn room_pass_key(prefix: &str) -> String {
+    format!("{prefix}:room-pass-key")
 }

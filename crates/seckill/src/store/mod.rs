@@ -17,6 +17,7 @@
 //! | `reachability` | purchases refused at once while Redis is known to be unreachable |
 //! | `sale_audit` | a sale's Redis side for `reconcile`, and its safe fixes |
 //! | `verification` | whether a server's sale state was verified for the data it holds now |
+//! | `waiting_room` | the waiting rooms' lines: joining, the draw, admission, a person's standing, the pass key |
 
 mod connect;
 mod fast_path;
@@ -31,13 +32,14 @@ mod sale_audit;
 mod sentinel;
 mod tls;
 mod verification;
+mod waiting_room;
 
 pub use self::redis::Redis;
 pub use connect::{
     acl_rules, cluster_seeds, connect, connect_with, lock_client, RedisConn, CLUSTER_SCHEME,
     CLUSTER_TLS_SCHEME, CONNECTION_TIMEOUT, RESPONSE_TIMEOUT,
 };
-pub use fast_path::{FastPath, ReplicaAck, TakeBack, SOLD_OUT_MEMORY};
+pub use fast_path::{FastPath, ReplicaAck, SaleHash, TakeBack, SOLD_OUT_MEMORY};
 pub use keys::{dead_letter_stream, VoucherKeys};
 pub use order_ids::OrderIdGenerator;
 pub use order_lookup::order_in_redis;
@@ -49,3 +51,4 @@ pub use sentinel::{
 };
 pub use tls::RedisTls;
 pub use verification::History;
+pub use waiting_room::{Admitted, Draw, LineFigures, RoomLines, Standing};

@@ -175,6 +175,15 @@ const REFUSALS = {
   unknown_voucher: "No such sale.",
 };
 
+// What a refused waiting-room pass means to the buyer (all 403).
+const PASS_REFUSALS = {
+  pass_required: "This sale has a waiting room: join the line, and buy when your turn comes.",
+  pass_expired: "Your turn ran out: the pass is no longer valid.",
+  pass_invalid: "Your pass is no longer valid: join the line again.",
+  pass_not_yours: "That pass belongs to someone else.",
+  pass_other_sale: "That pass is for another sale.",
+};
+
 // What a refused payment or cancellation means to the buyer.
 const ORDER_REFUSALS = {
   already_paid: "This order is already paid.",
@@ -230,8 +239,78 @@ function storefront() {
     for (const [id, entry] of cards) {
       entry.order = mine.get(id) || null;
       if (entry.order && entry.order.state === "pending") watchOrder(entry);
+      if (entry.sale.waiting_room) loadStanding(entry);
     }
     render();
+  }
+
+  // Where this buyer stands in a sale's waiting room (and their pass once
+  // admitted). Asked when the card appears, on joining, when the live
+  // line says the draw was made or their turn came: not every tick.
+  async function loadStanding(entry) {
+    if (!token() || entry.asking) return;
+    entry.asking = true;
+    const answer = await api("GET", "/api/vouchers/" + entry.sale.id + "/room");
+    entry.asking = false;
+    if (answer.status === 200) entry.room = answer.body;
+    paint(entry, serverNow());
+  }
+
+  async function joinRoom(entry) {
+    const outcome = $(".outcome", entry.el);
+    if (!token()) return setMessage(outcome, "Sign in first.", "error");
+    const answer = await api("POST", "/api/vouchers/" + entry.sale.id + "/room");
+    if (answer.status === 200) {
+      entry.room = answer.body;
+      setMessage(outcome, "", null);
+    } else {
+      const code = answer.body && answer.body.code;
+      setMessage(outcome, answer.status === 0 ? OUTAGES.unreachable : OUTAGES[code] || OUTAGES.unavailable, "error");
+    }
+    paint(entry, serverNow());
+  }
+
+  // The room's line as this buyer sees it, from their standing and the
+  // live figures' line (which moves every tick for everyone at once).
+  function paintRoom(entry, now) {
+    const { el, sale } = entry;
+    const room = sale.waiting_room;
+    const box = $(".room", el);
+    box.hidden = !room;
+    if (!room) return { gated: false };
+    const line = room.line || null;
+    const standing = entry.room;
+    const state = standing ? standing.state : "outside";
+    let text;
+    let canJoin = false;
+    if (state === "outside" || state === "not_open") {
+      canJoin = now >= room.opens_ms && now < sale.end_ms;
+      text = now < room.opens_ms
+        ? "A waiting room opens " + fmtDuration(room.opens_ms - now) + " before this sale: join it then."
+        : "This sale has a waiting room. Join the line: everyone who joins before the sale starts gets a place drawn at random.";
+    } else if (state === "awaiting_draw") {
+      if (line && line.drawn) loadStanding(entry);
+      const waiting = line ? line.awaiting_draw : null;
+      text = "You are in the line. Places are drawn at random when the sale starts"
+        + (waiting ? " (" + waiting + " people so far)." : ".");
+    } else if (state === "waiting") {
+      const through = line ? Math.max(line.admitted_through, standing.admitted_through) : standing.admitted_through;
+      const ahead = Math.max(0, standing.ticket - through - 1);
+      if (standing.ticket <= through) loadStanding(entry);
+      text = "Your place: " + standing.ticket + ". " + (ahead === 0 ? "You are next."
+        : ahead + (ahead === 1 ? " person" : " people") + " ahead of you, about "
+          + fmtDuration(Math.ceil((ahead + 1) / Math.max(1, room.admit_per_s)) * 1000) + ".")
+        + (room.paused ? " The line is paused for now." : "");
+    } else if (state === "admitted") {
+      const left = standing.pass_until_ms - now;
+      if (left <= 0) loadStanding(entry);
+      text = "Your turn: buy within " + fmtDuration(Math.max(0, left)) + ".";
+    } else {
+      text = "Your turn in this line has passed.";
+    }
+    $(".room-line", el).textContent = text;
+    $(".join", el).hidden = !canJoin;
+    return { gated: state !== "admitted", pass: state === "admitted" ? standing.pass : null };
   }
 
   function card(sale) {
@@ -243,7 +322,9 @@ function storefront() {
       $(".pay", el).addEventListener("click", () => act(entry, "pay"));
       $(".cancel", el).addEventListener("click", () => act(entry, "cancel"));
       $(".refund", el).addEventListener("click", () => act(entry, "refund"));
-      entry = { el, sale, clicked: false, order: mine.get(sale.id) || null, busy: false };
+      $(".join", el).addEventListener("click", () => joinRoom(entry));
+      entry = { el, sale, clicked: false, order: mine.get(sale.id) || null, busy: false, room: null };
+      if (sale.waiting_room) loadStanding(entry);
       cards.set(sale.id, entry);
     }
     entry.sale = sale;
@@ -298,12 +379,17 @@ function storefront() {
           : "Ends in " + fmtDuration(sale.end_ms - now);
     const button = $(".buy", el);
     const holds = entry.order && entry.order.state !== "failed" && !entry.order.unit_returned;
+    const room = paintRoom(entry, now);
+    // Behind a room, Buy waits for the buyer's turn (the server refuses
+    // it before anyway).
+    const roomWaits = room.gated && !holds && status === "open";
     // After a 503 or a 429 the button waits as long as the server asked;
     // the countdown is on the button, not in the announced message.
     const waitMs = entry.retryAt ? entry.retryAt - Date.now() : 0;
-    button.disabled = entry.clicked || entry.busy || holds || status !== "open" || waitMs > 0;
+    button.disabled = entry.clicked || entry.busy || holds || status !== "open" || waitMs > 0 || roomWaits;
     button.textContent = status === "sold out" ? "Sold out" : holds ? "Bought"
-      : waitMs > 0 ? "Try again in " + Math.ceil(waitMs / 1000) + " s" : "Buy";
+      : waitMs > 0 ? "Try again in " + Math.ceil(waitMs / 1000) + " s"
+        : roomWaits ? "Buy (when your turn comes)" : "Buy";
     const order = $(".order", el);
     order.hidden = !entry.order;
     if (entry.order) {
@@ -337,15 +423,22 @@ function storefront() {
       return paint(entry, serverNow());
     }
     setMessage(outcome, "Buying…", null);
-    const answer = await api("POST", "/api/vouchers/" + entry.sale.id + "/seckill");
+    const pass = entry.room && entry.room.state === "admitted" ? entry.room.pass : null;
+    const headers = pass ? { "Room-Pass": pass } : {};
+    const answer = await api("POST", "/api/vouchers/" + entry.sale.id + "/seckill", { headers });
     const code = answer.body && answer.body.code;
     if (answer.status === 200) {
+      if (pass) loadStanding(entry);
       setMessage(outcome, "Accepted: your order is " + answer.body.state + ".", "ok");
       entry.order = { order_id: answer.body.order_id, state: answer.body.state };
       watchOrder(entry);
     } else if (answer.status === 409 && REFUSALS[code]) {
       setMessage(outcome, REFUSALS[code], "error");
       if (code === "already_bought" || code === "purchase_in_progress") loadOrder(entry);
+    } else if (answer.status === 403 && PASS_REFUSALS[code]) {
+      setMessage(outcome, PASS_REFUSALS[code], "error");
+      entry.clicked = false;
+      loadStanding(entry);
     } else if (answer.status === 429) {
       setMessage(outcome, "Too many requests at once: nothing was bought.", "error");
       entry.retryAt = Date.now() + retryAfterMs(answer);
