@@ -17,6 +17,7 @@
 //! while the sale's `room` flag is set.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -82,6 +83,8 @@ pub struct WaitingRooms {
     open: RwLock<HashMap<i64, RoomSale>>,
     /// The pass key as last read from Redis.
     key: RwLock<Option<PassKey>>,
+    /// When the key was last read again for a pass that did not verify.
+    key_reread_ms: AtomicI64,
 }
 
 impl WaitingRooms {
@@ -95,6 +98,7 @@ impl WaitingRooms {
             fast,
             open: RwLock::new(HashMap::new()),
             key: RwLock::new(None),
+            key_reread_ms: AtomicI64::new(i64::MIN / 2),
         }
     }
 
@@ -206,24 +210,51 @@ impl WaitingRooms {
         })
     }
 
-    /// The pass `signed`, if it lets `user` buy `voucher` now.
+    /// The pass `signed`, if it lets `user` buy `voucher` now, signed with
+    /// the deployment's current key: a pass that verifies with the key
+    /// this instance holds is checked against the key in Redis too (one
+    /// `GET`, for admitted people only), so that after Redis lost its data,
+    /// and with it the key, no pass signed before buys.
     ///
     /// # Errors
     /// [`Error::Pass`] saying what is wrong with it; [`Error::Redis`] if
     /// the key cannot be read.
     pub async fn check_pass(&self, signed: &str, voucher: i64, user: i64) -> Result<Pass> {
-        let key = self.key().await?;
-        match key.verify(signed, voucher, user, now_ms()) {
-            // Signed with a key this instance has not read yet (Redis
-            // made a new one after losing its data): read it again.
-            Err(PassError::Forged) => {
-                let fresh = self.read_key().await?;
-                fresh
+        let held = self.key().await?;
+        match held.verify(signed, voucher, user, now_ms()) {
+            Ok(pass) => {
+                let current = self.read_key().await?;
+                if current == held {
+                    Ok(pass)
+                } else {
+                    current
+                        .verify(signed, voucher, user, now_ms())
+                        .map_err(Error::Pass)
+                }
+            }
+            // Perhaps signed with a key made since this instance read its
+            // own (another instance made it after a data loss): read it
+            // again, at most once a second (forged passes cost no more).
+            Err(PassError::Forged) if self.may_reread() => {
+                let current = self.read_key().await?;
+                current
                     .verify(signed, voucher, user, now_ms())
                     .map_err(Error::Pass)
             }
-            other => other.map_err(Error::Pass),
+            Err(e) => Err(Error::Pass(e)),
         }
+    }
+
+    /// Whether a second has passed since the key was last read again for
+    /// a pass that did not verify (and if so, notes now).
+    fn may_reread(&self) -> bool {
+        let now = now_ms();
+        let last = self.key_reread_ms.load(Ordering::Relaxed);
+        now - last >= 1_000
+            && self
+                .key_reread_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Whether `voucher`'s sale has a room, as the database says (the

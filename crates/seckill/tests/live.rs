@@ -136,3 +136,61 @@ async fn open_streams_end_when_the_service_stops() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Room 11: a waiting room's line on the live figures costs Redis the
+/// same with 10 people waiting and with 10,000, and with one page open
+/// and with a hundred: a page works out its place from the line's figures,
+/// read once per tick for everyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rooms_line_costs_the_same_with_ten_or_ten_thousand_waiting() {
+    let redis = RedisServer::start();
+    let (service, dir) = service("room", &redis).await;
+    let http = reqwest::Client::new();
+    let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
+    let base = format!("http://{}", service.addr());
+    let begin = support::now_ms() - 1_000;
+    // One person a second: nearly everyone waits throughout.
+    let voucher = support::create_voucher_from(
+        &http,
+        &base,
+        &tokens,
+        serde_json::json!({"title": "Queued", "stock": 100_000, "begin_ms": begin,
+            "end_ms": begin + 3_600_000, "waiting_room": {"admit_per_s": 1}}),
+    )
+    .await;
+    let conn = seckill::store::connect(&redis.url()).await.unwrap();
+    let lines = seckill::store::RoomLines::new(seckill::store::Redis::new(conn, "seckill"));
+    let join = |users: std::ops::Range<i64>| {
+        let lines = &lines;
+        futures_util::future::try_join_all(users.map(move |u| lines.join(voucher, u, 0, begin)))
+    };
+    join(0..10).await.unwrap();
+    // Measured once the instance admits (it reads the open rooms each
+    // second): the draw made, someone admitted.
+    let admitting = testkit::eventually(Duration::from_secs(30), || async {
+        let line = lines.lines(&[voucher]).await.unwrap()[0];
+        line.drawn && line.admitted_through >= 1
+    })
+    .await;
+    assert!(admitting, "the room never admitted");
+    let window = Duration::from_secs(2);
+    let page = watcher(service.addr()).await;
+    let few = commands_over(&redis, window).await;
+    join(10..10_000).await.unwrap();
+    let crowd = commands_over(&redis, window).await;
+    let mut pages = vec![page];
+    for _ in 1..100 {
+        pages.push(watcher(service.addr()).await);
+    }
+    let watched = commands_over(&redis, window).await;
+    println!(
+        "figure: Redis commands in {window:?} with a room: {few} with 10 waiting and one page, {crowd} with 10,000 waiting, {watched} with 10,000 waiting and 100 pages"
+    );
+    assert!(
+        crowd <= 2 * few + 20 && watched <= 2 * few + 20,
+        "Redis commands in {window:?}: {few}, {crowd}, {watched}"
+    );
+    drop(pages);
+    service.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -600,7 +600,37 @@ async fn an_operator_creates_a_sale_and_watches_it_and_a_user_token_cannot_open_
         today.as_str().is_some_and(|d| window.starts_with(d)),
         "{window} (today: {today})"
     );
+    assert_eq!(
+        text(&console, &format!("{row} .room")).await.as_deref(),
+        Some("none")
+    );
+
+    // Room 10: the operator puts a waiting room in front of the sale from
+    // the console, pauses it and resumes it; the table shows each.
+    let sale = console.find(Locator::Css("#room-sale")).await.unwrap();
+    sale.send_keys(&id.to_string()).await.unwrap();
+    let rate = console.find(Locator::Css("#room-rate")).await.unwrap();
+    rate.clear().await.unwrap();
+    rate.send_keys("25").await.unwrap();
+    click(&console, "#room-set").await;
+    let room = until_text(&console, &format!("{row} .room"), |t| t.starts_with("25/s")).await;
+    assert!(room.is_some_and(|t| t.starts_with("25/s, 0 waiting")));
+    click(&console, "#room-pause").await;
+    let paused = until_text(&console, &format!("{row} .room"), |t| t.ends_with("paused")).await;
+    assert!(paused.is_some_and(|t| t.ends_with("paused")));
     screenshot(&console, "console.png").await;
+    click(&console, "#room-resume").await;
+    let resumed = until_text(&console, &format!("{row} .room"), |t| {
+        !t.ends_with("paused")
+    })
+    .await;
+    assert!(resumed.is_some_and(|t| t.starts_with("25/s")));
+    let answer = support::purchase(&shop.http, &shop.base, &shop.tokens, id, 3).await;
+    assert_eq!(
+        answer.status(),
+        403,
+        "behind the room a purchase needs a pass"
+    );
 
     console.close().await.unwrap();
     shop.stop().await;

@@ -1,8 +1,9 @@
 //! The waiting room (`docs/guarantees.md`, room 1-7; room 8 is in
-//! `pages.rs`): the draw at the
-//! opening is uniform and the line after it keeps arrival order, admission
-//! follows the rate and the cap, and a purchase in a sale with a room needs
-//! its buyer's own valid pass. Against a real redis-server and the service.
+//! `pages.rs`): the draw at the opening is uniform and the line after it
+//! keeps arrival order, admission follows the rate and the cap, a purchase
+//! in a sale with a room needs its buyer's own valid pass, and the line
+//! outlives instances and Redis restarts with its data. Against a real
+//! redis-server and the service.
 
 use seckill::testing as support;
 
@@ -27,6 +28,13 @@ const NOT_UNIFORM: f64 = 1e-6;
 async fn lines(redis: &RedisServer) -> RoomLines {
     let conn = connect(&redis.url()).await.unwrap();
     RoomLines::new(Redis::new(conn, "room-test"))
+}
+
+/// Puts `units` of voucher `voucher` on sale as far as admission looks
+/// (the stock in its hash).
+fn on_sale(redis: &RedisServer, voucher: i64, units: i64) {
+    let key = seckill::store::VoucherKeys::new("room-test", voucher).voucher;
+    redis.cli(&["HSET", &key, "stock", &units.to_string()]);
 }
 
 /// Waits until Redis' clock (the one the line is judged by) passes
@@ -165,14 +173,18 @@ async fn after_the_opening_the_line_keeps_arrival_order() {
 }
 
 /// Room 3: admission follows the set rate (within 10% over 3 s, called by
-/// two "instances" at once every 50 ms), and a cap holds admission until a
-/// place frees; a paused room admits nobody, and an admitted person whose
-/// time runs out is no longer admitted.
+/// two "instances" at once every 50 ms), never admits more people than
+/// there are units left for, and a cap holds admission until a place
+/// frees; a paused room admits nobody, and an admitted person whose time
+/// runs out is no longer admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_follows_the_rate_and_the_cap() {
     let redis = RedisServer::start();
     let lines = lines(&redis).await;
     let begin = support::now_ms();
+    for voucher in 1..=5 {
+        on_sale(&redis, voucher, 1_000);
+    }
     lines.draw(1, begin).await.unwrap();
     for user in 0..1_000 {
         lines.join(1, user, 0, begin).await.unwrap();
@@ -240,6 +252,23 @@ async fn admission_follows_the_rate_and_the_cap() {
     let later = lines.admit(4, &brief).await.unwrap();
     assert_eq!(later.active, 0);
     assert_eq!(lines.standing(4, 1).await.unwrap().pass_until_ms, None);
+
+    // Three units left: three admitted, however fast the rate; one buys
+    // (the stock falls as they leave): still nobody more; the others' time
+    // runs out: two more.
+    on_sale(&redis, 5, 3);
+    lines.draw(5, begin).await.unwrap();
+    for user in 0..10 {
+        lines.join(5, user, 0, begin).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(lines.admit(5, &brief).await.unwrap().admitted_through, 3);
+    on_sale(&redis, 5, 2);
+    lines.leave(5, 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(lines.admit(5, &brief).await.unwrap().admitted_through, 3);
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(lines.admit(5, &brief).await.unwrap().admitted_through, 5);
 }
 
 struct Shop {
@@ -348,12 +377,21 @@ impl Shop {
         (voucher, begin)
     }
 
-    /// Each of `people`'s ticket, once drawn.
+    /// Each of `people`'s ticket (asked again while Redis is coming back:
+    /// 503).
     async fn tickets(&self, voucher: i64, people: std::ops::RangeInclusive<i64>) -> Vec<Value> {
         let mut tickets = Vec::new();
         for user in people {
-            let (status, body) = self.room(voucher, user, false).await;
-            assert_eq!(status, StatusCode::OK, "{body}");
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            let body = loop {
+                let (status, body) = self.room(voucher, user, false).await;
+                if status == StatusCode::OK {
+                    break body;
+                }
+                assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+                assert!(std::time::Instant::now() < deadline, "{body}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
             tickets.push(body["ticket"].clone());
         }
         tickets

@@ -8,11 +8,16 @@
 //! check the sale's invariants against the answers and, when given, Redis
 //! and the database ([`checks`]); write `report.json` and three PNG charts
 //! ([`report`], [`charts`]).
+//!
+//! With `--crowd`, instead: people and bots at two sales of `--stock`
+//! units, one behind a waiting room and one not, and who bought the units
+//! ([`crowd`]); `crowd-report.json`.
 
 pub mod after_sale;
 pub mod ceiling;
 pub mod charts;
 pub mod checks;
+pub mod crowd;
 pub mod load;
 pub mod report;
 
@@ -114,6 +119,25 @@ pub struct BenchArgs {
     /// pay through; the money is then checked against its ledger.
     #[arg(long)]
     pub payments_ledger: Option<String>,
+    /// The crowd instead of the load: people and bots at a sale behind a
+    /// waiting room and at one without, and who bought the units.
+    #[arg(long)]
+    pub crowd: bool,
+    /// With --crowd: people (one account each, a person's pace).
+    #[arg(long, default_value_t = 10_000, requires = "crowd")]
+    pub people: u64,
+    /// With --crowd: bots (one account each, early, many requests).
+    #[arg(long, default_value_t = 100, requires = "crowd")]
+    pub bots: u64,
+    /// With --crowd: how many times a person's requests a bot sends.
+    #[arg(long, default_value_t = 20, requires = "crowd")]
+    pub bot_factor: u32,
+    /// With --crowd: the waiting room's admission rate (people a second).
+    #[arg(long, default_value_t = 200, requires = "crowd")]
+    pub admit_per_s: u32,
+    /// With --crowd: how long before each opening the crowd arrives.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s", requires = "crowd")]
+    pub lead: Duration,
 }
 
 impl BenchArgs {
@@ -194,6 +218,9 @@ impl BenchArgs {
 /// Bad options, an instance that does not answer, a setup that fails, a
 /// report that cannot be written.
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
+    if args.crowd {
+        return run_crowd(&args).await;
+    }
     let (arrival, until) = args.plan()?;
     let bases: Vec<String> = args
         .urls
@@ -471,6 +498,54 @@ pub async fn after_sale_run(
         differences,
         figures,
     }
+}
+
+/// `--crowd`: both sales, the table, `crowd-report.json`; passes when the
+/// bots' units behind the room are within five standard deviations of a
+/// fair draw (one in a few million by chance) and no answer was
+/// unexpected.
+async fn run_crowd(args: &BenchArgs) -> anyhow::Result<bool> {
+    let bases: Vec<String> = args
+        .urls
+        .iter()
+        .map(|u| u.trim_end_matches('/').to_owned())
+        .collect();
+    let tokens = Tokens::new(secrecy::ExposeSecret::expose_secret(&args.token_secret).as_bytes())?;
+    let http = reqwest::Client::builder().timeout(args.timeout).build()?;
+    let plan = crowd::CrowdPlan {
+        bases,
+        people: args.people,
+        bots: args.bots,
+        bot_factor: args.bot_factor,
+        units: args.stock,
+        admit_per_s: args.admit_per_s,
+        lead: args.lead,
+        deadline: args.lead + args.drain_timeout,
+    };
+    println!(
+        "crowd: {} people and {} bots ({}× a person's requests) at {} units, without a waiting room, then with one admitting {}/s",
+        plan.people, plan.bots, plan.bot_factor, plan.units, plan.admit_per_s
+    );
+    let report = crowd::run(&http, &tokens, &plan).await?;
+    print!("{}", crowd::table(&report));
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    std::fs::write(
+        args.out.join("crowd-report.json"),
+        serde_json::to_vec_pretty(&report)?,
+    )?;
+    let fair = report.with_room.z <= 5.0 && report.with_room.unexpected == 0;
+    println!(
+        "behind the room the bots bought {:.1}% of the units, {:.1}% of the crowd: {}",
+        100.0 * report.with_room.bot_share_of_units,
+        100.0 * report.with_room.bot_share_of_crowd,
+        if fair {
+            "within noise"
+        } else {
+            "NOT within noise"
+        }
+    );
+    Ok(fair)
 }
 
 fn describe(arrival: Arrival, until: Until) -> String {

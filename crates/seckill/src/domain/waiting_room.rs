@@ -214,9 +214,22 @@ pub enum PassError {
 }
 
 /// The key passes are signed with: shared by every instance of a
-/// deployment.
+/// deployment. Two keys are equal if made from the same secret (their
+/// digests are compared, never the secrets).
 #[derive(Clone)]
-pub struct PassKey(Hmac<Sha256>);
+pub struct PassKey {
+    mac: Hmac<Sha256>,
+    /// A digest of the secret, to tell keys apart without keeping it.
+    id: [u8; 32],
+}
+
+impl PartialEq for PassKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for PassKey {}
 
 impl std::fmt::Debug for PassKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -233,9 +246,10 @@ impl PassKey {
         if secret.is_empty() {
             return Err(Error::invalid("pass key", "must not be empty"));
         }
-        Hmac::<Sha256>::new_from_slice(secret)
-            .map(Self)
-            .map_err(|e| Error::invalid("pass key", e.to_string()))
+        let mac = Hmac::<Sha256>::new_from_slice(secret)
+            .map_err(|e| Error::invalid("pass key", e.to_string()))?;
+        let id = <Sha256 as sha2::Digest>::digest(secret).into();
+        Ok(Self { mac, id })
     }
 
     /// `pass` signed: `<payload>.<signature>`, both base64url.
@@ -244,7 +258,7 @@ impl PassKey {
             "1:{}:{}:{}:{}",
             pass.voucher, pass.user, pass.ticket, pass.expires_ms
         );
-        let mut mac = self.0.clone();
+        let mut mac = self.mac.clone();
         mac.update(payload.as_bytes());
         format!(
             "{}.{}",
@@ -266,7 +280,7 @@ impl PassKey {
         let signature = URL_SAFE_NO_PAD
             .decode(signature)
             .map_err(|_| PassError::Forged)?;
-        let mut mac = self.0.clone();
+        let mut mac = self.mac.clone();
         mac.update(&payload);
         mac.verify_slice(&signature)
             .map_err(|_| PassError::Forged)?;

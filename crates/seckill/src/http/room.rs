@@ -27,8 +27,9 @@ pub struct RoomView {
 #[derive(Debug, Serialize)]
 pub struct StandingView {
     voucher_id: i64,
-    /// `not_open`, `outside`, `awaiting_draw`, `waiting`, `admitted` or
-    /// `done` (bought, or the turn passed).
+    /// `not_open`, `outside`, `awaiting_draw`, `waiting`, `admitted`,
+    /// `done` (bought, or the turn passed) or `sold_out` (every unit is
+    /// bought while they wait: a unit given back reopens the line).
     state: &'static str,
     /// When joining opens (Unix ms).
     opens_ms: i64,
@@ -66,6 +67,10 @@ impl From<Seen> for StandingView {
             Place::Ticket(t) if t > line.admitted_through => ("waiting", Some(t)),
             Place::Ticket(t) if seen.pass.is_some() => ("admitted", Some(t)),
             Place::Ticket(t) => ("done", Some(t)),
+        };
+        let (state, ticket) = match (state, seen.standing.stock_left) {
+            ("outside" | "awaiting_draw" | "waiting", Some(0)) => ("sold_out", ticket),
+            other => (other.0, ticket),
         };
         let ahead = (state == "waiting")
             .then(|| ticket.map(|t| t - line.admitted_through - 1))

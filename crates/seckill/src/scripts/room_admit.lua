@@ -1,12 +1,15 @@
 -- Admission: people from the head of the line, at the room's rate, as many
--- as the time since the last admission allows. Every instance calls it
--- every tick: what is due is computed from the clock, so calls from many
--- instances admit no more than one would.
+-- as the time since the last admission allows, and never more than there
+-- are units left for: each admitted person not done yet has a unit to buy,
+-- so the line sells in its order, however often each person looks. Every
+-- instance calls it every tick: what is due is computed from the clock, so
+-- calls from many instances admit no more than one would.
 --
 -- KEYS[1]  room hash: drawn, head (last ticket admitted), tail (last ticket
 --          issued), last_ms (the last admission's time), carry (admissions
 --          due but not whole yet, in thousandths)
 -- KEYS[2]  active sorted set: ticket -> when its pass runs out (Unix ms)
+-- KEYS[3]  the voucher's hash: its live stock
 -- ARGV[1]  people per second
 -- ARGV[2]  people admitted and not done at most (0: no cap)
 -- ARGV[3]  '1' paused
@@ -38,14 +41,19 @@ local cap = tonumber(ARGV[2])
 if cap > 0 then
   n = math.max(0, math.min(n, cap - active))
 end
+-- Units left for those admitted now: the stock less the admitted people
+-- who have not bought yet (a buyer leaves the active set as they buy).
+local units = tonumber(redis.call('hget', KEYS[3], 'stock') or '0') - active
+n = math.max(0, math.min(n, units))
 credit = credit - n * 1000
 local deadline = now + tonumber(ARGV[4])
 for ticket = head + 1, head + n do
   redis.call('zadd', KEYS[2], deadline, ticket)
 end
 head = head + n
-if head == tail or (cap > 0 and active + n >= cap) then
-  -- Nobody waiting, or the room is full: nothing is owed for the time.
+if head == tail or (cap > 0 and active + n >= cap) or n >= units then
+  -- Nobody waiting, the room full, or every unit spoken for: nothing is
+  -- owed for the time.
   credit = 0
 end
 redis.call('hset', KEYS[1], 'head', head, 'last_ms', now, 'carry', credit)

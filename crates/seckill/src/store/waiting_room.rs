@@ -31,6 +31,8 @@ pub struct Standing {
     /// clock); `None` if not admitted, or no longer (bought, or the time
     /// ran out).
     pub pass_until_ms: Option<i64>,
+    /// Units left to sell (`None`: the sale is not in Redis).
+    pub stock_left: Option<i64>,
 }
 
 /// A line's figures: what every person in it needs to see where they
@@ -134,13 +136,14 @@ impl RoomLines {
     /// [`Error::Redis`] if Redis fails.
     pub async fn standing(&self, voucher: i64, user: i64) -> Result<Standing> {
         let keys = self.redis.voucher(voucher);
-        type Reply = (i64, i64, i64, i64, i64, i64);
-        let (place, head, tail, awaiting, deadline, drawn): Reply = STATUS
+        type Reply = (i64, i64, i64, i64, i64, i64, i64);
+        let (place, head, tail, awaiting, deadline, drawn, stock): Reply = STATUS
             .key(&keys.room)
             .key(&keys.room_early)
             .key(&keys.room_late)
             .key(&keys.room_ticket)
             .key(&keys.room_active)
+            .key(&keys.voucher)
             .arg(user)
             .invoke_async(&mut self.redis.conn())
             .await?;
@@ -157,6 +160,7 @@ impl RoomLines {
                 awaiting_draw: ticket(awaiting)?,
             },
             pass_until_ms: (deadline >= 0).then_some(deadline),
+            stock_left: (stock >= 0).then_some(stock),
         })
     }
 
@@ -203,7 +207,8 @@ impl RoomLines {
 
     /// Admits from the head of `voucher`'s line what `room`'s rate allows
     /// since the last admission (by anyone: every instance may call it
-    /// every tick).
+    /// every tick), and no more than the sale has units left for: each
+    /// admitted person not done has a unit to buy.
     ///
     /// # Errors
     /// [`Error::Redis`] if Redis fails.
@@ -212,6 +217,7 @@ impl RoomLines {
         let (now, head, tail, active, drawn): (i64, i64, i64, i64, i64) = ADMIT
             .key(&keys.room)
             .key(&keys.room_active)
+            .key(&keys.voucher)
             .arg(room.admit_per_s)
             .arg(room.max_active.unwrap_or(0))
             .arg(if room.paused { "1" } else { "0" })

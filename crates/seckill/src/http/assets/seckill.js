@@ -305,6 +305,8 @@ function storefront() {
       const left = standing.pass_until_ms - now;
       if (left <= 0) loadStanding(entry);
       text = "Your turn: buy within " + fmtDuration(Math.max(0, left)) + ".";
+    } else if (state === "sold_out") {
+      text = "Sold out while you waited: if a unit comes back, the line moves again.";
     } else {
       text = "Your turn in this line has passed.";
     }
@@ -583,9 +585,14 @@ function consolePage() {
       const tr = document.createElement("tr");
       tr.dataset.id = sale.id;
       const price = sale.price_minor === 0 ? "Free" : fmtMoney(sale.price_minor, sale.currency, sale.currency_exponent);
+      const room = sale.waiting_room;
+      const line = room && room.line;
+      const waiting = line ? line.last_ticket - line.admitted_through + line.awaiting_draw : 0;
+      const roomText = !room ? "none" : room.admit_per_s + "/s, " + waiting + " waiting"
+        + (line ? ", " + line.admitted_through + " admitted" : "") + (room.paused ? ", paused" : "");
       const cells = [sale.id, sale.title, price, sale.stock_left, saleStatus(sale, now),
-        fmtWindow(sale.begin_ms, sale.end_ms)];
-      const classes = ["id", "title", "price", "stock-left", "status", "window"];
+        fmtWindow(sale.begin_ms, sale.end_ms), roomText];
+      const classes = ["id", "title", "price", "stock-left", "status", "window", "room"];
       cells.forEach((text, i) => {
         const td = document.createElement("td");
         td.className = classes[i];
@@ -601,7 +608,7 @@ function consolePage() {
   const FORM_FIELDS = {
     title: "#new-title", stock: "#new-stock", begin_ms: "#new-starts-in", end_ms: "#new-lasts",
     pay_within_ms: "#new-pay-within", price_minor: "#new-price", face_value_minor: "#new-face-value",
-    currency: "#new-currency",
+    currency: "#new-currency", admit_per_s: "#new-room-rate",
   };
   const clearRefusal = () => {
     for (const input of document.querySelectorAll("#create-form [aria-invalid]")) input.removeAttribute("aria-invalid");
@@ -624,6 +631,7 @@ function consolePage() {
     };
     if ($("#new-face-value").value !== "") body.face_value_minor = Number($("#new-face-value").value);
     if ($("#new-currency").value !== "") body.currency = $("#new-currency").value;
+    if ($("#new-room-rate").value !== "") body.waiting_room = { admit_per_s: Number($("#new-room-rate").value) };
     const answer = await api("POST", "/api/vouchers", { body });
     if (answer.status === 201) {
       setMessage($("#created"), "Created sale " + answer.body.id + ".", "ok");
@@ -639,6 +647,35 @@ function consolePage() {
       }
     }
   });
+
+  // A sale's waiting room: set (with the rate given), paused, resumed or
+  // removed; the other settings are kept as the live figures show them.
+  async function room(action) {
+    const id = Number($("#room-sale").value);
+    const sale = latest.find((s) => s.id === id);
+    const current = sale && sale.waiting_room;
+    const path = "/api/vouchers/" + id + "/room";
+    let answer;
+    if (action === "remove") {
+      answer = await api("DELETE", path);
+    } else {
+      const settings = current
+        ? { admit_per_s: current.admit_per_s, opens_before_ms: current.opens_before_ms, pass_ttl_ms: current.pass_ttl_ms, paused: current.paused }
+        : { admit_per_s: Number($("#room-rate").value) };
+      if (current && current.max_active !== null && current.max_active !== undefined) settings.max_active = current.max_active;
+      if (action === "set") settings.admit_per_s = Number($("#room-rate").value);
+      if (action === "pause") settings.paused = true;
+      if (action === "resume") settings.paused = false;
+      answer = await api("PUT", path, { body: settings });
+    }
+    const done = { set: "Waiting room set.", pause: "Admission paused.", resume: "Admission resumed.", remove: "Waiting room removed." };
+    if (answer.status === 200 || answer.status === 204) setMessage($("#room-message"), done[action], "ok");
+    else setMessage($("#room-message"), (answer.body && answer.body.message) || "not done (" + answer.status + ")", "error");
+  }
+  $("#room-form").addEventListener("submit", (e) => { e.preventDefault(); room("set"); });
+  $("#room-pause").addEventListener("click", () => room("pause"));
+  $("#room-resume").addEventListener("click", () => room("resume"));
+  $("#room-remove").addEventListener("click", () => room("remove"));
 
   setUpSignIn(start);
   start();
