@@ -17,6 +17,12 @@
 //! | `pause-redis` | Redis frozen (SIGSTOP) for 2 s |
 //! | `order-life` | nothing during the load; then the buyer model (a share pays, a share cancels, the rest let a 2 s deadline pass; of those who pay, a share has it refunded and a share redeems it; units sold again) while an instance is killed, Redis and the database restarted |
 //!
+//! Then a waiting-room phase ([`room`]): 200 people join a sale's room
+//! before it opens and each tries to buy without a pass; after the draw an
+//! instance is killed and Redis restarted on its data; every ticket must
+//! be as it was, no purchase without a pass may have been accepted, and
+//! the line then sells out with passes.
+//!
 //! The instances pay through `seckill-tools payments`, which confirms each
 //! charge and refund by a signed callback, up to 0.4 s late, out of order,
 //! 30% of them twice and 5% beside a forged copy, delivered again to the
@@ -39,6 +45,8 @@ use anyhow::Context;
 use serde::Serialize;
 
 use seckill::auth::{Principal, Tokens};
+
+mod room;
 
 use crate::bench::checks::{self, Sale, Stores};
 use crate::bench::load::{self, Arrival, Plan, Progress, Record, Until};
@@ -558,7 +566,12 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
         rows.push(row);
     }
     print_table(&rows);
-    let clean = rows.iter().all(Row::clean);
+    let room = room::run(&mut deployment, &http, &tokens).await?;
+    println!(
+        "waiting room: {} people ticketed, {} places lost after {}; {} purchases without a pass sent, {} accepted; {} units bought with a pass",
+        room.ticketed, room.lost_places, room.struck, room.passless_sent, room.passless_accepted, room.bought
+    );
+    let clean = rows.iter().all(Row::clean) && room.clean();
     let path = args.out.join("chaos-report.json");
     std::fs::write(
         &path,
@@ -568,6 +581,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
             "database": format!("{:?}", args.database),
             "phase_s": phase_len.as_secs_f64(),
             "phases": rows,
+            "waiting_room": room,
             "clean": clean,
         }))?,
     )

@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -370,20 +369,7 @@ async fn create_sale(
             "opens_before_ms": plan.lead.as_millis() as u64 + 60_000,
         });
     }
-    let response = http
-        .post(format!("{base}/api/vouchers"))
-        .bearer_auth(tokens.mint(Principal::Admin, Duration::from_secs(600)))
-        .json(&body)
-        .send()
-        .await
-        .context("creating the crowd's sale")?;
-    let status = response.status();
-    let body: Value = response.json().await.unwrap_or(Value::Null);
-    anyhow::ensure!(
-        status.is_success(),
-        "creating the crowd's sale: HTTP {status}: {body}"
-    );
-    body["id"].as_i64().context("the voucher answer has no id")
+    super::create_voucher_from(http, base, tokens, &body).await
 }
 
 /// The report as a table, for people.

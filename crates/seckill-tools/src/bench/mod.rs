@@ -606,10 +606,24 @@ pub async fn create_voucher_at(
     if let Some(window) = pay_within {
         body["pay_within_ms"] = json!(window.as_millis() as u64);
     }
+    create_voucher_from(http, base, tokens, &body).await
+}
+
+/// Creates the voucher `body` describes (`POST /api/vouchers`, as an
+/// operator); its id.
+///
+/// # Errors
+/// If the service refuses or cannot be reached.
+pub async fn create_voucher_from(
+    http: &reqwest::Client,
+    base: &str,
+    tokens: &Tokens,
+    body: &Value,
+) -> anyhow::Result<i64> {
     let response = http
         .post(format!("{base}/api/vouchers"))
         .bearer_auth(tokens.mint(Principal::Admin, Duration::from_secs(600)))
-        .json(&body)
+        .json(body)
         .send()
         .await
         .context("creating the voucher")?;

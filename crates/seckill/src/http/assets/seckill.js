@@ -280,7 +280,9 @@ function storefront() {
     if (!room) return { gated: false };
     const line = room.line || null;
     const standing = entry.room;
-    const state = standing ? standing.state : "outside";
+    let state = standing ? standing.state : "outside";
+    // Sold out reaches everyone in line with the live figures, at once.
+    if (sale.stock_left <= 0 && ["awaiting_draw", "waiting"].includes(state)) state = "sold_out";
     let text;
     let canJoin = false;
     if (state === "outside" || state === "not_open") {
