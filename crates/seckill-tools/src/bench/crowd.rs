@@ -73,6 +73,9 @@ pub struct Outcome {
     /// Answers that were neither a purchase nor a refusal the model
     /// expects (errors, lost answers).
     pub unexpected: u64,
+    /// People whose join reached the room only after the draw (queued
+    /// behind everyone drawn: a join slowed or refused past the opening).
+    pub people_joined_late: u64,
 }
 
 impl Outcome {
@@ -114,6 +117,7 @@ struct Tally {
     people_requests: AtomicU64,
     bot_requests: AtomicU64,
     unexpected: AtomicU64,
+    joined_late: AtomicU64,
     sold_out: AtomicBool,
 }
 
@@ -142,6 +146,7 @@ impl Tally {
             people_requests: self.people_requests.load(Ordering::Relaxed),
             bot_requests: self.bot_requests.load(Ordering::Relaxed),
             unexpected: self.unexpected.load(Ordering::Relaxed),
+            people_joined_late: self.joined_late.load(Ordering::Relaxed),
             ..Outcome::default()
         };
         outcome.finish(plan.people + plan.bots, plan.bots);
@@ -302,8 +307,15 @@ async fn person_in_room(actor: &Actor, until_opening: Duration) {
     ))
     .await;
     let mut standing = actor.room(true).await;
+    let mut joined = false;
     loop {
         let (state, pass) = look(standing.as_ref());
+        if !joined && state.is_some_and(|s| s != "outside" && s != "not_open") {
+            joined = true;
+            if state != Some("awaiting_draw") {
+                actor.tally.joined_late.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         if let (Some("admitted"), Some(pass)) = (state, pass) {
             if actor.buy(Some(pass)).await {
                 return;

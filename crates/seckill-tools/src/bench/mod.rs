@@ -141,6 +141,21 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// The instances' base URLs, without a trailing slash.
+    fn bases(&self) -> Vec<String> {
+        self.urls
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_owned())
+            .collect()
+    }
+
+    /// Tokens minted with the services' secret.
+    fn tokens(&self) -> anyhow::Result<Tokens> {
+        Ok(Tokens::new(
+            secrecy::ExposeSecret::expose_secret(&self.token_secret).as_bytes(),
+        )?)
+    }
+
     /// The buyer model, if one of its shares is given.
     fn buyer_model(&self) -> anyhow::Result<Option<after_sale::BuyerModel>> {
         if self.pay_share.is_none() && self.cancel_share.is_none() {
@@ -222,12 +237,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         return run_crowd(&args).await;
     }
     let (arrival, until) = args.plan()?;
-    let bases: Vec<String> = args
-        .urls
-        .iter()
-        .map(|u| u.trim_end_matches('/').to_owned())
-        .collect();
-    let tokens = Tokens::new(secrecy::ExposeSecret::expose_secret(&args.token_secret).as_bytes())?;
+    let bases = args.bases();
+    let tokens = args.tokens()?;
     let http = reqwest::Client::builder()
         .timeout(args.timeout)
         .pool_max_idle_per_host(match arrival {
@@ -505,12 +516,8 @@ pub async fn after_sale_run(
 /// fair draw (one in a few million by chance) and no answer was
 /// unexpected.
 async fn run_crowd(args: &BenchArgs) -> anyhow::Result<bool> {
-    let bases: Vec<String> = args
-        .urls
-        .iter()
-        .map(|u| u.trim_end_matches('/').to_owned())
-        .collect();
-    let tokens = Tokens::new(secrecy::ExposeSecret::expose_secret(&args.token_secret).as_bytes())?;
+    let bases = args.bases();
+    let tokens = args.tokens()?;
     let http = reqwest::Client::builder().timeout(args.timeout).build()?;
     let plan = crowd::CrowdPlan {
         bases,
@@ -528,6 +535,12 @@ async fn run_crowd(args: &BenchArgs) -> anyhow::Result<bool> {
     );
     let report = crowd::run(&http, &tokens, &plan).await?;
     print!("{}", crowd::table(&report));
+    println!(
+        "people whose join reached the room after the draw: {}; answers not expected: {} without the room, {} with it",
+        report.with_room.people_joined_late,
+        report.without_room.unexpected,
+        report.with_room.unexpected
+    );
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     std::fs::write(

@@ -58,7 +58,22 @@ struct Crowd<'a> {
     next: AtomicU64,
 }
 
-impl Crowd<'_> {
+impl<'a> Crowd<'a> {
+    fn new(
+        http: &'a reqwest::Client,
+        deployment: &'a Deployment,
+        tokens: &'a Tokens,
+        voucher: i64,
+    ) -> Self {
+        Self {
+            http,
+            deployment,
+            tokens,
+            voucher,
+            next: AtomicU64::new(0),
+        }
+    }
+
     fn base(&self) -> String {
         let i = self.next.fetch_add(1, Ordering::Relaxed) as usize;
         self.deployment.base(i % self.deployment.instances.len())
@@ -127,13 +142,7 @@ pub async fn run(
     let people: Vec<i64> = (FIRST_USER..FIRST_USER + PEOPLE).collect();
     let mut seen = RoomPhase::default();
     let tickets = {
-        let crowd = Crowd {
-            http,
-            deployment,
-            tokens,
-            voucher,
-            next: AtomicU64::new(0),
-        };
+        let crowd = Crowd::new(http, deployment, tokens, voucher);
         // Everyone joins before the start, and tries once to buy without a
         // pass.
         let passless = AtomicU64::new(0);
@@ -162,13 +171,7 @@ pub async fn run(
         struck.push(deployment.strike(fault, phase).await?);
     }
     seen.struck = struck.join("; ");
-    let crowd = Crowd {
-        http,
-        deployment,
-        tokens,
-        voucher,
-        next: AtomicU64::new(0),
-    };
+    let crowd = Crowd::new(http, deployment, tokens, voucher);
     let after = tickets_of(&crowd, &people).await;
     seen.lost_places = people
         .iter()
