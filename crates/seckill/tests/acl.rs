@@ -1,7 +1,7 @@
 //! The service as a Redis user with only the rules
 //! `seckill::store::acl_rules` gives (`docs/guarantees.md`, service 20):
 //! it sells, stores, takes payments and cancellations, expires orders,
-//! and repairs a sale after Redis lost it.
+//! repairs a sale after Redis lost it, and runs a sale's waiting room.
 
 use seckill::testing as support;
 
@@ -97,6 +97,43 @@ async fn the_service_runs_as_a_user_with_only_the_documented_rules() {
     assert!(resumed, "purchases never resumed after the restart");
     let buyers: HashSet<i64> = db.order_users(voucher).await.unwrap().into_iter().collect();
     assert!(buyers.contains(&1), "the paying buyer lost");
+
+    // A sale behind a waiting room: joined, drawn, admitted, bought with
+    // the pass.
+    let begin = support::now_ms() + 1_000;
+    let roomed = support::create_voucher_from(
+        &http,
+        &base,
+        &tokens,
+        serde_json::json!({
+            "title": "ACL room", "stock": 5, "begin_ms": begin, "end_ms": begin + 3_600_000,
+            "waiting_room": {"admit_per_s": 100, "opens_before_ms": 60_000}
+        }),
+    )
+    .await;
+    let room = |join: bool| {
+        let url = format!("{base}/api/vouchers/{roomed}/room");
+        let request = if join { http.post(url) } else { http.get(url) };
+        let request = request.bearer_auth(tokens.mint(Principal::User(7), Duration::from_secs(60)));
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    assert_eq!(room(true).await["state"], "awaiting_draw");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let pass = loop {
+        if let Some(pass) = room(false).await["pass"].as_str() {
+            break pass.to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "never admitted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let bought = http
+        .post(format!("{base}/api/vouchers/{roomed}/seckill"))
+        .bearer_auth(tokens.mint(Principal::User(7), Duration::from_secs(60)))
+        .header("Room-Pass", pass)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bought.status(), StatusCode::OK);
     service.stop().await.unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
