@@ -76,6 +76,8 @@ pub struct Outcome {
     /// People whose join reached the room only after the draw (queued
     /// behind everyone drawn: a join slowed or refused past the opening).
     pub people_joined_late: u64,
+    /// The first few unexpected answers, for people.
+    pub unexpected_samples: Vec<String>,
 }
 
 impl Outcome {
@@ -118,6 +120,7 @@ struct Tally {
     bot_requests: AtomicU64,
     unexpected: AtomicU64,
     joined_late: AtomicU64,
+    samples: std::sync::Mutex<Vec<String>>,
     sold_out: AtomicBool,
 }
 
@@ -138,6 +141,15 @@ impl Tally {
         }
     }
 
+    /// Counts an answer the model does not expect, keeping the first few.
+    fn unexpected(&self, what: String) {
+        self.unexpected.fetch_add(1, Ordering::Relaxed);
+        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        if samples.len() < 5 {
+            samples.push(what);
+        }
+    }
+
     fn outcome(&self, waiting_room: bool, plan: &CrowdPlan) -> Outcome {
         let mut outcome = Outcome {
             waiting_room,
@@ -147,6 +159,7 @@ impl Tally {
             bot_requests: self.bot_requests.load(Ordering::Relaxed),
             unexpected: self.unexpected.load(Ordering::Relaxed),
             people_joined_late: self.joined_late.load(Ordering::Relaxed),
+            unexpected_samples: self.samples.lock().map(|s| s.clone()).unwrap_or_default(),
             ..Outcome::default()
         };
         outcome.finish(plan.people + plan.bots, plan.bots);
@@ -165,11 +178,19 @@ struct Actor {
 }
 
 impl Actor {
+    /// `(status, body)`; `None` (counted as unexpected) if no answer came.
     async fn send(&self, request: reqwest::RequestBuilder) -> Option<(u16, Value)> {
         self.tally.request(self.bot);
-        let response = request.bearer_auth(&self.token).send().await.ok()?;
-        let status = response.status().as_u16();
-        Some((status, response.json().await.unwrap_or(Value::Null)))
+        match request.bearer_auth(&self.token).send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                Some((status, response.json().await.unwrap_or(Value::Null)))
+            }
+            Err(e) => {
+                self.tally.unexpected(format!("no answer: {e}"));
+                None
+            }
+        }
     }
 
     /// One purchase (with `pass` if given); whether it bought, and whether
@@ -194,10 +215,10 @@ impl Actor {
             Some((409, body)) if body["code"] == "already_bought" => true,
             // Refusals the model expects: a bot's purchase without a pass
             // or before the opening, rate limits and outages (asked again
-            // by the caller).
-            Some((403 | 409 | 429 | 503, _)) => false,
-            _ => {
-                self.tally.unexpected.fetch_add(1, Ordering::Relaxed);
+            // by the caller); a lost answer is counted where it is lost.
+            Some((403 | 409 | 429 | 503, _)) | None => false,
+            Some((status, body)) => {
+                self.tally.unexpected(format!("purchase: {status} {body}"));
                 false
             }
         }
@@ -212,9 +233,9 @@ impl Actor {
         };
         match self.send(request).await {
             Some((200, body)) => Some(body),
-            Some((429 | 503, _)) => None,
-            _ => {
-                self.tally.unexpected.fetch_add(1, Ordering::Relaxed);
+            Some((429 | 503, _)) | None => None,
+            Some((status, body)) => {
+                self.tally.unexpected(format!("room: {status} {body}"));
                 None
             }
         }

