@@ -139,8 +139,8 @@ async fn open_streams_end_when_the_service_stops() {
 
 /// Room 11: a waiting room's line on the live figures costs Redis the
 /// same with 10 people waiting and with 10,000, and with one page open
-/// and with a hundred: a page works out its place from the line's figures,
-/// read once per tick for everyone.
+/// and with a thousand: a page works out its place from the line's
+/// figures, read once per tick for everyone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rooms_line_costs_the_same_with_ten_or_ten_thousand_waiting() {
     let redis = RedisServer::start();
@@ -179,12 +179,12 @@ async fn a_rooms_line_costs_the_same_with_ten_or_ten_thousand_waiting() {
     join(10..10_000).await.unwrap();
     let crowd = commands_over(&redis, window).await;
     let mut pages = vec![page];
-    for _ in 1..100 {
+    for _ in 1..1_000 {
         pages.push(watcher(service.addr()).await);
     }
     let watched = commands_over(&redis, window).await;
     println!(
-        "figure: Redis commands in {window:?} with a room: {few} with 10 waiting and one page, {crowd} with 10,000 waiting, {watched} with 10,000 waiting and 100 pages"
+        "figure: Redis commands in {window:?} with a room: {few} with 10 waiting and one page, {crowd} with 10,000 waiting, {watched} with 10,000 waiting and 1,000 pages"
     );
     assert!(
         crowd <= 2 * few + 20 && watched <= 2 * few + 20,

@@ -439,7 +439,8 @@ async fn a_restarted_instance_or_redis_with_its_data_keeps_every_place() {
     shop.stop().await;
 }
 
-/// Room 7: Redis restarted without its data loses the line, and with it
+/// Room 7: Redis down is a 503 in the room's routes too; Redis restarted
+/// without its data loses the line, and with it
 /// the key passes were signed with: a pass issued before is refused
 /// (`pass_invalid`), and the sale, restored from the database, still
 /// needs a pass; people join again and buy with new passes.
@@ -449,6 +450,16 @@ async fn after_redis_lost_its_data_no_earlier_pass_buys() {
     let (voucher, begin) = shop.sale_with_room(1_000, 1..=2).await;
     until(begin).await;
     let pass = shop.pass(voucher, 1).await;
+    // Redis down: the room's routes answer 503, as every route does.
+    shop._redis.kill();
+    for join in [true, false] {
+        let (status, body) = shop.room(voucher, 1, join).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")),
+            "{body}"
+        );
+    }
     shop._redis.restart(); // no persistence: every key is gone
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
