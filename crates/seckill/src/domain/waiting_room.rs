@@ -193,12 +193,10 @@ pub struct Pass {
     pub expires_ms: i64,
 }
 
-/// Why a pass does not let its bearer buy.
+/// Why a pass does not let its bearer buy (a purchase without one, in a
+/// sale with a room, is [`Refusal::PassRequired`](crate::domain::purchase::Refusal::PassRequired)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PassError {
-    /// The room is on and no pass came with the purchase.
-    #[error("this sale has a waiting room: join it and buy with the pass it gives when admitted")]
-    Missing,
     /// Not a pass this service signed (or one altered).
     #[error("the pass is not one this service issued")]
     Forged,

@@ -299,7 +299,6 @@ impl IntoResponse for ApiError {
             ApiError::Pass(why) => {
                 use crate::domain::waiting_room::PassError;
                 let code = match why {
-                    PassError::Missing => "pass_required",
                     PassError::Forged => "pass_invalid",
                     PassError::Expired => "pass_expired",
                     PassError::NotYours => "pass_not_yours",

@@ -83,6 +83,32 @@ pub enum Draw {
 }
 
 /// The lines of every sale's waiting room.
+///
+/// ```
+/// # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+/// # async fn main() -> Result<(), seckill::Error> {
+/// use seckill::domain::waiting_room::{Place, RoomSettings};
+/// use seckill::store::{connect, Draw, Redis, RoomLines};
+///
+/// let server = testkit::RedisServer::start(); // any Redis URL works
+/// let redis = Redis::new(connect(&server.url()).await?, "shop");
+/// let lines = RoomLines::new(redis);
+/// // Sale 7 starts now; 42 joins just before, 43 after the draw.
+/// let begin = std::time::SystemTime::now()
+///     .duration_since(std::time::UNIX_EPOCH)
+///     .unwrap()
+///     .as_millis() as i64
+///     + 1_000;
+/// assert_eq!(lines.join(7, 42, 0, begin).await?, Place::AwaitingDraw);
+/// tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+/// assert_eq!(lines.draw(7, begin).await?, Draw::Drawn(1));
+/// assert_eq!(lines.join(7, 43, 0, begin).await?, Place::Ticket(2));
+/// // Admission needs units on sale: none here, so nobody is admitted.
+/// let admitted = lines.admit(7, &RoomSettings::new(100)?).await?;
+/// assert_eq!(admitted.admitted_through, 0);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct RoomLines {
     redis: Redis,
