@@ -68,7 +68,7 @@ pub enum Error {
     EventTooEarly,
     /// A waiting-room pass that does not let its bearer buy.
     #[error(transparent)]
-    Pass(#[from] crate::domain::waiting_room::PassError),
+    Pass(#[from] PassError),
 }
 
 /// Why a payment provider did not charge, void or refund.
@@ -82,6 +82,24 @@ pub enum PaymentError {
     /// unknown; ask again with the same key.
     #[error("payment provider unavailable: {0}")]
     Unavailable(String),
+}
+
+/// Why a pass does not let its bearer buy (a purchase without one, in a
+/// sale with a room, is [`Refusal::PassRequired`](crate::domain::purchase::Refusal::PassRequired)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PassError {
+    /// Not a pass this service signed (or one altered).
+    #[error("the pass is not one this service issued")]
+    Forged,
+    /// Its time is up.
+    #[error("the pass ran out: the turn it gave has passed")]
+    Expired,
+    /// Issued to another person.
+    #[error("the pass was issued to someone else")]
+    NotYours,
+    /// Issued for another sale.
+    #[error("the pass is for another sale")]
+    OtherSale,
 }
 
 impl Error {

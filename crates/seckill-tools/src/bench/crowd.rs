@@ -402,7 +402,7 @@ async fn create_sale(
             "opens_before_ms": plan.lead.as_millis() as u64 + 60_000,
         });
     }
-    super::create_voucher_from(http, base, tokens, &body).await
+    super::setup::create_voucher_from(http, base, tokens, &body).await
 }
 
 /// The report as a table, for people.

@@ -15,6 +15,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+pub use crate::error::PassError;
 use crate::error::{Error, Result};
 
 /// Admissions per second a room takes at most (a room faster than this
@@ -191,24 +192,6 @@ pub struct Pass {
     pub ticket: u64,
     /// When it runs out (Unix ms, the Redis server's clock).
     pub expires_ms: i64,
-}
-
-/// Why a pass does not let its bearer buy (a purchase without one, in a
-/// sale with a room, is [`Refusal::PassRequired`](crate::domain::purchase::Refusal::PassRequired)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum PassError {
-    /// Not a pass this service signed (or one altered).
-    #[error("the pass is not one this service issued")]
-    Forged,
-    /// Its time is up.
-    #[error("the pass ran out: the turn it gave has passed")]
-    Expired,
-    /// Issued to another person.
-    #[error("the pass was issued to someone else")]
-    NotYours,
-    /// Issued for another sale.
-    #[error("the pass is for another sale")]
-    OtherSale,
 }
 
 /// The key passes are signed with: shared by every instance of a
