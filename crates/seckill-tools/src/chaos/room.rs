@@ -158,8 +158,16 @@ pub async fn run(
         joined.await;
         seen.passless_sent += PEOPLE as u64;
         seen.passless_accepted += passless.load(Ordering::Relaxed);
-        tokio::time::sleep_until(tokio::time::Instant::now() + Duration::from_secs(4)).await;
-        tickets_of(&crowd, &people).await
+        // The draw at the start: everyone has a ticket (or the minute ran
+        // out, and the report says how many have).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let tickets = tickets_of(&crowd, &people).await;
+            if tickets.values().all(Option::is_some) || Instant::now() >= deadline {
+                break tickets;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     };
     seen.ticketed = tickets.values().filter(|t| t.is_some()).count() as u64;
     // The faults, while the line moves.
