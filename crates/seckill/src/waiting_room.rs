@@ -90,7 +90,8 @@ pub struct WaitingRooms {
 impl WaitingRooms {
     /// Rooms whose lines are in `lines`, settings in `db`; `fast` is the
     /// fast path whose sales get the room flag (`None` on the locked path,
-    /// which reads the room from the database at each purchase).
+    /// which reads the room from the database at each purchase:
+    /// `SyncPath::purchase_with_pass`).
     pub fn new(lines: RoomLines, db: Database, fast: Option<Arc<FastPath>>) -> Self {
         Self {
             lines,
@@ -255,19 +256,6 @@ impl WaitingRooms {
                 .key_reread_ms
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
-    }
-
-    /// Whether `voucher`'s sale has a room, as the database says (the
-    /// locked path's gate).
-    ///
-    /// # Errors
-    /// [`Error::Database`] if the database fails.
-    pub async fn has_room(&self, voucher: i64) -> Result<bool> {
-        Ok(self
-            .db
-            .voucher_window(voucher)
-            .await?
-            .is_some_and(|w| w.room))
     }
 
     /// `pass`'s holder bought: their place no longer counts against the
