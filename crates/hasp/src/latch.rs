@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::config::{lease_millis, validate_lease, MAX_COUNT};
 use crate::core::keys::LockKeys;
 use crate::core::wire::latch::LatchOp;
-use crate::core::{deadline_after, Core};
+use crate::core::{deadline_after, latch as floor, Core};
 use crate::error::{Error, Result};
 
 /// How long a completed latch is remembered by default.
@@ -72,7 +72,7 @@ pub struct CountDownLatch {
 
 impl CountDownLatch {
     pub(crate) fn new(core: Arc<Core>, name: &str) -> Result<Self> {
-        let keys = core.latch_keys(name)?;
+        let keys = floor::keys(&core, name)?;
         Ok(Self {
             core,
             keys,
@@ -148,7 +148,7 @@ impl CountDownLatch {
             count,
             expiry_ms,
         };
-        Ok(self.core.latch_op(op).await? == 1)
+        Ok(floor::run(&self.core, op).await? == 1)
     }
 
     /// Counts down once; returns the count left (0: completed, or it was
@@ -189,7 +189,7 @@ impl CountDownLatch {
             id,
             done_ttl_ms: self.done_ttl_ms,
         };
-        let left = self.core.latch_op(op).await?;
+        let left = floor::run(&self.core, op).await?;
         u64::try_from(left).map_err(|_| Error::NotSet {
             name: self.name().to_owned(),
         })
@@ -203,7 +203,7 @@ impl CountDownLatch {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn count(&self) -> Result<Option<u64>> {
-        self.core.latch_count(&self.keys).await
+        floor::count(&self.core, &self.keys).await
     }
 
     /// Waits until the count reaches zero.
@@ -215,8 +215,7 @@ impl CountDownLatch {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn wait(&self) -> Result<()> {
-        self.core
-            .await_latch(&self.keys, None, self.until_set)
+        floor::wait(&self.core, &self.keys, None, self.until_set)
             .await
             .map(drop)
     }
@@ -232,9 +231,7 @@ impl CountDownLatch {
     /// Cancel safe.
     pub async fn wait_for(&self, wait: Duration) -> Result<bool> {
         let deadline = deadline_after(wait)?;
-        self.core
-            .await_latch(&self.keys, Some(deadline), self.until_set)
-            .await
+        floor::wait(&self.core, &self.keys, Some(deadline), self.until_set).await
     }
 
     /// As [`wait_for`](Self::wait_for), but running out of time is an
@@ -264,6 +261,6 @@ impl CountDownLatch {
         let op = LatchOp::Delete {
             keys: self.keys.clone(),
         };
-        Ok(self.core.latch_op(op).await? == 1)
+        Ok(floor::run(&self.core, op).await? == 1)
     }
 }

@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Settings;
-use crate::core::holds::Lease;
+use crate::core::holds::{Claim, Lease};
 use crate::core::keys::LockKeys;
-use crate::core::{deadline_after, Attempt, Core, Watch};
+use crate::core::{deadline_after, fair_lock, lock as floor, Attempt, Core, Watch};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use hasp_owner::Owner;
@@ -186,19 +186,19 @@ pub struct Lock {
 
 impl Lock {
     pub(crate) fn new(core: Arc<Core>, name: &str) -> Result<Self> {
-        let keys = core.keys(name)?;
+        let keys = floor::keys(&core, name)?;
         Ok(Self::with_keys(core, keys))
     }
 
     /// The lock under a fair lock's keys (see [`FairLock`](crate::fair_lock::FairLock)).
     pub(crate) fn new_fair(core: Arc<Core>, name: &str) -> Result<Self> {
-        let keys = core.fair_keys(name)?;
+        let keys = fair_lock::keys(&core, name)?;
         Ok(Self::with_keys(core, keys))
     }
 
     /// The lock under a plain lock's keys (see [`PlainLock`](crate::plain_lock::PlainLock)).
     pub(crate) fn new_plain(core: Arc<Core>, name: &str) -> Result<Self> {
-        let keys = core.plain_keys(name)?;
+        let keys = floor::plain_keys(&core, name)?;
         Ok(Self::with_keys(core, keys))
     }
 
@@ -308,10 +308,7 @@ impl Lock {
         owner: &Owner,
         flag_waiting: bool,
     ) -> Result<Attempt<Guard>> {
-        let attempt = self
-            .core
-            .try_once(&self.keys, owner, self.lease, flag_waiting)
-            .await?;
+        let attempt = floor::try_once(&self.core, self.claim(owner), flag_waiting).await?;
         Ok(match attempt {
             Attempt::Done(hold) => Attempt::Done(Guard::new(self.core.clone(), hold)),
             Attempt::Busy(ttl) => Attempt::Busy(ttl),
@@ -339,12 +336,22 @@ impl Lock {
         Arc::ptr_eq(&self.core, &other.core) && self.keys.lock == other.keys.lock
     }
 
+    fn claim<'a>(&'a self, owner: &'a Owner) -> Claim<'a> {
+        Claim {
+            keys: &self.keys,
+            owner,
+            lease: self.lease,
+        }
+    }
+
     async fn acquire(&self, deadline: Option<Instant>, wait: bool) -> Result<Option<Guard>> {
         let owner = self.owner();
-        let hold = self
-            .core
-            .acquire(&self.keys, &owner, self.lease, deadline, wait)
-            .await?;
+        let claim = self.claim(&owner);
+        // A lock under a fair lock's keys waits in its line.
+        let hold = match self.keys.has_line() {
+            true => fair_lock::acquire(&self.core, claim, deadline, wait).await?,
+            false => floor::acquire(&self.core, claim, deadline, wait).await?,
+        };
         Ok(hold.map(|hold| Guard::new(self.core.clone(), hold)))
     }
 
@@ -358,7 +365,7 @@ impl Lock {
     /// # Cancel safety
     /// Cancel safe; once called, the call takes effect whether awaited or not.
     pub async fn force_unlock(&self) -> Result<bool> {
-        self.core.force_release(&self.keys).await
+        floor::force_release(&self.core, &self.keys).await
     }
 
     /// Whether any owner holds the lock now.

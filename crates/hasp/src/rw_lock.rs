@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::core::holds::Lease;
+use crate::core::holds::{Claim, Lease};
 use crate::core::keys::LockKeys;
-use crate::core::{deadline_after, Core};
+use crate::core::{deadline_after, rw_lock as floor, Core};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use hasp_owner::Owner;
@@ -72,7 +72,7 @@ pub struct RwLock {
 
 impl RwLock {
     pub(crate) fn new(core: Arc<Core>, name: &str) -> Result<Self> {
-        let (read, write) = core.rw_keys(name)?;
+        let (read, write) = floor::keys(&core, name)?;
         Ok(Self {
             core,
             read,
@@ -220,18 +220,13 @@ impl RwLock {
         wait: bool,
     ) -> Result<Option<Guard>> {
         let owner = self.owner();
-        let hold = self
-            .core
-            .acquire_rw(
-                side,
-                other,
-                &owner,
-                self.lease,
-                deadline,
-                wait,
-                self.prefer_readers,
-            )
-            .await?;
+        let claim = Claim {
+            keys: side,
+            owner: &owner,
+            lease: self.lease,
+        };
+        let prefer_readers = self.prefer_readers;
+        let hold = floor::acquire(&self.core, claim, other, deadline, wait, prefer_readers).await?;
         Ok(hold.map(|hold| Guard::new(self.core.clone(), hold)))
     }
 

@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use crate::config::validate_lease;
 use crate::config::MAX_COUNT;
-use crate::core::holds::{HoldState, Lease};
+use crate::core::holds::{Claim, HoldState, Lease};
 use crate::core::keys::LockKeys;
 use crate::core::wire::semaphore::Resize;
-use crate::core::{deadline_after, Core};
+use crate::core::{deadline_after, semaphore as floor, Core};
 use crate::error::{Error, Result};
 use hasp_owner::Owner;
 
@@ -99,7 +99,7 @@ pub struct Semaphore {
 
 impl Semaphore {
     pub(crate) fn new(core: Arc<Core>, name: &str) -> Result<Self> {
-        let keys = core.semaphore_keys(name)?;
+        let keys = floor::keys(&core, name)?;
         Ok(Self {
             core,
             keys,
@@ -133,7 +133,7 @@ impl Semaphore {
             capacity,
             expiry_ms: 0,
         };
-        self.core.resize(&self.keys, resize).await
+        floor::resize(&self.core, &self.keys, resize).await
     }
 
     /// As [`try_set_capacity`](Self::try_set_capacity), and the whole
@@ -156,7 +156,7 @@ impl Semaphore {
             capacity,
             expiry_ms,
         };
-        self.core.resize(&self.keys, resize).await
+        floor::resize(&self.core, &self.keys, resize).await
     }
 
     /// Sets the capacity, whatever it was. Permits held beyond it stay held
@@ -171,8 +171,7 @@ impl Semaphore {
     /// lost.
     pub async fn set_capacity(&self, permits: u64) -> Result<()> {
         let capacity = check_capacity(permits)?;
-        self.core
-            .resize(&self.keys, Resize::Set(capacity))
+        floor::resize(&self.core, &self.keys, Resize::Set(capacity))
             .await
             .map(drop)
     }
@@ -194,8 +193,7 @@ impl Semaphore {
                 format!("{delta} exceeds ±{MAX_PERMITS}"),
             ));
         }
-        self.core
-            .resize(&self.keys, Resize::Add(delta))
+        floor::resize(&self.core, &self.keys, Resize::Add(delta))
             .await
             .map(drop)
     }
@@ -223,7 +221,7 @@ impl Semaphore {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn available(&self) -> Result<i64> {
-        self.core.available_permits(&self.keys).await
+        floor::available(&self.core, &self.keys).await
     }
 
     /// Takes `permits`, waiting as long as it takes (in order of arrival
@@ -281,6 +279,14 @@ impl Semaphore {
         Error::unless_timed_out(found, self.name(), wait)
     }
 
+    fn claim<'a>(&'a self, owner: &'a Owner) -> Claim<'a> {
+        Claim {
+            keys: &self.keys,
+            owner,
+            lease: self.lease,
+        }
+    }
+
     async fn take(
         &self,
         permits: u32,
@@ -301,10 +307,8 @@ impl Semaphore {
                 owner,
             )));
         }
-        let hold = self
-            .core
-            .acquire_permits(&self.keys, &owner, permits, self.lease, deadline, wait)
-            .await?;
+        let claim = self.claim(&owner);
+        let hold = floor::acquire(&self.core, claim, permits, deadline, wait).await?;
         Ok(hold.map(|hold| Permit::new(self.core.clone(), hold, permits)))
     }
 
@@ -319,10 +323,7 @@ impl Semaphore {
     /// given back.
     pub async fn drain(&self) -> Result<Option<Permit>> {
         let owner = self.owner();
-        let drained = self
-            .core
-            .drain_permits(&self.keys, &owner, self.lease)
-            .await?;
+        let drained = floor::drain(&self.core, self.claim(&owner)).await?;
         Ok(drained.map(|(hold, permits)| Permit::new(self.core.clone(), hold, permits)))
     }
 
@@ -341,9 +342,7 @@ impl Semaphore {
         if permits == 0 {
             return Ok(());
         }
-        self.core
-            .give_back(&self.keys, &self.owner(), permits)
-            .await
+        floor::give_back(&self.core, &self.keys, &self.owner(), permits).await
     }
 
     /// Re-arms the lease of this handle's owner's permits to `lease`:
@@ -359,9 +358,7 @@ impl Semaphore {
     /// lost.
     pub async fn update_lease(&self, lease: Duration) -> Result<bool> {
         let ms = validate_lease(self.core.settings(), lease)?;
-        self.core
-            .extend_permits(&self.keys, &self.owner(), ms)
-            .await
+        floor::extend(&self.core, &self.keys, &self.owner(), ms).await
     }
 
     /// What is left of the lease of this handle's owner's permits, by the
@@ -373,7 +370,7 @@ impl Semaphore {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn lease_left(&self) -> Result<Option<Duration>> {
-        let ms = self.core.lease_left(&self.keys, &self.owner()).await?;
+        let ms = floor::lease_left(&self.core, &self.keys, &self.owner()).await?;
         Ok(u64::try_from(ms).ok().map(Duration::from_millis))
     }
 }
@@ -481,7 +478,7 @@ impl Permit {
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         match &self.state {
-            Some(state) => self.core.release_permits(state, self.permits).await,
+            Some(state) => floor::release(&self.core, state, self.permits).await,
             None => Ok(()),
         }
     }
@@ -494,7 +491,7 @@ impl Permit {
     pub fn forget(mut self) {
         self.released = true;
         if let Some(state) = &self.state {
-            self.core.forget_permits(state, self.permits);
+            floor::forget(&self.core, state, self.permits);
         }
     }
 }
@@ -503,7 +500,7 @@ impl Drop for Permit {
     fn drop(&mut self) {
         if !self.released {
             if let Some(state) = &self.state {
-                self.core.release_permits_detached(state, self.permits);
+                floor::release_detached(&self.core, state, self.permits);
             }
         }
     }

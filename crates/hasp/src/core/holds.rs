@@ -75,6 +75,15 @@ pub(crate) enum Lease {
     Adaptive(u32),
 }
 
+/// Who asks for a hold of which object, and how its lease is kept: what
+/// every acquisition names.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim<'a> {
+    pub(crate) keys: &'a Arc<LockKeys>,
+    pub(crate) owner: &'a Owner,
+    pub(crate) lease: Lease,
+}
+
 /// What an acquisition of a free lock wrote into the lock's value: its
 /// operation's nonce and the hold's token (`lock.lua`, "lock").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -346,9 +355,9 @@ impl Holds {
         // counted a re-entry of the same hold (same token). A plain lock's
         // holds have no token: a live hold of the owner is the one Redis
         // counted again.
-        let same_hold = |state: &HoldState| match keys.kind {
-            Kind::PlainLock => !state.is_lost(),
-            _ => state.token == token && !state.is_gone(),
+        let same_hold = |state: &HoldState| match keys.fenced() {
+            true => state.token == token && !state.is_gone(),
+            false => !state.is_lost(),
         };
         self.insert_or_join(keys, owner, token, lease, confirmed, 1, same_hold, written)
     }

@@ -107,6 +107,23 @@ pub(crate) struct LockKeys {
 }
 
 impl LockKeys {
+    /// Whether its holds carry fencing tokens (every lock-like kind but
+    /// the plain lock).
+    pub(crate) fn fenced(&self) -> bool {
+        self.kind != Kind::PlainLock
+    }
+
+    /// Whether the object's waiters, of every client, wait in a line kept
+    /// in Redis (fair lock, read-write lock, semaphore) and are woken from
+    /// its script; a lock's wait in their own client, for its release
+    /// message or a hand-over.
+    pub(crate) fn has_line(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::FairLock | Kind::RwRead | Kind::RwWrite | Kind::Semaphore
+        )
+    }
+
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
         let tag = encode_name(name);
         Self::with_base(Kind::Lock, format!("{prefix}:{{{tag}}}"), name, &tag, &[])

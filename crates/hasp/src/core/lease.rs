@@ -35,8 +35,8 @@ impl Core {
     /// history in the background (holds taken before it answers get the
     /// initial lease).
     pub(crate) fn register_class(&self, name: &str) -> Result<u32> {
-        let checked = self.keys(name)?; // the same checks as a lock's name
-        let (id, new) = self.classes.register(&checked.name);
+        self.check_name(name)?;
+        let (id, new) = self.classes.register(name);
         if new {
             if let Some(class) = self.classes.get(id) {
                 self.merge_in_background(class, true);

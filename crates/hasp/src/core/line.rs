@@ -15,7 +15,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use super::batcher::Queue;
-use super::holds::{HoldState, Lease};
+use super::holds::{Claim, HoldState};
 use super::keys::LockKeys;
 use super::waiters::{ran_out, remaining, unconfirmed_as_busy, within_wait, Attempt};
 use super::wire::hold::{Acquire, Acquisition, Place, Step};
@@ -23,7 +23,6 @@ use super::wire::Op;
 use super::Core;
 use crate::config::lease_millis;
 use crate::error::Result;
-use hasp_owner::Owner;
 
 impl Core {
     /// A new place in a line for a waiter: its id and its member,
@@ -39,31 +38,28 @@ impl Core {
     }
 
     /// Takes one hold of a queued lock (`how`: its kind's acquisition) for
-    /// `owner`: without `wait`, one try that never queues; with it, a place
-    /// in the line under `tag` until taken or `deadline` passes
+    /// the claim's owner: without `wait`, one try that never queues; with
+    /// it, a place in the line under `tag` until taken or `deadline` passes
     /// (`Ok(None)`).
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn acquire_in_line<A: Acquisition>(
         &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
-        lease: Lease,
+        claim: Claim<'_>,
         deadline: Option<Instant>,
         wait: bool,
         how: A,
         tag: char,
     ) -> Result<Option<Arc<HoldState>>> {
         let attempt = |place: Option<Place>| {
-            let lease_ms = self.lease_ms(lease);
+            let lease_ms = self.lease_ms(claim.lease);
             let acquire = Acquire {
-                owner: owner.clone(),
+                owner: claim.owner.clone(),
                 count: 1,
                 lease_ms,
                 nonce: self.queue.nonce(),
                 place,
             };
-            let op = Op::hold(keys, Step::Acquire(acquire, how.clone()));
-            self.take_hold(keys, owner, lease, lease_ms, op)
+            let op = Op::hold(claim.keys, Step::Acquire(acquire, how.clone()));
+            self.take_hold(claim, lease_ms, op)
         };
         if !wait {
             return match attempt(None).await? {
@@ -73,13 +69,14 @@ impl Core {
         }
         let (id, place) = self.new_place(tag);
         let leave = Op::hold::<A>(
-            keys,
+            claim.keys,
             Step::Leave {
                 member: place.member.clone(),
             },
         );
         let again = || attempt(Some(place.clone()));
-        self.wait_in_line(keys, id, leave, deadline, again).await
+        self.wait_in_line(claim.keys, id, leave, deadline, again)
+            .await
     }
 
     /// Waits in the line of `keys`' object as waiter `id`: runs `attempt`

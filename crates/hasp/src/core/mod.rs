@@ -1,10 +1,13 @@
 //! The floor: everything that talks to one Redis deployment.
 //!
 //! [`Core`] owns a client's connections and background tasks and offers the
-//! kinds of lock above it a handful of operations on holds: acquire (with
-//! re-entry and waiting), release, force, read-only queries. It knows
-//! nothing of `Lock`, `Guard`, `Semaphore` and the rest; they are thin types
-//! over it.
+//! kinds of lock above it a handful of operations on holds that name no
+//! kind: a call through the batcher, re-entry, taking a hold from an
+//! acquisition's reply, waiting in a line, release, renewal, read-only
+//! queries. Each kind's module here (`lock`, `fair_lock`, `rw_lock`,
+//! `semaphore`, `latch`) composes them into the kind's operations, as
+//! functions over a `&Core`; the public handles (`Lock`, `Semaphore`, …)
+//! are thin types over an `Arc<Core>` that call them.
 //!
 //! | module | concept |
 //! |---|---|
@@ -22,7 +25,8 @@
 //! | `holds` | the registry of held locks, re-entry counts, belief ends |
 //! | `watchdog` | lease renewal, and the check of every hold after a reconnect |
 //! | `line` | waiting in a line kept in Redis (fair lock, read-write lock, semaphore) |
-//! | `lock`, `fair_lock`, `rw_lock`, `semaphore`, `latch`, `lease` | each kind's operations on the floor (`lock` serves the plain lock too: the same operations without the fencing counter; `lease`: what the adaptive locks of a class learned, `adaptive` its estimator) |
+//! | `lease`, `adaptive` | learned leases: what the adaptive locks of a class learned, shared through Redis, and its estimator |
+//! | `lock`, `fair_lock`, `rw_lock`, `semaphore`, `latch` | each kind's operations on the floor (`lock` serves the plain lock too: the same operations without the fencing counter) |
 //!
 //! A kind has one name at every layer: its public handle
 //! (`crate::fair_lock`, …), its operations here, its wire format
@@ -32,7 +36,7 @@
 //! own.
 //!
 //! Imports run one way: the kinds' modules (`lock`, `fair_lock`, `rw_lock`,
-//! `semaphore`, `latch`, `lease`) → `mod.rs`, `line` → `watchdog`, `waiters` → `batcher`,
+//! `semaphore`, `latch`) → `mod.rs`, `lease`, `line` → `watchdog`, `waiters` → `batcher`,
 //! `reply`, `pubsub`, `holds`, `commands` → `endpoint`, `wire` → `keys`,
 //! `scripts`, `resp`.
 //!
@@ -45,14 +49,16 @@
 //! lock's keys share one slot, so no operation spans two shards.
 //!
 //! **Growing.** A kind adds its operations to `wire` (a submodule) and the
-//! batch script (a `.lua` file), and a module here that runs its attempts
-//! through the batcher: a lock-like kind registers its holds (so that the
+//! batch script (a `.lua` file), and a module here whose functions run its
+//! attempts through the engine: a lock-like kind registers its holds (so that the
 //! watchdog renews them, `Op::extend` picks its renewal, reconnects check
 //! them, and `Op::release` its release); a kind whose waiters of every
-//! client must be served in order waits in `line`, and then its wire module
+//! client must be served in order waits in `line` (its keys say so,
+//! `LockKeys::has_line`, and its releases then wake the line from the
+//! script instead of this client's waiters), and then its wire module
 //! is an `Acquisition` (`wire::hold`): its opcodes and its acquisition, the
 //! rest of its holds' lifecycle shared. The kinds made of
-//! several locks (`multi`) use [`Core::try_once`], [`Core::watch`] and
+//! several locks (`multi`) use `lock::try_once`, [`Core::watch`] and
 //! [`Core::extend`].
 
 use std::sync::{Arc, Weak};
@@ -68,20 +74,20 @@ mod adaptive;
 mod batcher;
 mod commands;
 pub(crate) mod endpoint;
-mod fair_lock;
+pub(crate) mod fair_lock;
 pub(crate) mod holds;
 pub(crate) mod keys;
-mod latch;
+pub(crate) mod latch;
 pub(crate) mod lease;
 mod line;
-mod lock;
+pub(crate) mod lock;
 mod nonce;
 mod pubsub;
 mod reply;
 pub(crate) mod resp;
-mod rw_lock;
+pub(crate) mod rw_lock;
 pub(crate) mod scripts;
-mod semaphore;
+pub(crate) mod semaphore;
 mod waiters;
 mod watchdog;
 pub(crate) mod wire;
@@ -89,8 +95,8 @@ pub(crate) mod wire;
 use batcher::{Batcher, CallStats, Queue, Target};
 use commands::Commands;
 use endpoint::Endpoint;
-use holds::{Found, HoldState, Holds, Lease, ReleaseStep, Written};
-use keys::{Kind, LockKeys};
+use holds::{Claim, Found, HoldState, Holds, Lease, ReleaseStep, Written};
+use keys::LockKeys;
 use pubsub::{Listener, PubSub};
 use reply::{HoldReply, Undo};
 use waiters::Waiters;
@@ -319,8 +325,9 @@ impl Core {
         &self.settings
     }
 
-    /// The keys of the lock called `name`, after checking the name.
-    pub(crate) fn keys(&self, name: &str) -> Result<Arc<LockKeys>> {
+    /// Checks `name`, the name of an object of any kind (or of a class of
+    /// adaptive leases).
+    pub(crate) fn check_name(&self, name: &str) -> Result<()> {
         if name.is_empty() {
             return Err(Error::invalid("name", "must not be empty"));
         }
@@ -331,7 +338,13 @@ impl Core {
                 format!("{} bytes exceeds the limit of {max}", name.len()),
             ));
         }
-        Ok(Arc::new(LockKeys::new(&self.settings.prefix, name)))
+        Ok(())
+    }
+
+    /// Sends `op` through the batcher (grouped with whatever else is
+    /// pending) and waits for its reply.
+    async fn call(&self, op: Op) -> Result<Reply> {
+        self.queue.call(op).await.map_err(|_| closed())?
     }
 
     fn lease_ms(&self, lease: Lease) -> u64 {
@@ -353,8 +366,7 @@ impl Core {
     /// to the send time plus the lease.
     pub(crate) async fn extend(&self, hold: &HoldState, lease_ms: u64) -> Result<bool> {
         let sent_at = Instant::now();
-        let op = Op::extend(hold, Some(lease_ms));
-        match self.queue.call(op).await.map_err(|_| closed())?? {
+        match self.call(Op::extend(hold, Some(lease_ms))).await? {
             Reply::Extended => {
                 hold.confirm(sent_at, lease_ms);
                 Ok(true)
@@ -366,13 +378,9 @@ impl Core {
         }
     }
 
-    /// Re-enters a hold this client already has for `owner`.
-    async fn reenter(
-        &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
-        lease: Lease,
-    ) -> Result<Option<Arc<HoldState>>> {
+    /// Re-enters a hold this client already has for the claim's owner.
+    async fn reenter(&self, claim: Claim<'_>) -> Result<Option<Arc<HoldState>>> {
+        let (keys, owner) = (claim.keys, claim.owner);
         let state = match self.holds.find(keys, owner) {
             Found::Live(state) => state,
             Found::None => return Ok(None),
@@ -386,13 +394,12 @@ impl Core {
         // A re-entry keeps the hold's lease mode; a fixed lease is re-armed
         // (with this handle's lease if it sets one).
         if let Lease::Fixed(held_ms) = state.lease {
-            let ms = match lease {
+            let ms = match claim.lease {
                 Lease::Fixed(ms) => ms,
                 Lease::Watchdog | Lease::Adaptive(_) => held_ms,
             };
             let sent_at = Instant::now();
-            let op = Op::extend(&state, Some(ms));
-            match self.queue.call(op).await.map_err(|_| closed())?? {
+            match self.call(Op::extend(&state, Some(ms))).await? {
                 Reply::Extended => state.confirm(sent_at, ms),
                 _ => {
                     state.mark_gone();
@@ -404,13 +411,11 @@ impl Core {
     }
 
     /// Sends `op`, an acquisition of a lock-like kind (lock, fair lock, a
-    /// side of a read-write lock) for `owner` with a lease of `lease_ms`,
+    /// side of a read-write lock) for the claim with a lease of `lease_ms`,
     /// cancel-safely; registers the hold it grants.
-    pub(super) async fn take_hold(
+    async fn take_hold(
         &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
-        lease: Lease,
+        claim: Claim<'_>,
         lease_ms: u64,
         op: Op,
     ) -> Result<Attempt<Arc<HoldState>>> {
@@ -429,13 +434,18 @@ impl Core {
             Reply::Acquired { token } => {
                 let confirmed = (sent_at, lease_ms);
                 let written = written.map(|nonce| Written { nonce, token });
-                let hold = self
-                    .holds
-                    .insert(keys, owner, token, lease, confirmed, written);
+                let hold = self.holds.insert(
+                    claim.keys,
+                    claim.owner,
+                    token,
+                    claim.lease,
+                    confirmed,
+                    written,
+                );
                 Ok(Attempt::Done(hold))
             }
             Reply::Busy { ttl } => Ok(Attempt::Busy(ttl)),
-            other => Err(unexpected(keys, other)),
+            other => Err(unexpected(claim.keys, other)),
         }
     }
 
@@ -498,8 +508,9 @@ impl Core {
     }
 
     /// The operation that gives back `holds` holds of `owner`, and its
-    /// completion: for a lock, handed to this client's first waiter if
-    /// there is one (`waiters`); for a fair lock, to the head of its line.
+    /// completion: handed to the next waiter in this client first if the
+    /// kind's waiters wait here (`waiters`); a kind with a line in Redis
+    /// wakes its head from the script.
     fn release_op(
         &self,
         keys: &Arc<LockKeys>,
@@ -508,11 +519,9 @@ impl Core {
         written: Option<Written>,
         then: batcher::Completion,
     ) -> (Op, batcher::Completion) {
-        match keys.kind {
-            Kind::FairLock | Kind::RwRead | Kind::RwWrite => {
-                (Op::release(keys, owner, holds, self.queue.nonce()), then)
-            }
-            _ => self
+        match keys.has_line() {
+            true => (Op::release(keys, owner, holds, self.queue.nonce()), then),
+            false => self
                 .waiters
                 .release(&self.queue, keys, owner, holds, written, then),
         }
