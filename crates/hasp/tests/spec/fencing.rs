@@ -84,3 +84,80 @@ async fn tokens_survive_expiry_and_deletion_of_the_lock() {
     third.unlock().await.unwrap();
     drop((first, second));
 }
+
+/// Lock 25, for acquisitions that share one run of the acquisition
+/// script: a call's fenced acquisitions of free locks go to Redis together,
+/// and each gets a token from its own name's counter, written into its
+/// lock's value and greater than the name's earlier tokens;
+/// a lock among them that is held is refused without touching the holder.
+#[tokio::test]
+async fn acquisitions_sent_together_each_get_their_own_token() {
+    let ctx = Ctx::new();
+    let mut raw = ctx.raw().await;
+    let holder = ctx.client().await.lock("together-held").unwrap();
+    let held = holder.lock().await.unwrap();
+    let client = ctx.client().await;
+    let names = ["together-0", "together-1", "together-2", "together-3"];
+    let locks: Vec<_> = names.iter().map(|n| client.lock(n).unwrap()).collect();
+    let other = client.lock("together-held").unwrap();
+    // Script runs on one server (a cluster's acquisitions go through the
+    // function, one call per node).
+    let mut runs = async || match on_cluster() {
+        true => 0,
+        false => {
+            let info: String = query(&mut raw, &["INFO", "commandstats"]).await;
+            info.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse::<u64>().unwrap())
+        }
+    };
+    let before = runs().await;
+    // Polled together, before the client's lane runs: queued for one call.
+    let (g0, g1, g2, g3, refused) = tokio::join!(
+        locks[0].try_lock(),
+        locks[1].try_lock(),
+        locks[2].try_lock(),
+        locks[3].try_lock(),
+        other.try_lock(),
+    );
+    let after = runs().await;
+    assert!(refused.unwrap().is_none(), "a held lock is refused");
+    let guards = [g0, g1, g2, g3].map(|g| g.unwrap().expect("a free lock is taken"));
+    for (name, guard) in names.iter().zip(&guards) {
+        let value: String = query(&mut raw, &["GET", &lock_key(name)]).await;
+        assert!(
+            value.ends_with(&format!(" {}", guard.fencing_token())),
+            "{name}: {value:?} carries the guard's token {}",
+            guard.fencing_token()
+        );
+    }
+    assert!(
+        after - before < 5,
+        "five acquisitions sent together took {} script runs",
+        after - before
+    );
+    assert!(!held.is_lost(), "the holder keeps its lock");
+    let value: String = query(&mut raw, &["GET", &lock_key("together-held")]).await;
+    assert!(value.ends_with(&format!(" {}", held.fencing_token())));
+    let tokens = guards.map(|g| g.fencing_token());
+    for lock in &locks {
+        lock.force_unlock().await.unwrap();
+    }
+    // Taken together again: each name's token grew.
+    let again = tokio::join!(
+        locks[0].try_lock(),
+        locks[1].try_lock(),
+        locks[2].try_lock(),
+        locks[3].try_lock(),
+    );
+    let again = [again.0, again.1, again.2, again.3].map(|g| g.unwrap().expect("free again"));
+    for ((name, first), next) in names.iter().zip(tokens).zip(&again) {
+        assert!(
+            next.fencing_token() > first,
+            "{name}: {} <= {first}",
+            next.fencing_token()
+        );
+    }
+    held.unlock().await.unwrap();
+}
