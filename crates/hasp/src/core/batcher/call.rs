@@ -167,16 +167,19 @@ mod tests {
     use redis::Value;
 
     use super::*;
-    use crate::core::keys::LockKeys;
     use crate::core::wire::lock::LockOp;
     use crate::core::wire::Nonces;
     use hasp_owner::Owner;
 
-    /// A request to acquire the lock `keys` name for `owner`.
-    fn acquisition(keys: Arc<LockKeys>, owner: &Owner, nonces: &Nonces) -> Request {
-        Request {
+    #[test]
+    fn only_requests_alone_on_their_lock_in_a_call_go_as_native_commands() {
+        use crate::core::keys::LockKeys;
+        let nonces = Nonces::new();
+        let owner = Owner::from_id("o1").unwrap();
+        let keys = |name: &str| Arc::new(LockKeys::plain("hasp", name));
+        let acquire = |name: &str| Request {
             op: Op::Lock(LockOp::Acquire {
-                keys,
+                keys: keys(name),
                 owner: owner.clone(),
                 lease_ms: 500,
                 flag_waiting: false,
@@ -187,15 +190,7 @@ mod tests {
             redirects: 0,
             scripted: false,
             wait_ends: None,
-        }
-    }
-
-    #[test]
-    fn only_requests_alone_on_their_lock_in_a_call_go_as_native_commands() {
-        let nonces = Nonces::new();
-        let owner = Owner::from_id("o1").unwrap();
-        let keys = |name: &str| Arc::new(LockKeys::plain("hasp", name));
-        let acquire = |name: &str| acquisition(keys(name), &owner, &nonces);
+        };
         // "b" is settled in the same call, "c" acquired twice, "d" found
         // held by its native command already: all through the function,
         // in order.
@@ -246,9 +241,23 @@ mod tests {
 
     #[test]
     fn a_calls_fenced_acquisitions_share_one_script_run_ahead_of_the_other_commands() {
+        use crate::core::keys::LockKeys;
         let nonces = Nonces::new();
         let owner = Owner::from_id("o1").unwrap();
-        let request = |keys: LockKeys| acquisition(Arc::new(keys), &owner, &nonces);
+        let request = |keys: LockKeys| Request {
+            op: Op::Lock(LockOp::Acquire {
+                keys: Arc::new(keys),
+                owner: owner.clone(),
+                lease_ms: 500,
+                flag_waiting: false,
+                nonce: nonces.next(),
+            }),
+            done: Box::new(|_| {}),
+            retried: false,
+            redirects: 0,
+            scripted: false,
+            wait_ends: None,
+        };
         let batch = vec![
             request(LockKeys::new("hasp", "a")),
             request(LockKeys::plain("hasp", "p")),
@@ -297,13 +306,23 @@ mod tests {
 
     #[test]
     fn a_lone_fenced_acquisition_keeps_its_own_command() {
+        use crate::core::keys::LockKeys;
         let nonces = Nonces::new();
         let owner = Owner::from_id("o1").unwrap();
-        let batch = vec![acquisition(
-            Arc::new(LockKeys::new("hasp", "a")),
-            &owner,
-            &nonces,
-        )];
+        let batch = vec![Request {
+            op: Op::Lock(LockOp::Acquire {
+                keys: Arc::new(LockKeys::new("hasp", "a")),
+                owner,
+                lease_ms: 500,
+                flag_waiting: false,
+                nonce: nonces.next(),
+            }),
+            done: Box::new(|_| {}),
+            retried: false,
+            redirects: 0,
+            scripted: false,
+            wait_ends: None,
+        }];
         let offer = Native {
             acquire: true,
             ..Native::default()
