@@ -4,7 +4,7 @@
 
 use super::queue::Request;
 use super::CROWDED;
-use crate::core::wire::native::{Native, NativeCommand};
+use crate::core::wire::native::Native;
 use crate::core::wire::Op;
 
 /// What one call carries: settlements and requests for the function, and
@@ -17,24 +17,10 @@ pub(super) struct Call {
 
 /// Requests sent as native commands, and those commands packed in the
 /// requests' order (`resp::Packer`), ready for the connection's buffer.
-/// The first `shared` requests (none, or two and more: fenced
-/// acquisitions) share the first command, whose reply is an array of
-/// theirs.
 #[derive(Default)]
 pub(super) struct Natives {
     pub(super) requests: Vec<Request>,
     pub(super) packed: Vec<u8>,
-    pub(super) shared: usize,
-}
-
-impl Natives {
-    /// How many commands are packed.
-    pub(super) fn commands(&self) -> usize {
-        match self.shared {
-            0 => self.requests.len(),
-            n => self.requests.len() + 1 - n,
-        }
-    }
 }
 
 impl Call {
@@ -70,48 +56,30 @@ impl Call {
         } else {
             Alone::of(&settle, &batch)
         };
+        // Room for the commands of every request (a command is about 100
+        // bytes and a lock's name), so packing them does not grow it.
+        let mut packed = Vec::with_capacity(batch.len() * 128);
         let mut i = 0;
         // The requests that go as commands stay in `batch`, in order.
         let scripted = batch
             .extract_if(.., |request| {
                 let alone = alone.get(i);
                 i += 1;
-                request
-                    .native_command(offer, crowded)
-                    .filter(|_| alone)
-                    .is_none()
+                match request.native_command(offer, crowded).filter(|_| alone) {
+                    Some(command) => {
+                        command.write(&mut packed);
+                        false
+                    }
+                    None => true,
+                }
             })
             .collect();
-        // Fenced acquisitions first: two or more share one script run
-        // (their locks are distinct, so the commands' order is free).
-        let fenced = |r: &Request| {
-            r.native_command(offer, crowded)
-                .is_some_and(|c| c.is_fenced_acquire())
-        };
-        batch.sort_by_key(|r| !fenced(r));
-        let shared = match batch.iter().take_while(|r| fenced(r)).count() {
-            1 => 0,
-            n => n,
-        };
-        // Room for the commands of every request (a command is about 100
-        // bytes and a lock's name), so packing them does not grow it.
-        let mut packed = Vec::with_capacity(batch.len() * 128);
-        let commands = batch
-            .iter()
-            .filter_map(|r| r.native_command(offer, crowded));
-        if shared > 0 {
-            NativeCommand::write_shared(commands.clone().take(shared), &mut packed);
-        }
-        for command in commands.skip(shared) {
-            command.write(&mut packed);
-        }
         Self {
             settle,
             batch: scripted,
             native: Natives {
                 requests: batch,
                 packed,
-                shared,
             },
         }
     }
@@ -237,105 +205,5 @@ mod tests {
             at += used;
         }
         assert_eq!(at, packed.len(), "nothing else packed");
-    }
-
-    #[test]
-    fn a_calls_fenced_acquisitions_share_one_script_run_ahead_of_the_other_commands() {
-        use crate::core::keys::LockKeys;
-        let nonces = Nonces::new();
-        let owner = Owner::from_id("o1").unwrap();
-        let request = |keys: LockKeys| Request {
-            op: Op::Lock(LockOp::Acquire {
-                keys: Arc::new(keys),
-                owner: owner.clone(),
-                lease_ms: 500,
-                flag_waiting: false,
-                nonce: nonces.next(),
-            }),
-            done: Box::new(|_| {}),
-            retried: false,
-            redirects: 0,
-            scripted: false,
-            wait_ends: None,
-        };
-        let batch = vec![
-            request(LockKeys::new("hasp", "a")),
-            request(LockKeys::plain("hasp", "p")),
-            request(LockKeys::new("hasp", "b")),
-            request(LockKeys::new("hasp", "c")),
-        ];
-        let offer = Native {
-            acquire: true,
-            ..Native::default()
-        };
-        let call = Call::split(Vec::new(), batch, offer);
-        let names = |requests: &[Request]| -> Vec<String> {
-            requests
-                .iter()
-                .map(|r| r.op.keys().name.to_string())
-                .collect()
-        };
-        assert!(call.batch.is_empty());
-        assert_eq!(names(&call.native.requests), ["a", "b", "c", "p"]);
-        assert_eq!(call.native.shared, 3);
-        assert_eq!(call.native.commands(), 2);
-        let packed = &call.native.packed;
-        let (first, used) = crate::core::resp::read(packed).unwrap().expect("whole");
-        let Value::Array(args) = first else {
-            panic!("a command: {first:?}")
-        };
-        let text = |v: &Value| match v {
-            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            other => panic!("a bulk string: {other:?}"),
-        };
-        assert_eq!(text(&args[0]), "EVALSHA");
-        assert_eq!(text(&args[2]), "3", "three keys");
-        assert_eq!(args.len(), 3 + 3 * 3, "a lock, a hold and a lease each");
-        let locks: Vec<_> = args[3..6].iter().map(text).collect();
-        assert_eq!(locks, ["hasp:{a}", "hasp:{b}", "hasp:{c}"]);
-        assert_eq!(text(&args[7]), "500", "the first lease after its hold");
-        let (second, rest) = crate::core::resp::read(&packed[used..])
-            .unwrap()
-            .expect("whole");
-        let Value::Array(args) = second else {
-            panic!("a command: {second:?}")
-        };
-        assert_eq!(text(&args[0]), "SET", "the plain lock's own command");
-        assert_eq!(used + rest, packed.len(), "nothing else packed");
-    }
-
-    #[test]
-    fn a_lone_fenced_acquisition_keeps_its_own_command() {
-        use crate::core::keys::LockKeys;
-        let nonces = Nonces::new();
-        let owner = Owner::from_id("o1").unwrap();
-        let batch = vec![Request {
-            op: Op::Lock(LockOp::Acquire {
-                keys: Arc::new(LockKeys::new("hasp", "a")),
-                owner,
-                lease_ms: 500,
-                flag_waiting: false,
-                nonce: nonces.next(),
-            }),
-            done: Box::new(|_| {}),
-            retried: false,
-            redirects: 0,
-            scripted: false,
-            wait_ends: None,
-        }];
-        let offer = Native {
-            acquire: true,
-            ..Native::default()
-        };
-        let call = Call::split(Vec::new(), batch, offer);
-        assert_eq!(call.native.shared, 0);
-        assert_eq!(call.native.commands(), 1);
-        let (value, _) = crate::core::resp::read(&call.native.packed)
-            .unwrap()
-            .expect("whole");
-        let Value::Array(args) = value else {
-            panic!("a command: {value:?}")
-        };
-        assert_eq!(args[2], Value::BulkString(b"1".to_vec()));
     }
 }

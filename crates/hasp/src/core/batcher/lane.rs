@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 #[cfg(feature = "cluster")]
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{RedisError, RedisResult, Value};
+use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::call::{Call, Natives};
@@ -240,18 +240,15 @@ impl Task {
         let stats = self.stats.clone();
         let nonces = self.nonces.clone();
         let requeue = self.requeue.clone();
-        let count = native.commands();
         let Natives {
             mut requests,
             packed,
-            shared,
         } = native;
+        let count = requests.len();
         // Queued now: on the wire before the call's function call, which
         // touches none of their locks.
         let replies = match &conn {
-            Conn::Node(handle) if requests.len() == 1 => {
-                Replies::One(handle.send_packed_one(&packed))
-            }
+            Conn::Node(handle) if count == 1 => Replies::One(handle.send_packed_one(&packed)),
             Conn::Node(handle) => Replies::Many(handle.send_packed(count, &packed)),
             // Native commands are only split off on one server's connection.
             #[cfg(feature = "cluster")]
@@ -268,7 +265,7 @@ impl Task {
                 }
                 Replies::Many(replies) => replies.await.and_then(|values| {
                     if values.len() == count {
-                        share_out(values, shared)
+                        Ok(values)
                     } else {
                         Err(RedisError::from((
                             redis::ErrorKind::Client,
@@ -539,47 +536,4 @@ fn fail(batch: Vec<Request>, error: &Error) -> Vec<Op> {
         (request.done)(Err(error.clone()));
     }
     pending
-}
-
-/// The replies of a call's native commands, one per request: the first
-/// command's array spread over the `shared` requests that shared it (its
-/// error, if the server refused it, given to each of them).
-fn share_out(mut values: Vec<Value>, shared: usize) -> RedisResult<Vec<Value>> {
-    if shared == 0 || values.is_empty() {
-        return Ok(values);
-    }
-    let rest = values.split_off(1);
-    let mut spread = match values.pop() {
-        Some(Value::Array(each)) if each.len() == shared => each,
-        Some(refused @ Value::ServerError(_)) => vec![refused; shared],
-        other => {
-            return Err(RedisError::from((
-                redis::ErrorKind::Client,
-                "unexpected reply to shared acquisitions",
-                format!("{other:?} for {shared}"),
-            )))
-        }
-    };
-    spread.extend(rest);
-    Ok(spread)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_shared_reply_is_spread_over_its_requests_and_a_refusal_given_to_each() {
-        let int = Value::Int;
-        let spread = share_out(vec![Value::Array(vec![int(7), int(0)]), Value::Okay], 2).unwrap();
-        assert_eq!(spread, [int(7), int(0), Value::Okay]);
-        let (refused, _) = crate::core::resp::read(b"-NOSCRIPT No matching script.\r\n")
-            .unwrap()
-            .expect("whole");
-        assert!(matches!(refused, Value::ServerError(_)));
-        let spread = share_out(vec![refused.clone()], 3).unwrap();
-        assert_eq!(spread, [refused.clone(), refused.clone(), refused]);
-        assert!(share_out(vec![Value::Array(vec![int(1)])], 2).is_err());
-        assert_eq!(share_out(vec![int(5)], 0).unwrap(), [int(5)]);
-    }
 }

@@ -9,7 +9,7 @@
 //! | operation | native command | when |
 //! |---|---|---|
 //! | a plain lock's acquisition | `SET <lock> <hold> NX PX <lease>` | always (Redis 7.0) |
-//! | a lock's acquisition | `EVALSHA <acquire_free.lua> 1 <lock> <hold> <lease>`; a call's several as one `EVALSHA <acquire_free.lua> <n> <locks…> <hold> <lease>…` | the script loaded when the connection was made (every server), in a call of fewer than 16 operations |
+//! | a lock's acquisition | `EVALSHA <acquire_free.lua> 1 <lock> <hold> <lease>` | the script loaded when the connection was made (every server), in a call of fewer than 16 operations |
 //! | the last release of a hold | `DELIFEQ <lock> <hold>` | the server has `DELIFEQ` (Valkey 9.0) |
 //! | the last release of a hold | `EVALSHA <delete_if_equal.lua> 1 <lock> <hold>` | otherwise (Redis 7.0), the script loaded when the connection was made |
 //! | a renewal | `SET <lock> <hold> IFEQ <hold> PX <lease>` | the server has `DELIFEQ` (so `SET … IFEQ`, Valkey 8.1) |
@@ -154,47 +154,6 @@ pub(crate) enum NativeCommand<'a> {
 }
 
 impl NativeCommand<'_> {
-    /// Whether this is a fenced lock's acquisition: a run of
-    /// `acquire_free.lua`, which the call's other fenced acquisitions can
-    /// share ([`write_shared`](Self::write_shared)).
-    pub(crate) fn is_fenced_acquire(&self) -> bool {
-        matches!(self, NativeCommand::Acquire { fenced: true, .. })
-    }
-
-    /// Packs the fenced acquisitions among `commands` as one run of
-    /// `acquire_free.lua` over all their locks, at the end of `out`. Its
-    /// reply is an array: one token (or 0, held) per acquisition, in
-    /// order. Commands of other kinds are left out.
-    pub(crate) fn write_shared<'c>(
-        commands: impl Iterator<Item = NativeCommand<'c>> + Clone,
-        out: &mut Vec<u8>,
-    ) {
-        let acquisitions = commands.filter_map(|command| match command {
-            NativeCommand::Acquire {
-                lock,
-                owner,
-                nonce,
-                lease_ms,
-                fenced: true,
-            } => Some((lock, owner, nonce, lease_ms)),
-            _ => None,
-        });
-        let count = acquisitions.clone().count();
-        let mut p = Packer::command(out, 3 + 3 * count);
-        p.arg(b"EVALSHA")
-            .arg(ACQUIRE_FREE.get_hash().as_bytes())
-            .number(count as u64);
-        for (lock, ..) in acquisitions.clone() {
-            p.arg(lock.as_bytes());
-        }
-        for (_, owner, nonce, lease_ms) in acquisitions {
-            free_value(owner, nonce, None, |parts| {
-                p.joined(parts);
-            });
-            p.number(lease_ms);
-        }
-    }
-
     /// Packs this command at the end of `out` (the connection's buffer).
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
         let value = |p: &mut Packer<'_>, owner, nonce, token| {
