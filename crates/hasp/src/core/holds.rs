@@ -316,19 +316,17 @@ impl Holds {
     /// A new hold's state: its belief ends at `sent_at` + `lease_ms`.
     fn new_state(
         &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
+        claim: Claim<'_>,
         token: u64,
-        lease: Lease,
         (sent_at, lease_ms): (Instant, u64),
         written: Option<Written>,
     ) -> Arc<HoldState> {
         Arc::new(HoldState {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            keys: keys.clone(),
-            owner: owner.clone(),
+            keys: claim.keys.clone(),
+            owner: claim.owner.clone(),
             token,
-            lease,
+            lease: claim.lease,
             written,
             gone: AtomicBool::new(false),
             lost_notify: Notify::new(),
@@ -344,10 +342,8 @@ impl Holds {
     /// the lock's value whole).
     pub(crate) fn insert(
         &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
+        claim: Claim<'_>,
         token: u64,
-        lease: Lease,
         confirmed: (Instant, u64),
         written: Option<Written>,
     ) -> Arc<HoldState> {
@@ -355,11 +351,11 @@ impl Holds {
         // counted a re-entry of the same hold (same token). A plain lock's
         // holds have no token: a live hold of the owner is the one Redis
         // counted again.
-        let same_hold = |state: &HoldState| match keys.fenced() {
+        let same_hold = |state: &HoldState| match claim.keys.fenced() {
             true => state.token == token && !state.is_gone(),
             false => !state.is_lost(),
         };
-        self.insert_or_join(keys, owner, token, lease, confirmed, 1, same_hold, written)
+        self.insert_or_join(claim, token, confirmed, 1, same_hold, written)
     }
 
     /// Records `permits` of a semaphore just taken in Redis for `owner` by a
@@ -368,32 +364,27 @@ impl Holds {
     /// a new one.
     pub(crate) fn insert_permits(
         &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
+        claim: Claim<'_>,
         permits: u32,
-        lease: Lease,
         confirmed: (Instant, u64),
     ) -> Arc<HoldState> {
         let live = |state: &HoldState| !state.is_lost();
-        self.insert_or_join(keys, owner, 0, lease, confirmed, permits, live, None)
+        self.insert_or_join(claim, 0, confirmed, permits, live, None)
     }
 
     /// Adds `units` held in Redis to the entry of (lock, owner) if `joins`
     /// its state (one more guard of it), else registers a new hold.
-    #[allow(clippy::too_many_arguments)]
     fn insert_or_join(
         &self,
-        keys: &Arc<LockKeys>,
-        owner: &Owner,
+        claim: Claim<'_>,
         token: u64,
-        lease: Lease,
         (sent_at, lease_ms): (Instant, u64),
         units: u32,
         joins: impl Fn(&HoldState) -> bool,
         written: Option<Written>,
     ) -> Arc<HoldState> {
-        let mut map = self.map(keys);
-        let key = Self::key(keys, owner);
+        let mut map = self.map(claim.keys);
+        let key = Self::key(claim.keys, claim.owner);
         if let Some(entry) = map.get_mut(&key) {
             if joins(&entry.state) {
                 entry.count += 1;
@@ -402,7 +393,7 @@ impl Holds {
                 return entry.state.clone();
             }
         }
-        let state = self.new_state(keys, owner, token, lease, (sent_at, lease_ms), written);
+        let state = self.new_state(claim, token, (sent_at, lease_ms), written);
         map.insert(
             key,
             Entry {
@@ -412,7 +403,7 @@ impl Holds {
             },
         );
         drop(map);
-        if let Lease::Adaptive(_) = lease {
+        if let Lease::Adaptive(_) = claim.lease {
             self.schedule(&state, lease_ms);
         }
         state

@@ -72,10 +72,7 @@ pub(crate) async fn acquire(
     let again = || attempt(core, claim, true);
     let granted = |grant: waiters::Grant| {
         let confirmed = (grant.sent_at, lease_ms);
-        Some(
-            core.holds
-                .insert(keys, claim.owner, grant.token, claim.lease, confirmed, None),
-        )
+        Some(core.holds.insert(claim, grant.token, confirmed, None))
     };
     waiter
         .wait_for(deadline, ttl, behind_local_waiters, again, granted)

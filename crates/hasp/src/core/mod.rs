@@ -434,14 +434,7 @@ impl Core {
             Reply::Acquired { token } => {
                 let confirmed = (sent_at, lease_ms);
                 let written = written.map(|nonce| Written { nonce, token });
-                let hold = self.holds.insert(
-                    claim.keys,
-                    claim.owner,
-                    token,
-                    claim.lease,
-                    confirmed,
-                    written,
-                );
+                let hold = self.holds.insert(claim, token, confirmed, written);
                 Ok(Attempt::Done(hold))
             }
             Reply::Busy { ttl } => Ok(Attempt::Busy(ttl)),

@@ -82,9 +82,7 @@ async fn take(
     match reply.await.ok_or_else(closed)?? {
         Reply::Granted => {
             let confirmed = (sent_at, lease_ms);
-            let hold =
-                core.holds
-                    .insert_permits(claim.keys, claim.owner, permits, claim.lease, confirmed);
+            let hold = core.holds.insert_permits(claim, permits, confirmed);
             Ok(Attempt::Done(hold))
         }
         Reply::Busy { ttl } => Ok(Attempt::Busy(ttl)),
@@ -160,9 +158,7 @@ pub(crate) async fn drain(core: &Core, claim: Claim<'_>) -> Result<Option<(Arc<H
         return Ok(None);
     }
     let confirmed = (sent_at, lease_ms);
-    let hold = core
-        .holds
-        .insert_permits(claim.keys, claim.owner, taken, claim.lease, confirmed);
+    let hold = core.holds.insert_permits(claim, taken, confirmed);
     Ok(Some((hold, taken)))
 }
 
