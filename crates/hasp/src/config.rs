@@ -231,10 +231,10 @@ impl Default for Settings {
 
 impl Settings {
     /// Which certificates TLS connections trust and present (see
-    /// [`Tls`](crate::Tls)); TLS itself is asked for by a `rediss://`
+    /// [`Tls`](crate::tls::Tls)); TLS itself is asked for by a `rediss://`
     /// address. Without it, a `rediss://` server must have a certificate
     /// the system trusts.
-    pub fn set_tls(mut self, tls: crate::Tls) -> Self {
+    pub fn set_tls(mut self, tls: crate::tls::Tls) -> Self {
         self.tls = Some(tls);
         self
     }

@@ -14,8 +14,7 @@ use crate::error::Result;
 
 /// The keys of the fair lock called `name`, after checking the name.
 pub(crate) fn keys(core: &Core, name: &str) -> Result<Arc<LockKeys>> {
-    core.check_name(name)?;
-    Ok(Arc::new(LockKeys::fair(&core.settings.prefix, name)))
+    core.keys(name, LockKeys::fair)
 }
 
 /// Takes (or re-enters) the fair lock for the claim's owner. Without

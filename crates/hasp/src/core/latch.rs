@@ -20,8 +20,7 @@ const RECHECK: Duration = Duration::from_secs(2);
 
 /// The keys of the latch called `name`, after checking the name.
 pub(crate) fn keys(core: &Core, name: &str) -> Result<Arc<LockKeys>> {
-    core.check_name(name)?;
-    Ok(Arc::new(LockKeys::latch(&core.settings.prefix, name)))
+    core.keys(name, LockKeys::latch)
 }
 
 /// Runs a latch operation; its number (see `latch.lua`).

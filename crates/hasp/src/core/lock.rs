@@ -18,14 +18,12 @@ use crate::error::Result;
 
 /// The keys of the lock called `name`, after checking the name.
 pub(crate) fn keys(core: &Core, name: &str) -> Result<Arc<LockKeys>> {
-    core.check_name(name)?;
-    Ok(Arc::new(LockKeys::new(&core.settings.prefix, name)))
+    core.keys(name, LockKeys::new)
 }
 
 /// The keys of the plain lock called `name`, after checking the name.
 pub(crate) fn plain_keys(core: &Core, name: &str) -> Result<Arc<LockKeys>> {
-    core.check_name(name)?;
-    Ok(Arc::new(LockKeys::plain(&core.settings.prefix, name)))
+    core.keys(name, LockKeys::plain)
 }
 
 /// Takes (or re-enters) the lock for the claim's owner. Without `wait`, one

@@ -341,6 +341,17 @@ impl Core {
         Ok(())
     }
 
+    /// The keys `layout` gives the object called `name` under the client's
+    /// prefix, after checking the name.
+    pub(crate) fn keys(
+        &self,
+        name: &str,
+        layout: fn(&str, &str) -> LockKeys,
+    ) -> Result<Arc<LockKeys>> {
+        self.check_name(name)?;
+        Ok(Arc::new(layout(&self.settings.prefix, name)))
+    }
+
     /// Sends `op` through the batcher (grouped with whatever else is
     /// pending) and waits for its reply.
     async fn call(&self, op: Op) -> Result<Reply> {

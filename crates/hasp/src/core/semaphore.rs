@@ -20,8 +20,7 @@ use hasp_owner::Owner;
 
 /// The keys of the semaphore called `name`, after checking the name.
 pub(crate) fn keys(core: &Core, name: &str) -> Result<Arc<LockKeys>> {
-    core.check_name(name)?;
-    Ok(Arc::new(LockKeys::semaphore(&core.settings.prefix, name)))
+    core.keys(name, LockKeys::semaphore)
 }
 
 /// Takes `permits` for the claim's owner. Without `wait`, one try that
