@@ -38,7 +38,7 @@ pub struct ServerOptions {
 }
 
 /// A TLS server's certificate, key and CA (PEM files; see
-/// [`TestCa`](crate::TestCa)).
+/// [`TestCa`](crate::tls::TestCa)).
 #[derive(Debug, Clone)]
 pub struct TlsOptions {
     /// The server's certificate.

@@ -126,11 +126,11 @@ impl PostgresServer {
     ///
     /// # Errors
     /// As [`PostgresServer::try_start`].
-    pub fn try_start_with_tls(ca: &crate::TestCa) -> Result<Self, LaunchError> {
+    pub fn try_start_with_tls(ca: &crate::tls::TestCa) -> Result<Self, LaunchError> {
         Self::try_start_inner(Some(ca))
     }
 
-    fn try_start_inner(ca: Option<&crate::TestCa>) -> Result<Self, LaunchError> {
+    fn try_start_inner(ca: Option<&crate::tls::TestCa>) -> Result<Self, LaunchError> {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .ok()
             .and_then(|versions| {
@@ -171,7 +171,7 @@ impl PostgresServer {
         let port = match ca {
             Some(ca) => {
                 postgres_tls_files(&dir, ca)?;
-                crate::free_tcp_port()
+                crate::redis::free_tcp_port()
             }
             None => POSTGRES_PORT,
         };
@@ -180,7 +180,7 @@ impl PostgresServer {
             dir,
             bin,
             port,
-            tls_ca: ca.map(crate::TestCa::ca_file),
+            tls_ca: ca.map(crate::tls::TestCa::ca_file),
         };
         this.spawn()?;
         this.wait_ready("CREATE DATABASE test")?;
@@ -324,7 +324,7 @@ impl PostgresServer {
 /// key others can read, and runs as `postgres` under root), and a
 /// `pg_hba.conf` that trusts the unix socket and TLS on 127.0.0.1 and
 /// rejects TCP without it.
-fn postgres_tls_files(dir: &Path, ca: &crate::TestCa) -> Result<(), LaunchError> {
+fn postgres_tls_files(dir: &Path, ca: &crate::tls::TestCa) -> Result<(), LaunchError> {
     use std::os::unix::fs::PermissionsExt;
     let copy = |from: PathBuf, to: &str, mode: u32| -> Result<(), LaunchError> {
         let to = dir.join(to);
@@ -391,11 +391,11 @@ impl MariaDbServer {
     ///
     /// # Panics
     /// As [`MariaDbServer::start`].
-    pub fn start_with_tls(ca: &crate::TestCa) -> Self {
+    pub fn start_with_tls(ca: &crate::tls::TestCa) -> Self {
         Self::start_inner(Some(ca))
     }
 
-    fn start_inner(ca: Option<&crate::TestCa>) -> Self {
+    fn start_inner(ca: Option<&crate::tls::TestCa>) -> Self {
         let dir = temp_dir("mariadb").unwrap_or_else(|e| panic!("{e}"));
         let data = dir.join("data");
         let log = dir.join("mariadb.log");
@@ -424,7 +424,7 @@ impl MariaDbServer {
             Err(_) => panic!("{}", missing("MariaDB (mariadb-install-db)")),
         }
         let socket = dir.join("mysqld.sock");
-        let tls = ca.map(|ca| (crate::free_tcp_port(), ca.ca_file()));
+        let tls = ca.map(|ca| (crate::redis::free_tcp_port(), ca.ca_file()));
         let mut server = Command::new("mariadbd");
         server
             .arg("--no-defaults")
