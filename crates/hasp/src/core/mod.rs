@@ -17,8 +17,7 @@
 //! | `scripts` | the batch function (a function library: one `.lua` file per kind, and its cluster form), loaded once, re-loaded when a server lost it |
 //! | `endpoint` | where the server is: an address, or a Sentinel service's current master |
 //! | `commands` | the connection for read-only queries |
-//! | `batcher` | group commit of every change (one function call and the native commands, packed, per call), settling calls whose replies were lost; each connection learns what its server offers |
-//! | `resp` | RESP2 on the batcher's own connection: commands packed straight into its buffer, replies read out of what it received |
+//! | `batcher` | group commit of every change (one function call and the native commands, packed, per call), settling calls whose replies were lost; each connection learns what its server offers, and speaks RESP2 itself (`batcher::resp`) |
 //! | `reply` | replies that carry a hold, received cancel-safely |
 //! | `waiters` | this client's tasks waiting per lock: FIFO, hand-off, wake-ups, grace |
 //! | `pubsub` | the pub/sub connection: subscriptions, messages, reconnects |
@@ -38,7 +37,7 @@
 //! Imports run one way: the kinds' modules (`lock`, `fair_lock`, `rw_lock`,
 //! `semaphore`, `latch`) → `mod.rs`, `lease`, `line` → `watchdog`, `waiters` → `batcher`,
 //! `reply`, `pubsub`, `holds`, `commands` → `endpoint`, `wire` → `keys`,
-//! `scripts`, `resp`.
+//! `scripts`.
 //!
 //! **Deployments.** One server, a Sentinel service and a Redis Cluster
 //! share everything above the connections. A Sentinel service differs only
@@ -84,7 +83,6 @@ pub(crate) mod lock;
 mod nonce;
 mod pubsub;
 mod reply;
-pub(crate) mod resp;
 pub(crate) mod rw_lock;
 pub(crate) mod scripts;
 pub(crate) mod semaphore;

@@ -3,6 +3,7 @@
 //! command only where no other operation of the call touches its lock.
 
 use super::queue::Request;
+use super::resp;
 use super::CROWDED;
 use crate::core::wire::native::Native;
 use crate::core::wire::Op;
@@ -67,7 +68,7 @@ impl Call {
                 i += 1;
                 match request.native_command(offer, crowded).filter(|_| alone) {
                     Some(command) => {
-                        command.write(&mut packed);
+                        resp::pack(&command, &mut packed);
                         false
                     }
                     None => true,
@@ -191,9 +192,7 @@ mod tests {
         let packed = &call.native.packed;
         let mut at = 0;
         for name in ["a", "e"] {
-            let (value, used) = crate::core::resp::read(&packed[at..])
-                .unwrap()
-                .expect("whole");
+            let (value, used) = resp::read(&packed[at..]).unwrap().expect("whole");
             let Value::Array(args) = value else {
                 panic!("a command: {value:?}")
             };

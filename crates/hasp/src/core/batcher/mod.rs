@@ -67,8 +67,10 @@
 //! commands), `lane` (a lane's task: gathering, sending, settling),
 //! `replies` (completing requests, and what a call leaves behind),
 //! `connection` and `socket` (one server's connection, driven by its
-//! lane), `slots` (a cluster's map), `repoll` (the lane's wake-ups). What
-//! an operation sends and what its reply means live in `wire`.
+//! lane), `resp` (RESP2 on that connection: commands packed straight into
+//! its buffer, replies read out of what it received), `slots` (a cluster's
+//! map), `repoll` (the lane's wake-ups). What an operation sends and what
+//! its reply means live in `wire`.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -89,6 +91,7 @@ mod lane;
 mod queue;
 mod replies;
 mod repoll;
+mod resp;
 #[cfg(feature = "cluster")]
 mod slots;
 mod socket;

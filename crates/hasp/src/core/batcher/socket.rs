@@ -11,7 +11,7 @@
 //! waiting. So one timer covers every command: only the oldest can be the
 //! first to run out of time (`benches/README.md` has what this saves).
 //!
-//! The connection speaks RESP2 (`core::resp`), logs in (`AUTH`) and selects the
+//! The connection speaks RESP2 (`resp`), logs in (`AUTH`) and selects the
 //! database as the client's URL says. A command whose reply does not come
 //! within the response time-out fails with a time-out error and the
 //! connection stays, as on redis-rs's connections: its reply, when it
@@ -35,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
-use crate::core::resp;
+use super::resp;
 
 /// The read buffer's first size; it grows for a reply that does not fit.
 const READ_BUFFER: usize = 16 * 1024;

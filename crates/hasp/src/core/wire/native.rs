@@ -35,9 +35,10 @@
 //! the function stays.
 //!
 //! [`Op::native`] says which command an operation goes as, borrowing
-//! what it sends from the operation; [`NativeCommand::write`] packs it as
-//! RESP (`core::resp`), the value written in place, without a `redis::Cmd`
-//! or a value built first. A call's commands are packed one after another
+//! what it sends from the operation; [`NativeCommand::write_args`] gives
+//! its arguments, the value built in place, to whatever packs them (the
+//! batcher packs them as RESP beside its socket, without a `redis::Cmd` or
+//! a value built first). A call's commands are packed one after another
 //! into one buffer, which the connection copies into its own.
 
 use std::sync::LazyLock;
@@ -49,7 +50,6 @@ use super::{Op, Reply};
 use crate::core::holds::Written;
 use crate::core::keys::Kind;
 use crate::core::nonce::Nonce;
-use crate::core::resp::Packer;
 use crate::error::Error;
 use hasp_owner::Owner;
 
@@ -153,12 +153,41 @@ pub(crate) enum NativeCommand<'a> {
     },
 }
 
+/// Where a native command's arguments go, one after the other: the
+/// batcher's RESP packer (`batcher::resp`) on the way to the wire.
+pub(crate) trait Args {
+    /// One argument made of `parts` one after the other.
+    fn joined(&mut self, parts: &[&[u8]]) -> &mut Self;
+
+    /// One argument.
+    fn arg(&mut self, bytes: &[u8]) -> &mut Self {
+        self.joined(&[bytes])
+    }
+
+    /// One argument: a number, in decimal.
+    fn number(&mut self, n: u64) -> &mut Self {
+        self.arg(itoa::Buffer::new().format(n).as_bytes())
+    }
+}
+
 impl NativeCommand<'_> {
-    /// Packs this command at the end of `out` (the connection's buffer).
-    pub(crate) fn write(&self, out: &mut Vec<u8>) {
-        let value = |p: &mut Packer<'_>, owner, nonce, token| {
+    /// How many arguments [`write_args`](Self::write_args) gives, the
+    /// command's name included.
+    pub(crate) fn arg_count(&self) -> usize {
+        match *self {
+            NativeCommand::Acquire { .. } => 6,
+            NativeCommand::DeleteIfEqual { script: true, .. } => 5,
+            NativeCommand::DeleteIfEqual { script: false, .. } => 3,
+            NativeCommand::SetIfEqual { .. } => 7,
+        }
+    }
+
+    /// Gives this command's arguments to `args`, the command's name first;
+    /// the lock's value is one argument made of its parts, built in place.
+    pub(crate) fn write_args<A: Args>(&self, args: &mut A) {
+        let value = |a: &mut A, owner, nonce, token| {
             free_value(owner, nonce, token, |parts| {
-                p.joined(parts);
+                a.joined(parts);
             });
         };
         match *self {
@@ -169,18 +198,17 @@ impl NativeCommand<'_> {
                 lease_ms,
                 fenced,
             } => {
-                let mut p = Packer::command(out, 6);
                 if fenced {
-                    p.arg(b"EVALSHA")
+                    args.arg(b"EVALSHA")
                         .arg(ACQUIRE_FREE.get_hash().as_bytes())
                         .arg(b"1")
                         .arg(lock.as_bytes());
-                    value(&mut p, owner, nonce, None);
-                    p.number(lease_ms);
+                    value(args, owner, nonce, None);
+                    args.number(lease_ms);
                 } else {
-                    p.arg(b"SET").arg(lock.as_bytes());
-                    value(&mut p, owner, nonce, Some(1));
-                    p.arg(b"NX").arg(b"PX").number(lease_ms);
+                    args.arg(b"SET").arg(lock.as_bytes());
+                    value(args, owner, nonce, Some(1));
+                    args.arg(b"NX").arg(b"PX").number(lease_ms);
                 }
             }
             NativeCommand::DeleteIfEqual {
@@ -189,19 +217,15 @@ impl NativeCommand<'_> {
                 written,
                 script,
             } => {
-                let mut p = if script {
-                    let mut p = Packer::command(out, 5);
-                    p.arg(b"EVALSHA")
+                if script {
+                    args.arg(b"EVALSHA")
                         .arg(DELETE_IF_EQUAL.get_hash().as_bytes())
                         .arg(b"1");
-                    p
                 } else {
-                    let mut p = Packer::command(out, 3);
-                    p.arg(b"DELIFEQ");
-                    p
-                };
-                p.arg(lock.as_bytes());
-                value(&mut p, owner, written.nonce, Some(written.token));
+                    args.arg(b"DELIFEQ");
+                }
+                args.arg(lock.as_bytes());
+                value(args, owner, written.nonce, Some(written.token));
             }
             NativeCommand::SetIfEqual {
                 lock,
@@ -209,12 +233,11 @@ impl NativeCommand<'_> {
                 written,
                 lease_ms,
             } => {
-                let mut p = Packer::command(out, 7);
-                p.arg(b"SET").arg(lock.as_bytes());
-                value(&mut p, owner, written.nonce, Some(written.token));
-                p.arg(b"IFEQ");
-                value(&mut p, owner, written.nonce, Some(written.token));
-                p.arg(b"PX").number(lease_ms);
+                args.arg(b"SET").arg(lock.as_bytes());
+                value(args, owner, written.nonce, Some(written.token));
+                args.arg(b"IFEQ");
+                value(args, owner, written.nonce, Some(written.token));
+                args.arg(b"PX").number(lease_ms);
             }
         }
     }
@@ -317,21 +340,19 @@ mod tests {
     use crate::core::keys::LockKeys;
     use crate::core::nonce::Nonces;
 
-    /// The arguments of `cmd` as it goes on the wire.
+    /// The arguments of `cmd`, as text.
     fn args(cmd: NativeCommand<'_>) -> Vec<String> {
-        let mut out = Vec::new();
-        cmd.write(&mut out);
-        let (value, used) = crate::core::resp::read(&out).unwrap().expect("whole");
-        assert_eq!(used, out.len(), "one command");
-        let Value::Array(args) = value else {
-            panic!("an array: {value:?}")
-        };
-        args.into_iter()
-            .map(|a| match a {
-                Value::BulkString(b) => String::from_utf8(b).unwrap(),
-                other => panic!("a bulk string: {other:?}"),
-            })
-            .collect()
+        struct Collected(Vec<String>);
+        impl Args for Collected {
+            fn joined(&mut self, parts: &[&[u8]]) -> &mut Self {
+                self.0.push(String::from_utf8(parts.concat()).unwrap());
+                self
+            }
+        }
+        let mut collected = Collected(Vec::new());
+        cmd.write_args(&mut collected);
+        assert_eq!(collected.0.len(), cmd.arg_count(), "as many as announced");
+        collected.0
     }
 
     #[test]

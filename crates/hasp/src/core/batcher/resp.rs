@@ -10,11 +10,14 @@
 //! per-reply state machine a general streaming parser keeps.
 //!
 //! A command is an array of bulk strings. [`Packer`] writes one argument
-//! at a time into the buffer it is given, so a command sent this way costs
-//! no allocation of its own (a `redis::Cmd` keeps its arguments in two
-//! vectors, then is copied into the buffer).
+//! at a time into the buffer it is given (a native command's, as `wire`
+//! gives them: [`pack`]), so a command sent this way costs no allocation of
+//! its own (a `redis::Cmd` keeps its arguments in two vectors, then is
+//! copied into the buffer).
 
 use redis::{RedisError, RedisResult, Value};
+
+use crate::core::wire::native::{Args, NativeCommand};
 
 /// Nesting deeper than this is not a reply hasp asked for.
 const MAX_DEPTH: usize = 8;
@@ -35,19 +38,10 @@ impl<'a> Packer<'a> {
         out.extend_from_slice(b"\r\n");
         Self { out }
     }
+}
 
-    /// One argument.
-    pub(crate) fn arg(&mut self, bytes: &[u8]) -> &mut Self {
-        self.joined(&[bytes])
-    }
-
-    /// One argument: a number, in decimal.
-    pub(crate) fn number(&mut self, n: u64) -> &mut Self {
-        self.arg(itoa::Buffer::new().format(n).as_bytes())
-    }
-
-    /// One argument made of `parts` one after the other.
-    pub(crate) fn joined(&mut self, parts: &[&[u8]]) -> &mut Self {
+impl Args for Packer<'_> {
+    fn joined(&mut self, parts: &[&[u8]]) -> &mut Self {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         self.out.reserve(len + 16);
         self.out.push(b'$');
@@ -60,6 +54,11 @@ impl<'a> Packer<'a> {
         self.out.extend_from_slice(b"\r\n");
         self
     }
+}
+
+/// Packs `command` at the end of `out` (the connection's buffer).
+pub(crate) fn pack(command: &NativeCommand<'_>, out: &mut Vec<u8>) {
+    command.write_args(&mut Packer::command(out, command.arg_count()));
 }
 
 /// The first complete reply at the start of `buf` and the bytes it took;
@@ -149,6 +148,66 @@ mod tests {
         let (value, used) = read(bytes).unwrap().expect("complete");
         assert_eq!(used, bytes.len(), "took the whole reply");
         value
+    }
+
+    #[test]
+    fn every_native_command_packs_as_many_arguments_as_it_announces() {
+        use crate::core::holds::Written;
+        use crate::core::nonce::Nonces;
+        let nonces = Nonces::new();
+        let owner = hasp_owner::Owner::from_id("o 1").unwrap();
+        let written = Written {
+            nonce: nonces.next(),
+            token: 7,
+        };
+        let commands = [
+            NativeCommand::Acquire {
+                lock: "hasp:{a}",
+                owner: &owner,
+                nonce: nonces.next(),
+                lease_ms: 500,
+                fenced: true,
+            },
+            NativeCommand::Acquire {
+                lock: "hasp:{a}:plain",
+                owner: &owner,
+                nonce: nonces.next(),
+                lease_ms: 500,
+                fenced: false,
+            },
+            NativeCommand::DeleteIfEqual {
+                lock: "hasp:{a}",
+                owner: &owner,
+                written,
+                script: true,
+            },
+            NativeCommand::DeleteIfEqual {
+                lock: "hasp:{a}",
+                owner: &owner,
+                written,
+                script: false,
+            },
+            NativeCommand::SetIfEqual {
+                lock: "hasp:{a}",
+                owner: &owner,
+                written,
+                lease_ms: 500,
+            },
+        ];
+        let mut out = Vec::new();
+        for command in &commands {
+            pack(command, &mut out);
+        }
+        let mut at = 0;
+        for command in &commands {
+            let (value, used) = read(&out[at..]).unwrap().expect("whole");
+            let Value::Array(args) = value else {
+                panic!("a command: {value:?}")
+            };
+            assert_eq!(args.len(), command.arg_count(), "{command:?}");
+            at += used;
+        }
+        assert_eq!(at, out.len(), "nothing else packed");
     }
 
     #[test]
