@@ -9,7 +9,7 @@ use super::adaptive::{Class, Shared};
 use super::holds::HoldState;
 use super::wire::lease::LeaseMerge;
 use super::wire::{Op, Reply};
-use super::{closed, Core};
+use super::Core;
 use crate::error::{Error, Result};
 
 /// What a class of adaptive locks has learned, from
@@ -103,13 +103,10 @@ impl Core {
         // Send what is unmerged, whether or not a merge ran this second.
         if let Some((estimate, sent)) = class.begin_merge(true) {
             let op = self.merge_op(&class, estimate.srtt, estimate.rttvar, sent);
-            let reply = self.queue.call(op).await.map_err(|_| closed());
-            let shared = match &reply {
-                Ok(Ok(reply)) => shared(reply),
-                _ => None,
-            };
+            let reply = self.call(op).await;
+            let shared = reply.as_ref().ok().and_then(shared);
             class.end_merge(shared, sent, &self.classes.learning);
-            reply??;
+            reply?;
         }
         let estimate = class.estimate();
         let updated_at = u64::try_from(class.updated_at_ms())
