@@ -170,10 +170,8 @@ impl Client {
         service: &str,
         settings: Settings,
     ) -> Result<Self> {
-        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
-            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
         Ok(Self {
-            core: Core::open_sentinel(sentinels, service, node, settings).await?,
+            core: Core::open_sentinel(sentinels, service, settings).await?,
         })
     }
 

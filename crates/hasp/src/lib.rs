@@ -149,6 +149,7 @@ mod rw_lock;
 mod semaphore;
 mod terms;
 mod tls;
+mod transport;
 
 /// Not part of the API: what the lock benchmark (`benches/lock.rs`) needs to
 /// drive Redis with hasp's own script, without a copy of its wire format.
@@ -179,7 +180,7 @@ pub mod __bench {
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub mod sentinel {
-    pub use crate::core::endpoint::follow_master_switches;
+    pub use crate::core::sentinels::{follow_master_switches, Sentinels};
 }
 
 pub use acl::acl_rules;
@@ -199,3 +200,4 @@ pub use plain_lock::{PlainGuard, PlainLock};
 pub use rw_lock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
 pub use tls::Tls;
+pub use transport::Connection;

@@ -21,7 +21,10 @@ use crate::error::{Error, Result};
 /// and the cluster's) uses the same settings.
 ///
 /// A server's certificate must name the host of its address (a DNS name or
-/// an IP address in its subject alternative names).
+/// an IP address in its subject alternative names), or the name
+/// [`Tls::with_server_name`] gives: a server reached by an address its
+/// certificate does not carry (an IP address, a tunnel, a load balancer)
+/// is verified by that name.
 ///
 /// ```
 /// # fn main() -> hasp::Result<()> {
@@ -43,6 +46,9 @@ pub struct Tls {
     pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
     /// Accept any server certificate.
     pub(crate) insecure: bool,
+    /// The name every server's certificate must carry, instead of its
+    /// address's host.
+    pub(crate) server_name: Option<ServerName<'static>>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -51,6 +57,7 @@ impl std::fmt::Debug for Tls {
             .field("ca", &self.ca.as_ref().map(|_| "<pem>"))
             .field("identity", &self.identity.as_ref().map(|_| "<redacted>"))
             .field("insecure", &self.insecure)
+            .field("server_name", &self.server_name)
             .finish()
     }
 }
@@ -118,6 +125,34 @@ impl Tls {
         self.with_identity_pem(cert_pem, key_pem)
     }
 
+    /// Verifies every server's certificate by `name` (a DNS name or an IP
+    /// address), whatever host its address names, and sends `name` in the
+    /// TLS hello (SNI) for a DNS name. For servers reached by an address
+    /// their certificate does not carry: an IP address, a tunnel, a load
+    /// balancer, a Sentinel's announced address. Every server the client
+    /// speaks to must then carry `name`: a Redis Cluster's nodes, each
+    /// verified by the name it announces, refuse it
+    /// ([`Client::open_cluster`](crate::Client::open_cluster) fails).
+    ///
+    /// ```
+    /// # fn main() -> hasp::Result<()> {
+    /// let tls = hasp::Tls::new().with_server_name("redis.internal")?;
+    /// assert!(hasp::Tls::new().with_server_name("not a name").is_err());
+    /// # let _ = tls;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `name` is neither a DNS name nor an IP
+    /// address.
+    pub fn with_server_name(mut self, name: &str) -> Result<Self> {
+        let parsed = ServerName::try_from(name.to_owned())
+            .map_err(|e| Error::invalid("server_name", format!("{name:?}: {e}")))?;
+        self.server_name = Some(parsed);
+        Ok(self)
+    }
+
     /// Accepts any server certificate, whoever issued it and whatever host
     /// it names: the connection is encrypted but not authenticated, so
     /// anyone on the path can read and change it. For development against a
@@ -175,82 +210,6 @@ impl Tls {
     }
 }
 
-/// A redis-rs client for `info`: over TLS with `tls`'s trust when the
-/// address is `rediss://` (the system's roots without settings).
-pub(crate) fn client(
-    info: redis::ConnectionInfo,
-    tls: Option<&Tls>,
-) -> redis::RedisResult<redis::Client> {
-    let redis::ConnectionAddr::TcpTls {
-        host,
-        port,
-        insecure,
-        ..
-    } = info.addr().clone()
-    else {
-        return redis::Client::open(info);
-    };
-    match tls {
-        Some(tls) if tls.insecure || insecure => {
-            let addr = redis::ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: true,
-                tls_params: None,
-            };
-            redis::Client::open(info.set_addr(addr))
-        }
-        Some(tls) => redis::Client::build_with_tls(info, tls.redis_certificates()),
-        None => redis::Client::open(info),
-    }
-}
-
-/// A client of the sentinels at `sentinels` (`rediss://`: TLS to them and
-/// to the master they name, with `tls`'s trust) for the master of
-/// `service`.
-#[cfg(feature = "sentinel")]
-pub(crate) fn sentinel_client(
-    sentinels: Vec<redis::ConnectionInfo>,
-    service: &str,
-    tls: Option<&Tls>,
-) -> redis::RedisResult<redis::sentinel::SentinelClient> {
-    let insecure = tls.is_some_and(|t| t.insecure)
-        || sentinels.iter().any(|s| {
-            matches!(
-                s.addr(),
-                redis::ConnectionAddr::TcpTls { insecure: true, .. }
-            )
-        });
-    let mode = match insecure {
-        true => redis::TlsMode::Insecure,
-        false => redis::TlsMode::Secure,
-    };
-    let credentials = sentinels.first().map(|s| s.redis_settings().clone());
-    let addrs = sentinels.into_iter().map(|s| s.addr().clone());
-    let mut builder = redis::sentinel::SentinelClientBuilder::new(
-        addrs,
-        service,
-        redis::sentinel::SentinelServerType::Master,
-    )?
-    .set_client_to_sentinel_tls_mode(mode)
-    .set_client_to_redis_tls_mode(mode)
-    .set_client_to_redis_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-    if let Some(credentials) = credentials {
-        if let Some(user) = credentials.username() {
-            builder = builder.set_client_to_sentinel_username(user);
-        }
-        if let Some(password) = credentials.password() {
-            builder = builder.set_client_to_sentinel_password(password);
-        }
-    }
-    if let (Some(tls), false) = (tls, insecure) {
-        builder = builder
-            .set_client_to_sentinel_certificates(tls.redis_certificates())
-            .set_client_to_redis_certificates(tls.redis_certificates());
-    }
-    builder.build()
-}
-
 /// `error`, from a plain TCP connection's first exchange, with the likely
 /// cause said when the server cut the connection without a word: a server
 /// that speaks TLS only (Redis' `tls-port`) does that to a plain client.
@@ -282,17 +241,6 @@ pub(crate) fn no_answer(plain_tcp: bool, server: &str) -> redis::RedisError {
         ),
     };
     redis::RedisError::from((redis::ErrorKind::Io, "connection timed out", detail))
-}
-
-/// The name a server's certificate must carry: the host of its address.
-pub(crate) fn server_name(host: &str) -> redis::RedisResult<ServerName<'static>> {
-    ServerName::try_from(host.to_owned()).map_err(|e| {
-        redis::RedisError::from((
-            redis::ErrorKind::InvalidClientConfig,
-            "not a host name TLS can verify",
-            format!("{host:?}: {e}"),
-        ))
-    })
 }
 
 fn read(path: &Path, what: &'static str) -> Result<Vec<u8>> {
@@ -393,7 +341,7 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
 /// The client's TLS connectors (its verifying one and, if an address asks
 /// for it, its accepting one), made on first use and kept: reading the
 /// system's roots costs milliseconds, a connect should not.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Connectors {
     tls: Tls,
     verifying: std::sync::OnceLock<std::result::Result<tokio_rustls::TlsConnector, String>>,
@@ -415,6 +363,21 @@ impl Connectors {
             tls: tls.cloned().unwrap_or_default(),
             ..Self::default()
         }
+    }
+
+    /// The name the certificate of the server at `host` must carry: the
+    /// settings' server name, or else `host`.
+    pub(crate) fn server_name(&self, host: &str) -> redis::RedisResult<ServerName<'static>> {
+        if let Some(name) = &self.tls.server_name {
+            return Ok(name.clone());
+        }
+        ServerName::try_from(host.to_owned()).map_err(|e| {
+            redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "not a host name TLS can verify",
+                format!("{host:?}: {e}"),
+            ))
+        })
     }
 
     /// The connector for an address that accepts any certificate

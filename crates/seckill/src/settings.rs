@@ -14,6 +14,7 @@
 //! | Redis URL | `--redis-url` `SECKILL_REDIS_URL` `redis_url` | `redis://127.0.0.1:6379/` |
 //! | Redis TLS: CA to trust instead of the system's | `--redis-tls-ca-file` … `redis_tls_ca_file` | none |
 //! | Redis TLS: client certificate and key | `--redis-tls-cert-file`, `--redis-tls-key-file` … | none |
+//! | Redis TLS: the name servers' certificates must carry, when their addresses do not (not for a cluster) | `--redis-tls-server-name` … `redis_tls_server_name` | the address's host |
 //! | Redis TLS: accept any certificate (development only) | `--redis-tls-insecure` … `redis_tls_insecure` | false |
 //! | database URL (TLS in it: `?sslmode=verify-full&sslrootcert=ca.pem` for PostgreSQL, `?ssl-mode=VERIFY_IDENTITY&ssl-ca=ca.pem` for MariaDB) | `--database-url` `SECKILL_DATABASE_URL` `database_url` | `sqlite://data/seckill.db` |
 //! | listen address | `--listen` `SECKILL_LISTEN` `listen` | `127.0.0.1:8080` |
@@ -202,6 +203,9 @@ pub struct Layer {
     /// Redis TLS: PEM file of the client certificate's private key.
     #[arg(long, env = "SECKILL_REDIS_TLS_KEY_FILE")]
     pub redis_tls_key_file: Option<std::path::PathBuf>,
+    /// Redis TLS: the name every server's certificate must carry, when its address does not (an IP address, a Sentinel's announced master); not for a cluster [default: the address's host].
+    #[arg(long, env = "SECKILL_REDIS_TLS_SERVER_NAME")]
+    pub redis_tls_server_name: Option<String>,
     /// Redis TLS: accept any server certificate (encrypted, not authenticated: development only) [default: false].
     #[arg(long, env = "SECKILL_REDIS_TLS_INSECURE")]
     pub redis_tls_insecure: Option<bool>,
@@ -334,6 +338,7 @@ impl Layer {
             redis_tls_ca_file: None,
             redis_tls_cert_file: None,
             redis_tls_key_file: None,
+            redis_tls_server_name: None,
             redis_tls_insecure: Some(false),
             database_url: Some("sqlite://data/seckill.db".into()),
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
@@ -390,6 +395,7 @@ impl Layer {
             redis_tls_ca_file: self.redis_tls_ca_file.or(lower.redis_tls_ca_file),
             redis_tls_cert_file: self.redis_tls_cert_file.or(lower.redis_tls_cert_file),
             redis_tls_key_file: self.redis_tls_key_file.or(lower.redis_tls_key_file),
+            redis_tls_server_name: self.redis_tls_server_name.or(lower.redis_tls_server_name),
             redis_tls_insecure: self.redis_tls_insecure.or(lower.redis_tls_insecure),
             database_url: self.database_url.or(lower.database_url),
             listen: self.listen.or(lower.listen),
@@ -448,10 +454,13 @@ impl Layer {
             ca_file: all.redis_tls_ca_file,
             cert_file: all.redis_tls_cert_file,
             key_file: all.redis_tls_key_file,
+            server_name: all.redis_tls_server_name,
             insecure: set(all.redis_tls_insecure, "redis_tls_insecure")?,
         };
-        // Read now: a missing file is a setting's error, not a connection's.
+        // Read now: a missing file or a bad name is a setting's error, not
+        // a connection's.
         redis_tls.certificates()?;
+        redis_tls.hasp()?;
         Ok(Storage {
             redis_url: set(all.redis_url, "redis_url")?,
             redis_tls,
@@ -473,6 +482,7 @@ impl Layer {
             redis_tls_ca_file: all.redis_tls_ca_file.clone(),
             redis_tls_cert_file: all.redis_tls_cert_file.clone(),
             redis_tls_key_file: all.redis_tls_key_file.clone(),
+            redis_tls_server_name: all.redis_tls_server_name.clone(),
             redis_tls_insecure: all.redis_tls_insecure,
             database_url: all.database_url.clone(),
             prefix: all.prefix.clone(),
@@ -771,6 +781,13 @@ mod tests {
                     ..with_secret()
                 },
                 "replica_ack_timeout_ms",
+            ),
+            (
+                Layer {
+                    redis_tls_server_name: Some("not a name".into()),
+                    ..with_secret()
+                },
+                "redis_tls_server_name",
             ),
         ] {
             let err = layer.resolve().unwrap_err();

@@ -2,7 +2,9 @@
 //! service 19): one server (`rediss://`) on both purchase paths, a
 //! Sentinel service (`rediss+sentinel://`) through a failover and a
 //! cluster (`rediss+cluster://`), trusting a private CA given by the
-//! settings; and on a PostgreSQL and a MariaDB that speak TLS only.
+//! settings (and, for the Sentinel service's servers, verifying them by
+//! the name the settings give); and on a PostgreSQL and a MariaDB that
+//! speak TLS only.
 
 use seckill::testing as support;
 
@@ -162,11 +164,28 @@ async fn an_untrusted_certificate_stops_the_start_and_says_why() {
 
 /// Service 19: on `rediss+sentinel://` the service follows a failover,
 /// TLS to the sentinels and to each master, and every accepted order is
-/// stored.
+/// stored. Every server's certificate names only `redis.sentinel.test`,
+/// not the addresses the sentinels announce: the service verifies each by
+/// the name its settings give (`redis_tls_server_name`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_follows_a_failover_over_tls() {
     let ca = Ca::new("sentinel");
-    let group = SentinelGroup::start_with_tls(1, 3, Some(ca.ca.server_options(false)));
+    let (cert, key) = ca
+        .ca
+        .issue(
+            "named",
+            testkit::CertificateUse::Server,
+            &["redis.sentinel.test"],
+            false,
+        )
+        .unwrap();
+    let options = testkit::TlsOptions {
+        cert,
+        key,
+        ca: ca.ca.ca_file(),
+        client_certs: false,
+    };
+    let group = SentinelGroup::start_with_tls(1, 3, Some(options));
     let hosts: Vec<String> = group
         .urls()
         .iter()
@@ -181,7 +200,16 @@ async fn the_service_follows_a_failover_over_tls() {
         hosts.join(",")
     );
     let database = format!("sqlite://{}/shop.db", ca.dir.display());
-    let (service, base) = ca.serve(url, &database).await;
+    let service = Service::start(Settings {
+        redis_tls: RedisTls {
+            server_name: Some("redis.sentinel.test".to_owned()),
+            ..ca.trust()
+        },
+        ..support::settings(url, &database, SECRET)
+    })
+    .await
+    .unwrap();
+    let base = format!("http://{}", service.addr());
     let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
     let http = reqwest::Client::new();
     let (voucher, mut accepted) = sell(&http, &base, &tokens, 10).await;

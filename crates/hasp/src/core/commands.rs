@@ -1,35 +1,30 @@
 //! The connection for read-only queries (`EXISTS`, `PTTL`, ...),
 //! pipelined by all tasks of a client.
 //!
-//! To one address it is redis-rs's `ConnectionManager` (which reconnects by
-//! itself); to a Sentinel service it is a multiplexed connection made again
-//! to the current master whenever it breaks or the master changes
-//! (`endpoint`).
+//! To one address it is a [`Connection`] (made again when it breaks); to a
+//! Sentinel service it is one made again to the current master whenever it
+//! breaks or the master changes (`endpoint`).
 
 #[cfg(feature = "sentinel")]
 use std::sync::Arc;
+#[cfg(any(feature = "sentinel", feature = "cluster"))]
 use std::time::Duration;
 
-#[cfg(feature = "sentinel")]
-use redis::aio::MultiplexedConnection;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-#[cfg(feature = "sentinel")]
-use redis::AsyncConnectionConfig;
 use redis::RedisResult;
 #[cfg(feature = "sentinel")]
 use tokio::sync::Mutex;
 
-#[cfg(feature = "sentinel")]
 use super::endpoint::Endpoint;
 use super::scripts;
 use crate::config::Settings;
 #[cfg(feature = "cluster")]
 use crate::error::is_redirect;
 use crate::error::Result;
+use crate::transport::Connection;
 
 /// See the module docs.
 pub(crate) enum Commands {
-    Fixed(ConnectionManager),
+    Fixed(Connection),
     #[cfg(feature = "sentinel")]
     Following(Box<Following>),
     /// A Redis Cluster: routed by key. redis-rs does not retry (see the
@@ -42,7 +37,7 @@ pub(crate) enum Commands {
 impl Following {
     /// The live connection, made again if there is none or the master
     /// changed since it was made.
-    async fn connection(&self) -> RedisResult<MultiplexedConnection> {
+    async fn connection(&self) -> RedisResult<Connection> {
         let mut live = self.live.lock().await;
         let generation = self.endpoint.generation();
         if let Some((made_in, conn)) = &*live {
@@ -50,10 +45,13 @@ impl Following {
                 return Ok(conn.clone());
             }
         }
-        let client = self.endpoint.resolve().await?;
-        let conn = client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+        let info = self.endpoint.resolve().await?;
+        let conn = Connection::new(
+            info,
+            self.endpoint.tls().clone(),
+            self.connection_timeout,
+            self.response_timeout,
+        );
         *live = Some((generation, conn.clone()));
         Ok(conn)
     }
@@ -63,9 +61,10 @@ impl Following {
 #[cfg(feature = "sentinel")]
 pub(crate) struct Following {
     endpoint: Arc<Endpoint>,
-    config: AsyncConnectionConfig,
+    connection_timeout: Duration,
+    response_timeout: Duration,
     /// The live connection and the endpoint generation it was made in.
-    live: Mutex<Option<(u64, MultiplexedConnection)>>,
+    live: Mutex<Option<(u64, Connection)>>,
 }
 
 impl std::fmt::Debug for Commands {
@@ -81,14 +80,16 @@ impl std::fmt::Debug for Commands {
 }
 
 impl Commands {
-    /// Connects to a fixed server and loads the script there.
-    pub(crate) async fn fixed(client: redis::Client, settings: &Settings) -> Result<Self> {
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(settings.response_timeout))
-            .set_connection_timeout(Some(settings.connection_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let mut conn = ConnectionManager::new_with_config(client, config).await?;
+    /// Connects to the endpoint's server (a fixed one) and loads the
+    /// script there.
+    pub(crate) async fn fixed(endpoint: &Endpoint, settings: &Settings) -> Result<Self> {
+        let info = endpoint.resolve().await?;
+        let mut conn = Connection::new(
+            info,
+            endpoint.tls().clone(),
+            settings.connection_timeout,
+            settings.response_timeout,
+        );
         scripts::preload(&mut conn).await?;
         Ok(Commands::Fixed(conn))
     }
@@ -97,12 +98,10 @@ impl Commands {
     /// there.
     #[cfg(feature = "sentinel")]
     pub(crate) async fn following(endpoint: Arc<Endpoint>, settings: &Settings) -> Result<Self> {
-        let config = AsyncConnectionConfig::new()
-            .set_response_timeout(Some(settings.response_timeout))
-            .set_connection_timeout(Some(settings.connection_timeout));
         let following = Following {
             endpoint,
-            config,
+            connection_timeout: settings.connection_timeout,
+            response_timeout: settings.response_timeout,
             live: Mutex::new(None),
         };
         let mut conn = following.connection().await?;
@@ -136,7 +135,7 @@ impl Commands {
             #[cfg(feature = "sentinel")]
             Commands::Following(following) => {
                 let result = cmd.query_async(&mut following.connection().await?).await;
-                if matches!(&result, Err(e) if e.is_connection_dropped() || e.is_io_error()) {
+                if matches!(&result, Err(e) if crate::transport::broke(e)) {
                     *following.live.lock().await = None;
                 }
                 result
@@ -149,9 +148,7 @@ impl Commands {
     /// the connection is made again), which a read allows.
     pub(crate) async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
         match self.once(cmd).await {
-            Err(e) if (e.is_connection_dropped() || e.is_io_error()) && !e.is_timeout() => {
-                Ok(self.once(cmd).await?)
-            }
+            Err(e) if crate::transport::broke(&e) => Ok(self.once(cmd).await?),
             result => Ok(result?),
         }
     }

@@ -19,19 +19,12 @@
 //! connection as soon as one names its service.
 
 use std::sync::Arc;
-#[cfg(feature = "sentinel")]
-use std::{sync::Weak, time::Duration};
+
+use redis::{ConnectionInfo, RedisResult};
+use tokio::sync::watch;
 
 #[cfg(feature = "sentinel")]
-use futures_util::StreamExt;
-#[cfg(feature = "sentinel")]
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-#[cfg(feature = "sentinel")]
-use redis::IntoConnectionInfo;
-use redis::RedisResult;
-use tokio::sync::watch;
-#[cfg(feature = "sentinel")]
-use tokio::sync::Mutex;
+use super::sentinels::{follow_master_switches, Sentinels};
 
 /// A client's server (see the module docs).
 pub(crate) struct Endpoint {
@@ -44,15 +37,15 @@ pub(crate) struct Endpoint {
 }
 
 enum Kind {
-    Direct(redis::Client),
+    Direct(Box<ConnectionInfo>),
     #[cfg(feature = "sentinel")]
-    Sentinel(Mutex<SentinelClient>),
+    Sentinel(Sentinels),
 }
 
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
-            Kind::Direct(client) => write!(f, "Endpoint({})", client.get_connection_info().addr()),
+            Kind::Direct(info) => write!(f, "Endpoint({})", info.addr()),
             #[cfg(feature = "sentinel")]
             Kind::Sentinel(_) => f.write_str("Endpoint(sentinel)"),
         }
@@ -60,64 +53,40 @@ impl std::fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
-    /// The server `client` points at; TLS (for a `rediss://` address) as
-    /// `tls` says.
-    pub(crate) fn direct(client: redis::Client, tls: crate::tls::Connectors) -> Arc<Self> {
+    /// The server at `info`; TLS (for a `rediss://` address) as `tls`
+    /// says.
+    pub(crate) fn direct(info: ConnectionInfo, tls: crate::tls::Connectors) -> Arc<Self> {
         Arc::new(Self {
-            kind: Kind::Direct(client),
+            kind: Kind::Direct(Box::new(info)),
             generation: watch::Sender::new(0),
             tls,
         })
     }
 
-    /// The current master of `service`, as the sentinels at `sentinels`
-    /// say; connections to it use `node` (database, credentials, TCP
-    /// settings). Sentinels named by `rediss://` are reached over TLS, and
-    /// so is the master they name, with `tls`'s trust.
+    /// The current master of the service `sentinels` watch; connections
+    /// to it speak TLS as the sentinels do, with the same trust.
     #[cfg(feature = "sentinel")]
-    pub(crate) fn sentinel(
-        sentinels: Vec<redis::ConnectionInfo>,
-        service: &str,
-        node: SentinelNodeConnectionInfo,
-        tls: Option<&crate::tls::Tls>,
-    ) -> RedisResult<Arc<Self>> {
-        let secure = sentinels
-            .iter()
-            .any(|s| matches!(s.addr(), redis::ConnectionAddr::TcpTls { .. }));
-        let announcers = sentinels
-            .iter()
-            .cloned()
-            .map(|info| crate::tls::client(info, tls))
-            .collect::<RedisResult<Vec<_>>>()?;
-        let client = match secure {
-            false => SentinelClient::build(
-                sentinels,
-                String::from(service),
-                Some(node),
-                SentinelServerType::Master,
-            )?,
-            true => crate::tls::sentinel_client(sentinels, service, tls)?,
-        };
+    pub(crate) fn sentinel(sentinels: Sentinels) -> Arc<Self> {
         let endpoint = Arc::new(Self {
-            kind: Kind::Sentinel(Mutex::new(client)),
+            kind: Kind::Sentinel(sentinels.clone()),
             generation: watch::Sender::new(0),
-            tls: crate::tls::Connectors::new(tls),
+            tls: sentinels.tls().clone(),
         });
         tokio::spawn(follow_master_switches(
             Arc::downgrade(&endpoint),
-            announcers,
-            service.to_owned(),
+            sentinels,
             Endpoint::stale,
         ));
-        Ok(endpoint)
+        endpoint
     }
 
-    /// A client for the server to connect to now.
-    pub(crate) async fn resolve(&self) -> RedisResult<redis::Client> {
+    /// Where to connect now: the address, or the master the sentinels
+    /// name.
+    pub(crate) async fn resolve(&self) -> RedisResult<ConnectionInfo> {
         match &self.kind {
-            Kind::Direct(client) => Ok(client.clone()),
+            Kind::Direct(info) => Ok(ConnectionInfo::clone(info)),
             #[cfg(feature = "sentinel")]
-            Kind::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await,
+            Kind::Sentinel(sentinels) => sentinels.resolve().await,
         }
     }
 
@@ -130,7 +99,7 @@ impl Endpoint {
         }
     }
 
-    /// The connectors of the lanes' TLS connections.
+    /// The connectors of the connections' TLS.
     pub(crate) fn tls(&self) -> &crate::tls::Connectors {
         &self.tls
     }
@@ -153,70 +122,4 @@ impl Endpoint {
     pub(crate) fn changes(&self) -> watch::Receiver<u64> {
         self.generation.subscribe()
     }
-}
-
-/// Listens to the sentinels' `+switch-master` announcements, on one
-/// sentinel at a time (the next one when it fails), and calls `on_switch`
-/// with what `owner` points to each time one names `service`. Ends when
-/// `owner` is gone.
-///
-/// hasp's Sentinel clients move their connections on it; an application
-/// that keeps its own connection to the master of the same service can
-/// move it by the same rule. Waiting for `READONLY` is not enough: a
-/// sentinel reconfigures the old master only when it next polls it, and
-/// until then the old master takes writes the new one never sees.
-///
-/// # Cancel safety
-/// Cancel safe: it only listens; dropping it stops the listening.
-#[cfg(feature = "sentinel")]
-pub async fn follow_master_switches<T>(
-    owner: Weak<T>,
-    sentinels: Vec<redis::Client>,
-    service: String,
-    on_switch: impl Fn(&T),
-) {
-    if sentinels.is_empty() {
-        return;
-    }
-    let mut next = 0;
-    loop {
-        let sentinel = &sentinels[next % sentinels.len()];
-        next += 1;
-        match sentinel.get_async_pubsub().await {
-            Ok(mut pubsub) => {
-                if pubsub.subscribe("+switch-master").await.is_ok() {
-                    let mut messages = pubsub.on_message();
-                    loop {
-                        let message = tokio::time::timeout(Duration::from_secs(1), messages.next());
-                        match message.await {
-                            Ok(Some(message)) => {
-                                let payload: String = message.get_payload().unwrap_or_default();
-                                // "<service> <old ip> <old port> <new ip> <new port>"
-                                if payload.split(' ').next() == Some(service.as_str()) {
-                                    match owner.upgrade() {
-                                        Some(owner) => on_switch(&owner),
-                                        None => return,
-                                    }
-                                }
-                            }
-                            Ok(None) => break, // the sentinel went away: the next one
-                            Err(_) if owner.strong_count() == 0 => return,
-                            Err(_) => {}
-                        }
-                    }
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "sentinel unreachable for announcements"),
-        }
-        if owner.strong_count() == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Parses sentinel URLs.
-#[cfg(feature = "sentinel")]
-pub(crate) fn sentinel_infos(urls: &[&str]) -> RedisResult<Vec<redis::ConnectionInfo>> {
-    urls.iter().map(|u| u.into_connection_info()).collect()
 }

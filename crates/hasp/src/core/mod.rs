@@ -16,6 +16,7 @@
 //! | `wire` | the batch script's operations and replies, one submodule per kind, and `wire::hold`, the hold lifecycle the queued kinds share (release, renewal, undo, settlement, leaving the line); `wire::native`, the operations that go as one native command (`SET NX PX`, `DELIFEQ`, `SET IFEQ`) where the server has it and no branch is needed |
 //! | `scripts` | the batch function (a function library: one `.lua` file per kind, and its cluster form), loaded once, re-loaded when a server lost it |
 //! | `endpoint` | where the server is: an address, or a Sentinel service's current master |
+//! | `sentinels` | asking a Sentinel service's sentinels for its master, and hearing them announce a switch |
 //! | `commands` | the connection for read-only queries |
 //! | `batcher` | group commit of every change (one function call and the native commands, packed, per call), settling calls whose replies were lost; each connection learns what its server offers, and speaks RESP2 itself (`batcher::resp`) |
 //! | `reply` | replies that carry a hold, received cancel-safely |
@@ -36,8 +37,9 @@
 //!
 //! Imports run one way: the kinds' modules (`lock`, `fair_lock`, `rw_lock`,
 //! `semaphore`, `latch`) → `mod.rs`, `lease`, `line` → `watchdog`, `waiters` → `batcher`,
-//! `reply`, `pubsub`, `holds`, `commands` → `endpoint`, `wire` → `keys`,
-//! `scripts`.
+//! `reply`, `pubsub`, `holds`, `commands` → `endpoint` → `sentinels`,
+//! `wire` → `keys`, `scripts`. Every connection's bytes come from
+//! `crate::transport`, below the floor.
 //!
 //! **Deployments.** One server, a Sentinel service and a Redis Cluster
 //! share everything above the connections. A Sentinel service differs only
@@ -86,6 +88,8 @@ mod reply;
 pub(crate) mod rw_lock;
 pub(crate) mod scripts;
 pub(crate) mod semaphore;
+#[cfg(feature = "sentinel")]
+pub(crate) mod sentinels;
 mod waiters;
 mod watchdog;
 pub(crate) mod wire;
@@ -97,6 +101,8 @@ use holds::{Claim, Found, HoldState, Holds, Lease, ReleaseStep, Written};
 use keys::LockKeys;
 use pubsub::{Listener, PubSub};
 use reply::{HoldReply, Undo};
+#[cfg(feature = "sentinel")]
+use sentinels::Sentinels;
 use waiters::Waiters;
 use watchdog::Watchdog;
 use wire::lock::LockOp;
@@ -148,13 +154,12 @@ impl Core {
             db => format!("{}/{db}", info.addr()),
         }
         .into();
-        let tls = settings.tls.as_ref();
         let plain_tcp = matches!(info.addr(), redis::ConnectionAddr::Tcp(..));
-        let redis = crate::tls::client(info, tls).map_err(invalid_url)?;
+        let endpoint = Endpoint::direct(info, crate::tls::Connectors::new(settings.tls.as_ref()));
         // The first connection, its TLS handshake included, within the
         // connection timeout: a TLS client at a plain port gets no answer
         // to its hello, and must hear that, not hang.
-        let first = Commands::fixed(redis.clone(), &settings);
+        let first = Commands::fixed(&endpoint, &settings);
         let commands = match tokio::time::timeout(settings.connection_timeout, first).await {
             Ok(Ok(commands)) => commands,
             Ok(Err(Error::Redis(e))) if plain_tcp => {
@@ -163,7 +168,6 @@ impl Core {
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(Error::Redis(crate::tls::no_answer(plain_tcp, &server))),
         };
-        let endpoint = Endpoint::direct(redis, crate::tls::Connectors::new(tls));
         let target = Target::Server(endpoint.clone());
         let pubsub = pubsub::Target::Server(endpoint);
         Self::start(server, target, pubsub, commands, settings).await
@@ -175,6 +179,17 @@ impl Core {
         settings.validate()?;
         if seeds.is_empty() {
             return Err(Error::invalid("seeds", "needs at least one node URL"));
+        }
+        if settings
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.server_name.is_some())
+        {
+            return Err(Error::invalid(
+                "server_name",
+                "a Redis Cluster's nodes are verified by the names they announce \
+                 (cluster-announce-hostname), not by one name: set none for a cluster",
+            ));
         }
         if settings.replica_ack.is_some() {
             return Err(Error::invalid(
@@ -221,23 +236,12 @@ impl Core {
     pub(crate) async fn open_sentinel(
         sentinels: &[&str],
         service: &str,
-        node: redis::sentinel::SentinelNodeConnectionInfo,
         settings: Settings,
     ) -> Result<Arc<Self>> {
         settings.validate()?;
-        if sentinels.is_empty() {
-            return Err(Error::invalid(
-                "sentinels",
-                "needs at least one sentinel URL",
-            ));
-        }
-        if service.is_empty() {
-            return Err(Error::invalid("service", "must not be empty"));
-        }
-        let infos = endpoint::sentinel_infos(sentinels)
-            .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
-        let endpoint = Endpoint::sentinel(infos, service, node, settings.tls.as_ref())
-            .map_err(|e| Error::invalid("sentinels", e.to_string()))?;
+        let sentinels = Sentinels::new(sentinels, service, settings.tls.as_ref())?
+            .with_timeout(settings.connection_timeout);
+        let endpoint = Endpoint::sentinel(sentinels);
         let commands = Commands::following(endpoint.clone(), &settings).await?;
         let target = Target::Server(endpoint.clone());
         let pubsub = pubsub::Target::Server(endpoint);

@@ -190,8 +190,8 @@ impl Task {
         requests: &mut mpsc::UnboundedReceiver<Request>,
     ) -> Option<redis::RedisResult<redis::aio::PubSub>> {
         let connect = async {
-            let client = self.endpoint.resolve().await?;
-            client.get_async_pubsub().await
+            let info = self.endpoint.resolve().await?;
+            crate::transport::pubsub(&info, self.endpoint.tls(), self.connect_timeout).await
         };
         let connect = tokio::time::timeout(self.connect_timeout, connect);
         tokio::pin!(connect);

@@ -32,16 +32,43 @@ async fn a_sentinel_client_follows_a_failover() {
 }
 
 /// multi 20 and lock 35: the same over TLS, to the sentinels (`rediss://`)
-/// and to the masters they name, trusting a private CA.
+/// and to the masters they name, trusting a private CA. Every server's
+/// certificate names only `redis.sentinel.test`, not the addresses the
+/// sentinels announce: the client verifies each by that name, which its
+/// settings give, and without it is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_client_follows_a_failover_over_tls() {
     let dir = std::env::temp_dir().join(format!("hasp-sentinel-tls-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let ca = testkit::TestCa::create(&dir).unwrap();
-    let group = SentinelGroup::start_with_tls(1, 3, Some(ca.server_options(false)));
+    let (cert, key) = ca
+        .issue(
+            "named",
+            testkit::CertificateUse::Server,
+            &["redis.sentinel.test"],
+            false,
+        )
+        .unwrap();
+    let options = testkit::TlsOptions {
+        cert,
+        key,
+        ca: ca.ca_file(),
+        client_certs: false,
+    };
+    let group = SentinelGroup::start_with_tls(1, 3, Some(options));
     assert!(group.urls()[0].starts_with("rediss://"));
-    let tls = hasp::Tls::new().with_ca_file(ca.ca_file()).unwrap();
-    let client = sentinel_client_with(&group, quick().set_tls(tls)).await;
+    let trust = hasp::Tls::new().with_ca_file(ca.ca_file()).unwrap();
+    let urls = group.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let unnamed = quick()
+        .set_tls(trust.clone())
+        .set_connection_timeout(Duration::from_secs(2));
+    let refused = Client::open_sentinel(&urls, SENTINEL_SERVICE, unnamed).await;
+    let error = refused.expect_err("verified without the name").to_string();
+    assert!(error.contains("not valid for name"), "{error}");
+
+    let named = trust.with_server_name("redis.sentinel.test").unwrap();
+    let client = sentinel_client_with(&group, quick().set_tls(named)).await;
     follows_a_failover(&group, &client).await;
     drop(group);
     let _ = std::fs::remove_dir_all(dir);

@@ -1,6 +1,8 @@
 //! TLS (`docs/guarantees.md`, lock 35 and 36): a client of a `rediss://`
 //! server locks, waits, renews and fences over TLS on every connection,
-//! presents a client certificate where the server asks for one, and a
+//! presents a client certificate where the server asks for one, verifies
+//! a server by the name the settings give where its address is not on its
+//! certificate, and a
 //! connection that cannot be made safely fails at once with its cause.
 
 use std::time::{Duration, Instant};
@@ -130,6 +132,76 @@ async fn a_client_certificate_is_presented_where_the_server_asks() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// Lock 35: a server whose certificate names neither its address nor
+/// `localhost` (only `redis.named.test`) is verified by the server name the
+/// settings give, on every connection: locks, a waiter woken by a release
+/// (pub/sub), queries, and hasp's `Connection` for an application's own
+/// commands. Without that name, or with another, the connection is
+/// refused; a cluster client refuses the setting before connecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_is_verified_by_the_name_the_settings_give() {
+    if on_cluster() {
+        return;
+    }
+    let ca = Ca::new("named");
+    let (cert, key) = ca
+        .ca
+        .issue(
+            "named",
+            CertificateUse::Server,
+            &["redis.named.test"],
+            false,
+        )
+        .unwrap();
+    let server = RedisServer::start_with(ServerOptions {
+        transport: Transport::Tcp,
+        tls: Some(testkit::TlsOptions {
+            cert,
+            key,
+            ca: ca.ca.ca_file(),
+            client_certs: false,
+        }),
+        ..ServerOptions::default()
+    });
+    let named = ca.trust().with_server_name("redis.named.test").unwrap();
+    let a = Client::open_with(&server.url(), settings(named.clone()))
+        .await
+        .unwrap();
+    let b = Client::open_with(&server.url(), settings(named.clone()))
+        .await
+        .unwrap();
+    let held = a.lock("named").unwrap().lock().await.unwrap();
+    let waiter = {
+        let lock = b.lock("named").unwrap();
+        tokio::spawn(async move { lock.lock_within(Duration::from_secs(10)).await })
+    };
+    assert!(b.lock("named").unwrap().is_locked().await.unwrap());
+    held.unlock().await.unwrap();
+    let woken = waiter.await.unwrap().expect("the waiter got the lock");
+    woken.unlock().await.unwrap();
+
+    let mut own = hasp::Connection::open(&server.url(), Some(&named))
+        .await
+        .unwrap();
+    let pong: String = redis::cmd("PING").query_async(&mut own).await.unwrap();
+    assert_eq!(pong, "PONG");
+
+    for (what, tls) in [
+        ("no server name", ca.trust()),
+        (
+            "another server name",
+            ca.trust().with_server_name("redis.other.test").unwrap(),
+        ),
+    ] {
+        let (error, _) = failure(&server.url(), settings(tls)).await;
+        assert!(error.contains("not valid for name"), "{what}: {error}");
+    }
+    match Client::open_cluster(&[&server.url()], settings(named)).await {
+        Err(Error::InvalidArgument { argument, .. }) => assert_eq!(argument, "server_name"),
+        other => panic!("a cluster client took a server name: {other:?}"),
+    }
 }
 
 /// How opening `url` with `settings` fails: the error's text and how long

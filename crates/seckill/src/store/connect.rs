@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
@@ -30,12 +30,6 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a (re)connection attempt may take.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Reconnection attempts behind one failing command. redis-rs' default (6,
-/// backing off to 3.2 s) holds a command for over 6 s when Redis is gone:
-/// an HTTP request hangs that long, and so does a service stopping
-/// without its Redis. The next command tries again anyway.
-pub const RECONNECT_RETRIES: usize = 2;
-
 /// The scheme of a cluster's seed list.
 pub const CLUSTER_SCHEME: &str = "redis+cluster://";
 
@@ -45,8 +39,11 @@ pub const CLUSTER_TLS_SCHEME: &str = "rediss+cluster://";
 /// A cloneable, multiplexed connection to the service's Redis.
 #[derive(Clone)]
 pub enum RedisConn {
-    /// One server, reconnected when it breaks.
-    Server(ConnectionManager),
+    /// One server, reconnected by the next command once it broke (a
+    /// command is never sent again behind the caller's back, and none
+    /// waits on reconnection attempts: when Redis is gone, an HTTP request
+    /// fails within the connection timeout).
+    Server(hasp::Connection),
     /// The master of a Sentinel service, followed through failovers.
     Sentinel(SentinelConn),
     /// A Redis Cluster, routed by slot. redis-rs sends no command twice (a
@@ -137,7 +134,7 @@ pub fn cluster_seeds(redis_url: &str) -> Result<Option<Vec<String>>> {
 }
 
 /// One multiplexed connection to `redis_url` (see the module docs), with
-/// the timeouts and retries above; over TLS it trusts the system's roots
+/// the timeouts above; over TLS it trusts the system's roots
 /// ([`connect_with`] for more).
 ///
 /// # Errors
@@ -154,6 +151,13 @@ pub async fn connect(redis_url: &str) -> Result<RedisConn> {
 /// read.
 pub async fn connect_with(redis_url: &str, tls: &RedisTls) -> Result<RedisConn> {
     if let Some(seeds) = cluster_seeds(redis_url)? {
+        if tls.server_name.is_some() {
+            return Err(Error::invalid(
+                "redis_tls_server_name",
+                "a Redis Cluster's nodes are verified by the names they announce \
+                 (cluster-announce-hostname), not by one name: set none for a cluster",
+            ));
+        }
         let mut builder = redis::cluster::ClusterClientBuilder::new(seeds);
         if redis_url.starts_with(CLUSTER_TLS_SCHEME) {
             builder = builder.tls(tls.mode());
@@ -168,20 +172,29 @@ pub async fn connect_with(redis_url: &str, tls: &RedisTls) -> Result<RedisConn> 
             .build()?;
         return Ok(RedisConn::Cluster(client.get_async_connection().await?));
     }
-    let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(RESPONSE_TIMEOUT))
-        .set_connection_timeout(Some(CONNECTION_TIMEOUT))
-        .set_number_of_retries(RECONNECT_RETRIES)
-        .set_max_delay(Duration::from_secs(1));
     if let Some((sentinels, service)) = sentinel_service(redis_url)? {
         return Ok(RedisConn::Sentinel(
-            SentinelConn::connect(&sentinels, &service, config, tls).await?,
+            SentinelConn::connect(&sentinels, &service, tls).await?,
         ));
     }
-    let client = tls.client(redis_url)?;
-    Ok(RedisConn::Server(
-        ConnectionManager::new_with_config(client, config).await?,
-    ))
+    let info = redis::IntoConnectionInfo::into_connection_info(redis_url)?;
+    let conn = hasp::Connection::connect(
+        info,
+        Some(&tls.hasp()?),
+        CONNECTION_TIMEOUT,
+        RESPONSE_TIMEOUT,
+    )
+    .await
+    .map_err(from_hasp)?;
+    Ok(RedisConn::Server(conn))
+}
+
+/// A connection's error from hasp as the service's: Redis's own stays one.
+pub(crate) fn from_hasp(e: hasp::Error) -> Error {
+    match e {
+        hasp::Error::Redis(e) => Error::Redis(e),
+        other => Error::Lock(other),
+    }
 }
 
 /// The ACL rules (`ACL SETUSER <user> on ><password> …`) that let a user
@@ -249,7 +262,7 @@ pub async fn lock_client(
     tls: &RedisTls,
     settings: hasp::Settings,
 ) -> Result<hasp::Client> {
-    let settings = settings.set_tls(tls.for_locks()?);
+    let settings = settings.set_tls(tls.hasp()?);
     if let Some((sentinels, service)) = sentinel_service(redis_url)? {
         let sentinels: Vec<&str> = sentinels.iter().map(String::as_str).collect();
         return Ok(hasp::Client::open_sentinel(&sentinels, &service, settings).await?);

@@ -17,9 +17,10 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+use hasp::sentinel::Sentinels;
+use hasp::Connection;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
 
 use crate::error::{Error, Result};
 
@@ -70,10 +71,7 @@ pub fn sentinel_service(redis_url: &str) -> Result<Option<(Vec<String>, String)>
 /// new one. An error fails the command that resolved (a 503), and the next
 /// command resolves again.
 pub type OnSwitch = Arc<
-    dyn Fn(
-            Option<ConnectionManager>,
-            ConnectionManager,
-        ) -> BoxFuture<'static, redis::RedisResult<()>>
+    dyn Fn(Option<Connection>, Connection) -> BoxFuture<'static, redis::RedisResult<()>>
         + Send
         + Sync,
 >;
@@ -86,70 +84,46 @@ pub struct SentinelConn {
 }
 
 struct Inner {
-    sentinel: tokio::sync::Mutex<SentinelClient>,
-    config: ConnectionManagerConfig,
+    sentinels: Sentinels,
+    /// Held while the master is resolved: one resolution at a time.
+    resolving: tokio::sync::Mutex<()>,
+    tls: hasp::Tls,
     /// The connection to the master as last resolved, and its generation.
-    current: Mutex<Option<(u64, ConnectionManager)>>,
+    current: Mutex<Option<(u64, Connection)>>,
     /// Bumped each time the master may have changed.
     generation: AtomicU64,
     /// The address and connection of the last master resolved, kept when
     /// `current` is cleared: the next resolution compares with it.
-    last: Mutex<Option<(String, ConnectionManager)>>,
+    last: Mutex<Option<(String, Connection)>>,
     /// The master this connection left at its last switch, until taken.
-    left: Mutex<Option<ConnectionManager>>,
+    left: Mutex<Option<Connection>>,
     on_switch: Mutex<Option<OnSwitch>>,
 }
 
 impl SentinelConn {
     /// Connects to the master the sentinels at `sentinels` name for
-    /// `service`, with `config`'s timeouts, and follows it.
+    /// `service`, with the connection's timeouts (`super::connect`), and
+    /// follows it.
     ///
     /// # Errors
     /// [`Error::Redis`](crate::Error::Redis) if no sentinel names a master
-    /// or it cannot be reached.
+    /// or it cannot be reached; [`Error::Invalid`] for a bad URL or TLS
+    /// setting.
     pub async fn connect(
         sentinels: &[String],
         service: &str,
-        config: ConnectionManagerConfig,
         tls: &super::tls::RedisTls,
     ) -> Result<Self> {
-        let infos = sentinels
-            .iter()
-            .map(|s| s.as_str().into_connection_info())
-            .collect::<redis::RedisResult<Vec<_>>>()?;
-        let announcers = sentinels
-            .iter()
-            .map(|s| tls.client(s))
-            .collect::<Result<Vec<_>>>()?;
-        let secure = sentinels.iter().any(|s| s.starts_with("rediss://"));
-        let client = match secure {
-            false => SentinelClient::build(
-                infos,
-                String::from(service),
-                None,
-                SentinelServerType::Master,
-            )?,
-            true => {
-                let addrs = infos.into_iter().map(|i| i.addr().clone());
-                let mut builder = redis::sentinel::SentinelClientBuilder::new(
-                    addrs,
-                    service,
-                    SentinelServerType::Master,
-                )?
-                .set_client_to_sentinel_tls_mode(tls.mode())
-                .set_client_to_redis_tls_mode(tls.mode());
-                if let (Some(certificates), false) = (tls.certificates()?, tls.insecure) {
-                    builder = builder
-                        .set_client_to_sentinel_certificates(certificates.clone())
-                        .set_client_to_redis_certificates(certificates);
-                }
-                builder.build()?
-            }
-        };
+        let tls = tls.hasp()?;
+        let urls: Vec<&str> = sentinels.iter().map(String::as_str).collect();
+        let sentinels = Sentinels::new(&urls, service, Some(&tls))
+            .map_err(super::connect::from_hasp)?
+            .with_timeout(super::connect::CONNECTION_TIMEOUT);
         let conn = Self {
             inner: Arc::new(Inner {
-                sentinel: tokio::sync::Mutex::new(client),
-                config,
+                sentinels: sentinels.clone(),
+                resolving: tokio::sync::Mutex::new(()),
+                tls,
                 current: Mutex::new(None),
                 generation: AtomicU64::new(0),
                 last: Mutex::new(None),
@@ -160,8 +134,7 @@ impl SentinelConn {
         conn.inner.connection().await?;
         tokio::spawn(hasp::sentinel::follow_master_switches(
             Arc::downgrade(&conn.inner),
-            announcers,
-            service.to_owned(),
+            sentinels,
             |inner: &Inner| inner.stale(inner.generation.load(Ordering::Acquire)),
         ));
         Ok(conn)
@@ -178,7 +151,7 @@ impl SentinelConn {
 
     /// The master this connection left at its last switch, if not taken
     /// since: its last writes may be on it alone.
-    pub fn take_left_master(&self) -> Option<ConnectionManager> {
+    pub fn take_left_master(&self) -> Option<Connection> {
         lock(&self.inner.left).take()
     }
 }
@@ -190,19 +163,26 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Inner {
     /// The connection to the current master, resolved afresh when the
     /// master may have changed since the last one.
-    async fn connection(&self) -> redis::RedisResult<(u64, ConnectionManager)> {
+    async fn connection(&self) -> redis::RedisResult<(u64, Connection)> {
         if let Some(current) = self.current() {
             return Ok(current);
         }
         // One resolution at a time; a task that waited finds it done.
-        let mut sentinel = self.sentinel.lock().await;
+        let _resolving = self.resolving.lock().await;
         if let Some(current) = self.current() {
             return Ok(current);
         }
         let generation = self.generation.load(Ordering::Acquire);
-        let client = sentinel.async_get_client().await?;
-        let address = client.get_connection_info().addr().to_string();
-        let manager = ConnectionManager::new_with_config(client, self.config.clone()).await?;
+        let master = self.sentinels.master().await.map_err(redis_error)?;
+        let address = master.addr().to_string();
+        let manager = Connection::connect(
+            master,
+            Some(&self.tls),
+            super::connect::CONNECTION_TIMEOUT,
+            super::connect::RESPONSE_TIMEOUT,
+        )
+        .await
+        .map_err(redis_error)?;
         let left = lock(&self.last)
             .as_ref()
             .filter(|(last, _)| *last != address)
@@ -223,7 +203,7 @@ impl Inner {
         Ok((generation, manager))
     }
 
-    fn current(&self) -> Option<(u64, ConnectionManager)> {
+    fn current(&self) -> Option<(u64, Connection)> {
         self.current
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -250,6 +230,18 @@ impl Inner {
             }
         }
         result
+    }
+}
+
+/// hasp's error as redis-rs's: a connection's errors are Redis's.
+fn redis_error(e: hasp::Error) -> RedisError {
+    match e {
+        hasp::Error::Redis(e) => e,
+        other => RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "the Redis connection's settings",
+            other.to_string(),
+        )),
     }
 }
 

@@ -6,8 +6,11 @@
 //! every node). Without settings a TLS connection trusts the system's root
 //! certificates (the platform's store, or the file `SSL_CERT_FILE` names);
 //! [`RedisTls`] gives a CA, a client certificate for servers that ask for
-//! one, or, for development only, no verification at all. The service's
-//! locks (a `hasp` client) use the same.
+//! one, the name servers' certificates must carry when their addresses do
+//! not (an IP address, a Sentinel's announced address), or, for
+//! development only, no verification at all. The service's connections to
+//! one server or a Sentinel service are hasp's ([`hasp::Connection`],
+//! [`hasp::sentinel::Sentinels`]), and so are its locks: one TLS for all.
 
 use std::path::PathBuf;
 
@@ -23,6 +26,10 @@ pub struct RedisTls {
     pub cert_file: Option<PathBuf>,
     /// PEM file of its private key.
     pub key_file: Option<PathBuf>,
+    /// The name every server's certificate must carry instead of its
+    /// address's host (not for a cluster: its nodes are verified by the
+    /// names they announce).
+    pub server_name: Option<String>,
     /// Accept any server certificate: development only.
     pub insecure: bool,
 }
@@ -65,12 +72,19 @@ impl RedisTls {
         )
     }
 
-    /// The same trust for the service's `hasp` client.
+    /// The same TLS as hasp takes it: for the service's connections to one
+    /// server or a Sentinel service, and for its locks.
     ///
     /// # Errors
-    /// As [`RedisTls::certificates`], and if a file does not parse.
-    pub fn for_locks(&self) -> Result<hasp::Tls> {
+    /// As [`RedisTls::certificates`], and if a file does not parse or the
+    /// server name is not a DNS name or an IP address.
+    pub fn hasp(&self) -> Result<hasp::Tls> {
         let mut tls = hasp::Tls::new();
+        if let Some(name) = &self.server_name {
+            tls = tls
+                .with_server_name(name)
+                .map_err(|e| Error::invalid("redis_tls_server_name", e.to_string()))?;
+        }
         if let Some(ca) = &self.ca_file {
             tls = tls.with_ca_file(ca)?;
         }
@@ -83,36 +97,11 @@ impl RedisTls {
         Ok(tls)
     }
 
-    /// How redis-rs's sentinel and cluster clients speak TLS, when it is
-    /// asked for.
+    /// How redis-rs's cluster client speaks TLS, when it is asked for.
     pub(crate) fn mode(&self) -> redis::TlsMode {
         match self.insecure {
             true => redis::TlsMode::Insecure,
             false => redis::TlsMode::Secure,
         }
-    }
-
-    /// A redis-rs client for `url` (`rediss://`: with this trust).
-    ///
-    /// # Errors
-    /// [`Error::Redis`] for a bad URL; as [`RedisTls::certificates`].
-    pub(crate) fn client(&self, url: &str) -> Result<redis::Client> {
-        let info = redis::IntoConnectionInfo::into_connection_info(url)?;
-        let redis::ConnectionAddr::TcpTls { host, port, .. } = info.addr().clone() else {
-            return Ok(redis::Client::open(info)?);
-        };
-        if self.insecure {
-            let addr = redis::ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: true,
-                tls_params: None,
-            };
-            return Ok(redis::Client::open(info.set_addr(addr))?);
-        }
-        Ok(match self.certificates()? {
-            Some(certificates) => redis::Client::build_with_tls(info, certificates)?,
-            None => redis::Client::open(info)?,
-        })
     }
 }

@@ -316,8 +316,7 @@ impl Connection {
             self.broke();
         }
         let connect = async {
-            let client = self.endpoint.resolve().await?;
-            let info = client.get_connection_info();
+            let info = self.endpoint.resolve().await?;
             let tls = self.endpoint.tls();
             Socket::connect(
                 info.addr(),

@@ -28,14 +28,14 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::{
-    Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisConnectionInfo, RedisError, RedisFuture,
-    RedisResult, Value,
+    Cmd, ConnectionAddr, Pipeline, RedisConnectionInfo, RedisError, RedisFuture, RedisResult, Value,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
 use super::resp;
+use crate::transport::Stream;
 
 /// The read buffer's first size; it grows for a reply that does not fit.
 const READ_BUFFER: usize = 16 * 1024;
@@ -133,51 +133,6 @@ impl Awaited {
     }
 }
 
-enum Stream {
-    Tcp(tokio::net::TcpStream),
-    /// TLS over TCP (`rediss://`).
-    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
-    #[cfg(unix)]
-    Unix(tokio::net::UnixStream),
-}
-
-impl Stream {
-    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self {
-            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            #[cfg(unix)]
-            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-
-    /// Sends what a TLS session still holds of earlier writes (a TCP or
-    /// unix socket holds nothing back).
-    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self {
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            _ => Poll::Ready(Ok(())),
-        }
-    }
-
-    fn poll_write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self {
-            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            #[cfg(unix)]
-            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-}
-
-/// A TCP connection to `host:port`, never held back by Nagle (small,
-/// latency-bound calls).
-async fn tcp(host: &str, port: u16) -> RedisResult<tokio::net::TcpStream> {
-    let stream = tokio::net::TcpStream::connect((host, port)).await?;
-    stream.set_nodelay(true)?;
-    Ok(stream)
-}
-
 impl Socket {
     /// Connects to `addr` (over TLS with `tls`'s connectors for a
     /// `rediss://` address), logs in and selects the database as `redis`
@@ -189,38 +144,7 @@ impl Socket {
         response_timeout: Duration,
         tls: &crate::tls::Connectors,
     ) -> RedisResult<Socket> {
-        let stream = match addr {
-            ConnectionAddr::Tcp(host, port) => Stream::Tcp(tcp(host, *port).await?),
-            ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure,
-                ..
-            } => {
-                let connector = tls.get(*insecure)?;
-                let name = crate::tls::server_name(host)?;
-                let tcp = tcp(host, *port).await?;
-                let stream = connector.connect(name, tcp).await.map_err(|e| {
-                    RedisError::from((
-                        ErrorKind::Io,
-                        "TLS handshake failed",
-                        format!("{host}:{port}: {e}"),
-                    ))
-                })?;
-                Stream::Tls(Box::new(stream))
-            }
-            #[cfg(unix)]
-            ConnectionAddr::Unix(path) => {
-                Stream::Unix(tokio::net::UnixStream::connect(path).await?)
-            }
-            other => {
-                return Err(RedisError::from((
-                    ErrorKind::InvalidClientConfig,
-                    "unsupported address",
-                    format!("{other}"),
-                )))
-            }
-        };
+        let stream = Stream::open(addr, tls).await?;
         let response_timeout = response_timeout.min(LONGEST_WAIT);
         let shared = Arc::new(Mutex::new(Shared {
             out: Vec::new(),
@@ -317,7 +241,7 @@ impl Socket {
 impl Io {
     fn write(&mut self, shared: &mut Shared, cx: &mut Context<'_>) -> RedisResult<()> {
         while shared.written < shared.out.len() {
-            match self.stream.poll_write(cx, &shared.out[shared.written..]) {
+            match Pin::new(&mut self.stream).poll_write(cx, &shared.out[shared.written..]) {
                 Poll::Ready(Ok(0)) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
                 Poll::Ready(Ok(n)) => shared.written += n,
                 Poll::Ready(Err(e)) => return Err(e.into()),
@@ -326,7 +250,7 @@ impl Io {
         }
         shared.out.clear();
         shared.written = 0;
-        match self.stream.poll_flush(cx) {
+        match Pin::new(&mut self.stream).poll_flush(cx) {
             Poll::Ready(Err(e)) => Err(e.into()),
             _ => Ok(()),
         }
@@ -345,7 +269,7 @@ impl Io {
                 }
             }
             let mut buf = ReadBuf::new(&mut self.read[self.filled..]);
-            match self.stream.poll_read(cx, &mut buf) {
+            match Pin::new(&mut self.stream).poll_read(cx, &mut buf) {
                 Poll::Ready(Ok(())) => {
                     let n = buf.filled().len();
                     if n == 0 {

@@ -1,0 +1,363 @@
+//! The bytes to one server: a TCP connection, TLS over one (`rediss://`),
+//! or a unix socket, opened by hasp itself for every connection a client
+//! makes to one server or to a Sentinel service (its batching lanes, its
+//! pub/sub and query connections, the sentinels'), so that each verifies
+//! the server the same way ([`Tls`](crate::Tls): the trust, a client
+//! certificate, the server name).
+//!
+//! [`Connection`] is the query connection: redis-rs's multiplexed
+//! connection over such a stream, made again when it breaks. An
+//! application's own connections beside hasp's can use it, and so reach
+//! the server as hasp does.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError,
+    RedisFuture, RedisResult, Value,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::error::{Error, Result};
+use crate::tls::{Connectors, Tls};
+
+/// A connection's bytes (see the module docs).
+pub(crate) enum Stream {
+    Tcp(tokio::net::TcpStream),
+    /// TLS over TCP (`rediss://`).
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixStream),
+}
+
+impl Stream {
+    /// Connects to `addr`, over TLS with `tls`'s connectors for a
+    /// `rediss://` address. Only the connection: no login, no command.
+    pub(crate) async fn open(addr: &ConnectionAddr, tls: &Connectors) -> RedisResult<Stream> {
+        Ok(match addr {
+            ConnectionAddr::Tcp(host, port) => Stream::Tcp(tcp(host, *port).await?),
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                ..
+            } => {
+                let connector = tls.get(*insecure)?;
+                let name = tls.server_name(host)?;
+                let tcp = tcp(host, *port).await?;
+                let stream = connector.connect(name, tcp).await.map_err(|e| {
+                    RedisError::from((
+                        ErrorKind::Io,
+                        "TLS handshake failed",
+                        format!("{host}:{port}: {e}"),
+                    ))
+                })?;
+                Stream::Tls(Box::new(stream))
+            }
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => {
+                Stream::Unix(tokio::net::UnixStream::connect(path).await?)
+            }
+            other => {
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "unsupported address",
+                    format!("{other}"),
+                )))
+            }
+        })
+    }
+}
+
+/// A TCP connection to `host:port`, never held back by Nagle (small,
+/// latency-bound calls).
+async fn tcp(host: &str, port: u16) -> RedisResult<tokio::net::TcpStream> {
+    let stream = tokio::net::TcpStream::connect((host, port)).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    /// Sends what a TLS session still holds of earlier writes (a TCP or
+    /// unix socket holds nothing back).
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            #[cfg(unix)]
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            #[cfg(unix)]
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// redis-rs's multiplexed connection to `info` over a [`Stream`], logged
+/// in and with its database selected, all within `timeout`.
+pub(crate) async fn multiplexed(
+    info: &ConnectionInfo,
+    tls: &Connectors,
+    config: AsyncConnectionConfig,
+    timeout: Duration,
+) -> RedisResult<MultiplexedConnection> {
+    let connect = async {
+        let stream = Stream::open(info.addr(), tls).await?;
+        let (conn, driver) =
+            MultiplexedConnection::new_with_config(info.redis_settings(), stream, config).await?;
+        tokio::spawn(driver);
+        Ok(conn)
+    };
+    within(timeout, info.addr(), connect).await
+}
+
+/// redis-rs's pub/sub connection to `info` over a [`Stream`], within
+/// `timeout`.
+pub(crate) async fn pubsub(
+    info: &ConnectionInfo,
+    tls: &Connectors,
+    timeout: Duration,
+) -> RedisResult<redis::aio::PubSub> {
+    let connect = async {
+        let stream = Stream::open(info.addr(), tls).await?;
+        redis::aio::PubSub::new(info.redis_settings(), stream).await
+    };
+    within(timeout, info.addr(), connect).await
+}
+
+/// `connect`'s result, or a time-out error that says the likely cause (see
+/// [`crate::tls::no_answer`]).
+async fn within<T>(
+    timeout: Duration,
+    addr: &ConnectionAddr,
+    connect: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    let plain_tcp = !matches!(addr, ConnectionAddr::TcpTls { .. });
+    tokio::time::timeout(timeout, connect)
+        .await
+        .unwrap_or_else(|_| Err(crate::tls::no_answer(plain_tcp, &addr.to_string())))
+}
+
+/// A multiplexed connection to one server, reached as hasp reaches it (see
+/// the module docs) and made again, on the next command, once it broke. A
+/// command that fails because the connection broke is not sent again (it
+/// may have run): it fails, and the next one reconnects.
+///
+/// Cloning gives another handle on the same connection.
+///
+/// ```no_run
+/// # async fn run() -> hasp::Result<()> {
+/// use redis::AsyncCommands;
+///
+/// let tls = hasp::Tls::new().with_server_name("redis.internal")?;
+/// let mut conn = hasp::Connection::open("rediss://10.0.0.5:6380/", Some(&tls)).await?;
+/// let _: () = conn.set("greeting", "hello").await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Connection {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    info: ConnectionInfo,
+    tls: Connectors,
+    config: AsyncConnectionConfig,
+    connection_timeout: Duration,
+    /// The live connection, and how many were made before it (a broken
+    /// one is replaced once, however many commands saw it break).
+    live: tokio::sync::Mutex<(u64, Option<MultiplexedConnection>)>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Connection({})", self.shared.info.addr())
+    }
+}
+
+/// How long a [`Connection`] waits to connect, and for an answer, unless
+/// told otherwise.
+const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Connection {
+    /// Connects to `url` (`redis://`, `rediss://`: over TLS with `tls`'s
+    /// trust, the system's roots without it; `redis+unix://`), waiting up
+    /// to 5 s to connect and 5 s for each answer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a malformed URL or TLS settings that
+    /// do not fit; [`Error::Redis`] if the server cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn open(url: &str, tls: Option<&Tls>) -> Result<Self> {
+        let info = redis::IntoConnectionInfo::into_connection_info(url)
+            .map_err(|e| Error::invalid("url", format!("{url:?}: {e}")))?;
+        Self::connect(
+            info,
+            tls,
+            DEFAULT_CONNECTION_TIMEOUT,
+            DEFAULT_RESPONSE_TIMEOUT,
+        )
+        .await
+    }
+
+    /// Connects to `info`, as [`Connection::open`], waiting up to
+    /// `connection_timeout` to connect (each time) and `response_timeout`
+    /// for each answer.
+    ///
+    /// # Errors
+    /// As [`Connection::open`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn connect(
+        info: ConnectionInfo,
+        tls: Option<&Tls>,
+        connection_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<Self> {
+        let this = Self::new(
+            info,
+            Connectors::new(tls),
+            connection_timeout,
+            response_timeout,
+        );
+        this.connection().await?;
+        Ok(this)
+    }
+
+    /// A connection to `info` with `tls`'s connectors, made on the first
+    /// command.
+    pub(crate) fn new(
+        info: ConnectionInfo,
+        tls: Connectors,
+        connection_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connection_timeout))
+            .set_response_timeout(Some(response_timeout));
+        Self {
+            shared: Arc::new(Shared {
+                info,
+                tls,
+                config,
+                connection_timeout,
+                live: tokio::sync::Mutex::new((0, None)),
+            }),
+        }
+    }
+
+    /// The server's address and login.
+    pub fn info(&self) -> &ConnectionInfo {
+        &self.shared.info
+    }
+
+    /// The live connection and its number, made now if there is none.
+    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        let mut live = self.shared.live.lock().await;
+        if let (made, Some(conn)) = &*live {
+            return Ok((*made, conn.clone()));
+        }
+        let shared = &self.shared;
+        let conn = multiplexed(
+            &shared.info,
+            &shared.tls,
+            shared.config.clone(),
+            shared.connection_timeout,
+        )
+        .await?;
+        live.0 += 1;
+        live.1 = Some(conn.clone());
+        Ok((live.0, conn))
+    }
+
+    /// After a command on connection `made`: a broken connection is
+    /// dropped, and the next command makes another.
+    async fn after<T>(&self, made: u64, result: RedisResult<T>) -> RedisResult<T> {
+        if let Err(e) = &result {
+            if broke(e) {
+                let mut live = self.shared.live.lock().await;
+                if live.0 == made {
+                    live.1 = None;
+                }
+            }
+        }
+        result
+    }
+}
+
+/// Whether `e` says the connection is gone (not a server's error, nor a
+/// reply that was merely slow).
+pub(crate) fn broke(e: &RedisError) -> bool {
+    (e.is_connection_dropped() || e.is_io_error()) && !e.is_timeout()
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let (made, mut conn) = self.connection().await?;
+            let result = conn.req_packed_command(cmd).await;
+            self.after(made, result).await
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let (made, mut conn) = self.connection().await?;
+            let result = conn.req_packed_commands(cmd, offset, count).await;
+            self.after(made, result).await
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.shared.info.redis_settings().db()
+    }
+}
