@@ -162,7 +162,8 @@ impl Tls {
         self
     }
 
-    /// The certificates in the form redis-rs's connections take.
+    /// The certificates in the form redis-rs's cluster connections take.
+    #[cfg(feature = "cluster")]
     pub(crate) fn redis_certificates(&self) -> redis::TlsCertificates {
         redis::TlsCertificates {
             client_tls: self
