@@ -175,6 +175,27 @@ impl TestCa {
             client_certs,
         }
     }
+
+    /// TLS options for a server with a certificate of its own, issued now
+    /// as `<name>.crt` for `hosts` ([`TestCa::issue`]); clients are not
+    /// asked for certificates.
+    ///
+    /// # Errors
+    /// As [`TestCa::issue`].
+    pub fn issue_server_options(
+        &self,
+        name: &str,
+        hosts: &[&str],
+        expired: bool,
+    ) -> Result<crate::redis::TlsOptions, LaunchError> {
+        let (cert, key) = self.issue(name, Use::Server, hosts, expired)?;
+        Ok(crate::redis::TlsOptions {
+            cert,
+            key,
+            ca: self.ca_file(),
+            client_certs: false,
+        })
+    }
 }
 
 /// A key pair to sign JSON Web Tokens with in tests: its private key

@@ -170,21 +170,10 @@ async fn an_untrusted_certificate_stops_the_start_and_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_follows_a_failover_over_tls() {
     let ca = Ca::new("sentinel");
-    let (cert, key) = ca
+    let options = ca
         .ca
-        .issue(
-            "named",
-            testkit::CertificateUse::Server,
-            &["redis.sentinel.test"],
-            false,
-        )
+        .issue_server_options("named", &["redis.sentinel.test"], false)
         .unwrap();
-    let options = testkit::TlsOptions {
-        cert,
-        key,
-        ca: ca.ca.ca_file(),
-        client_certs: false,
-    };
     let group = SentinelGroup::start_with_tls(1, 3, Some(options));
     let hosts: Vec<String> = group
         .urls()

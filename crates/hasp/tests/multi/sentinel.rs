@@ -41,20 +41,9 @@ async fn a_sentinel_client_follows_a_failover_over_tls() {
     let dir = std::env::temp_dir().join(format!("hasp-sentinel-tls-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let ca = testkit::TestCa::create(&dir).unwrap();
-    let (cert, key) = ca
-        .issue(
-            "named",
-            testkit::CertificateUse::Server,
-            &["redis.sentinel.test"],
-            false,
-        )
+    let options = ca
+        .issue_server_options("named", &["redis.sentinel.test"], false)
         .unwrap();
-    let options = testkit::TlsOptions {
-        cert,
-        key,
-        ca: ca.ca_file(),
-        client_certs: false,
-    };
     let group = SentinelGroup::start_with_tls(1, 3, Some(options));
     assert!(group.urls()[0].starts_with("rediss://"));
     let trust = hasp::Tls::new().with_ca_file(ca.ca_file()).unwrap();

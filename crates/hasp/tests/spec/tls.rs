@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use hasp::{Client, Error, Settings, Tls};
-use testkit::{CertificateUse, RedisServer, ServerOptions, TestCa, Transport};
+use testkit::{RedisServer, ServerOptions, TestCa, Transport};
 
 use crate::helpers::on_cluster;
 
@@ -30,9 +30,14 @@ impl Ca {
 
     /// A TLS server with this CA's server certificate.
     fn server(&self, client_certs: bool) -> RedisServer {
+        Self::serving(self.ca.server_options(client_certs))
+    }
+
+    /// A server that speaks TLS only, as `tls` says.
+    fn serving(tls: testkit::TlsOptions) -> RedisServer {
         RedisServer::start_with(ServerOptions {
             transport: Transport::Tcp,
-            tls: Some(self.ca.server_options(client_certs)),
+            tls: Some(tls),
             ..ServerOptions::default()
         })
     }
@@ -146,25 +151,11 @@ async fn a_server_is_verified_by_the_name_the_settings_give() {
         return;
     }
     let ca = Ca::new("named");
-    let (cert, key) = ca
-        .ca
-        .issue(
-            "named",
-            CertificateUse::Server,
-            &["redis.named.test"],
-            false,
-        )
-        .unwrap();
-    let server = RedisServer::start_with(ServerOptions {
-        transport: Transport::Tcp,
-        tls: Some(testkit::TlsOptions {
-            cert,
-            key,
-            ca: ca.ca.ca_file(),
-            client_certs: false,
-        }),
-        ..ServerOptions::default()
-    });
+    let server = Ca::serving(
+        ca.ca
+            .issue_server_options("named", &["redis.named.test"], false)
+            .unwrap(),
+    );
     let named = ca.trust().with_server_name("redis.named.test").unwrap();
     let a = Client::open_with(&server.url(), settings(named.clone()))
         .await
@@ -239,34 +230,17 @@ async fn a_connection_that_cannot_be_made_safely_fails_at_once_naming_why() {
     let port = tls.port().unwrap();
     let plain = RedisServer::start_tcp();
     let other = ca.ca.another().unwrap();
-    let (host_cert, host_key) = ca
-        .ca
-        .issue(
-            "elsewhere",
-            CertificateUse::Server,
-            &["db.elsewhere.test"],
-            false,
-        )
-        .unwrap();
-    let (old_cert, old_key) = ca
-        .ca
-        .issue("expired", CertificateUse::Server, &["127.0.0.1"], true)
-        .unwrap();
-    let serving = |cert, key| {
-        RedisServer::start_with(ServerOptions {
-            transport: Transport::Tcp,
-            tls: Some(testkit::TlsOptions {
-                cert,
-                key,
-                ca: ca.ca.ca_file(),
-                client_certs: false,
-            }),
-            ..ServerOptions::default()
-        })
-    };
-    let wrong_ca = serving(other.server_cert_file(), other.server_key_file());
-    let wrong_host = serving(host_cert, host_key);
-    let expired = serving(old_cert, old_key);
+    let wrong_ca = Ca::serving(other.server_options(false));
+    let wrong_host = Ca::serving(
+        ca.ca
+            .issue_server_options("elsewhere", &["db.elsewhere.test"], false)
+            .unwrap(),
+    );
+    let expired = Ca::serving(
+        ca.ca
+            .issue_server_options("expired", &["127.0.0.1"], true)
+            .unwrap(),
+    );
     let timeout = Duration::from_secs(2);
     let at_once = timeout;
     let at_the_timeout = timeout + Duration::from_secs(1);
