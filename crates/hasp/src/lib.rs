@@ -35,7 +35,12 @@
 //!   [`Client::open_cluster`]); clone it freely. Sentinel and Cluster
 //!   support are the crate's `sentinel` and `cluster` features, on by
 //!   default; `default-features = false` leaves them (and redis-rs's
-//!   Sentinel and Cluster code) out of the build.
+//!   Cluster code) out of the build. [`Tls`] says how its `rediss://`
+//!   connections trust servers and present themselves.
+//! * [`Connection`] — a connection for an application's own commands,
+//!   reached as the client reaches its server (the same TLS and server
+//!   name); [`sentinel::Sentinels`] asks a Sentinel service's sentinels
+//!   for its master the same way.
 //! * [`Lock`] — a named lock handle: [`Lock::lock`] waits,
 //!   [`Lock::try_lock`] never waits, [`Lock::try_lock_for`] waits a bounded
 //!   time; [`Lock::with_lease`] / [`Lock::with_owner`] configure it, and
