@@ -22,6 +22,7 @@ use redis::{
     RedisFuture, RedisResult, Value,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::tls::{Connectors, Tls};
@@ -204,9 +205,21 @@ struct Shared {
     tls: Connectors,
     config: AsyncConnectionConfig,
     connection_timeout: Duration,
-    /// The live connection, and how many were made before it (a broken
-    /// one is replaced once, however many commands saw it break).
-    live: tokio::sync::Mutex<(u64, Option<MultiplexedConnection>)>,
+    live: tokio::sync::Mutex<Live>,
+}
+
+/// The connection as the commands find it.
+#[derive(Default)]
+struct Live {
+    /// How many connections were made (a broken one is replaced once,
+    /// however many commands saw it break).
+    made: u64,
+    conn: Option<MultiplexedConnection>,
+    /// When the last attempt to connect failed, and why: the commands
+    /// that waited for it fail with it instead of each trying again (to a
+    /// server that never answers, each would wait a connection timeout,
+    /// one after the other).
+    failed: Option<(Instant, RedisError)>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -285,7 +298,7 @@ impl Connection {
                 tls,
                 config,
                 connection_timeout,
-                live: tokio::sync::Mutex::new((0, None)),
+                live: tokio::sync::Mutex::new(Live::default()),
             }),
         }
     }
@@ -295,23 +308,40 @@ impl Connection {
         &self.shared.info
     }
 
-    /// The live connection and its number, made now if there is none.
+    /// The live connection and its number, made now if there is none
+    /// (unless an attempt that ended while this command waited failed:
+    /// then its error).
     async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        let asked = Instant::now();
         let mut live = self.shared.live.lock().await;
-        if let (made, Some(conn)) = &*live {
-            return Ok((*made, conn.clone()));
+        if let Some(conn) = &live.conn {
+            return Ok((live.made, conn.clone()));
+        }
+        if let Some((at, error)) = &live.failed {
+            if *at >= asked {
+                return Err(error.clone());
+            }
         }
         let shared = &self.shared;
-        let conn = multiplexed(
+        let made = multiplexed(
             &shared.info,
             &shared.tls,
             shared.config.clone(),
             shared.connection_timeout,
         )
-        .await?;
-        live.0 += 1;
-        live.1 = Some(conn.clone());
-        Ok((live.0, conn))
+        .await;
+        match made {
+            Ok(conn) => {
+                live.made += 1;
+                live.conn = Some(conn.clone());
+                live.failed = None;
+                Ok((live.made, conn))
+            }
+            Err(e) => {
+                live.failed = Some((Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
     }
 
     /// After a command on connection `made`: a broken connection is
@@ -320,8 +350,8 @@ impl Connection {
         if let Err(e) = &result {
             if broke(e) {
                 let mut live = self.shared.live.lock().await;
-                if live.0 == made {
-                    live.1 = None;
+                if live.made == made {
+                    live.conn = None;
                 }
             }
         }
@@ -359,5 +389,46 @@ impl ConnectionLike for Connection {
 
     fn get_db(&self) -> i64 {
         self.shared.info.redis_settings().db()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Commands that wait for one attempt to connect to a server that never
+    /// answers share its failure: 16 of them fail within about one
+    /// connection timeout, not one after the other (16 timeouts).
+    #[tokio::test]
+    async fn commands_waiting_for_a_failed_connect_share_its_error() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = silent.local_addr().unwrap().port();
+        // Accepts and keeps every connection, and never says a word: a TLS
+        // hello gets no answer.
+        let held = tokio::spawn(async move {
+            let mut kept = Vec::new();
+            while let Ok((socket, _)) = silent.accept().await {
+                kept.push(socket);
+            }
+        });
+        let info = redis::IntoConnectionInfo::into_connection_info(format!(
+            "rediss://127.0.0.1:{port}/"
+        ))
+        .unwrap();
+        let timeout = Duration::from_millis(500);
+        let conn = Connection::new(info, Connectors::default(), timeout, timeout);
+        let started = Instant::now();
+        let commands = (0..16).map(|_| {
+            let mut conn = conn.clone();
+            tokio::spawn(async move { redis::cmd("PING").query_async::<String>(&mut conn).await })
+        });
+        for command in futures_util::future::join_all(commands).await {
+            let error = command.unwrap().expect_err("a silent server answered");
+            assert!(error.to_string().contains("TLS handshake"), "{error}");
+        }
+        let took = started.elapsed();
+        // One after the other they would take 8 s.
+        assert!(took < Duration::from_secs(4), "{took:?}");
+        held.abort();
     }
 }
