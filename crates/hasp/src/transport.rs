@@ -411,10 +411,9 @@ mod tests {
                 kept.push(socket);
             }
         });
-        let info = redis::IntoConnectionInfo::into_connection_info(format!(
-            "rediss://127.0.0.1:{port}/"
-        ))
-        .unwrap();
+        let info =
+            redis::IntoConnectionInfo::into_connection_info(format!("rediss://127.0.0.1:{port}/"))
+                .unwrap();
         let timeout = Duration::from_millis(500);
         let conn = Connection::new(info, Connectors::default(), timeout, timeout);
         let started = Instant::now();

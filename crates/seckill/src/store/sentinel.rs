@@ -86,7 +86,11 @@ pub struct SentinelConn {
 struct Inner {
     sentinels: Sentinels,
     /// Held while the master is resolved: one resolution at a time.
-    resolving: tokio::sync::Mutex<()>,
+    /// When the last resolution failed, and why: the commands that waited
+    /// for it fail with it instead of each asking again (with the
+    /// sentinels silent, each would wait their timeouts, one after the
+    /// other).
+    resolving: tokio::sync::Mutex<Option<(tokio::time::Instant, RedisError)>>,
     tls: hasp::Tls,
     /// The connection to the master as last resolved, and its generation.
     current: Mutex<Option<(u64, Connection)>>,
@@ -122,7 +126,7 @@ impl SentinelConn {
         let conn = Self {
             inner: Arc::new(Inner {
                 sentinels: sentinels.clone(),
-                resolving: tokio::sync::Mutex::new(()),
+                resolving: tokio::sync::Mutex::new(None),
                 tls,
                 current: Mutex::new(None),
                 generation: AtomicU64::new(0),
@@ -167,11 +171,29 @@ impl Inner {
         if let Some(current) = self.current() {
             return Ok(current);
         }
-        // One resolution at a time; a task that waited finds it done.
-        let _resolving = self.resolving.lock().await;
+        // One resolution at a time; a task that waited finds it done, or
+        // failed.
+        let asked = tokio::time::Instant::now();
+        let mut failed = self.resolving.lock().await;
         if let Some(current) = self.current() {
             return Ok(current);
         }
+        if let Some((at, error)) = &*failed {
+            if *at >= asked {
+                return Err(error.clone());
+            }
+        }
+        let result = self.resolve().await;
+        *failed = match &result {
+            Ok(_) => None,
+            Err(e) => Some((tokio::time::Instant::now(), e.clone())),
+        };
+        result
+    }
+
+    /// Asks the sentinels for the master and connects to it (see
+    /// [`Inner::connection`]).
+    async fn resolve(&self) -> redis::RedisResult<(u64, Connection)> {
         let generation = self.generation.load(Ordering::Acquire);
         let master = self.sentinels.master().await.map_err(redis_error)?;
         let address = master.addr().to_string();
