@@ -1731,6 +1731,7 @@ async fn after_an_outage_the_sale_is_repaired_and_purchases_resume_before_a_buye
     let (status, body) = app.buy(id, 2).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     app.redis.restart(); // without data
+
     // Restored, then armed: the purchase script is loaded last, once the
     // state is verified, and purchases answer 503 until then.
     let restored = testkit::eventually(Duration::from_secs(30), || async {
