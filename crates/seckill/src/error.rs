@@ -119,6 +119,15 @@ impl Error {
         }
     }
 
+    /// A connection's error from hasp as the service's: Redis's own stays
+    /// one (a 503), the rest (a bad URL or TLS setting) are hasp's.
+    pub(crate) fn from_connection(e: hasp::Error) -> Self {
+        match e {
+            hasp::Error::Redis(e) => Error::Redis(e),
+            other => Error::Lock(other),
+        }
+    }
+
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         Error::Invalid {
             field,

@@ -174,7 +174,14 @@ pub async fn connect_with(redis_url: &str, tls: &RedisTls) -> Result<RedisConn> 
     }
     if let Some((sentinels, service)) = sentinel_service(redis_url)? {
         return Ok(RedisConn::Sentinel(
-            SentinelConn::connect(&sentinels, &service, tls).await?,
+            SentinelConn::connect(
+                &sentinels,
+                &service,
+                tls,
+                CONNECTION_TIMEOUT,
+                RESPONSE_TIMEOUT,
+            )
+            .await?,
         ));
     }
     let info = redis::IntoConnectionInfo::into_connection_info(redis_url)?;
@@ -185,16 +192,8 @@ pub async fn connect_with(redis_url: &str, tls: &RedisTls) -> Result<RedisConn> 
         RESPONSE_TIMEOUT,
     )
     .await
-    .map_err(from_hasp)?;
+    .map_err(Error::from_connection)?;
     Ok(RedisConn::Server(conn))
-}
-
-/// A connection's error from hasp as the service's: Redis's own stays one.
-pub(crate) fn from_hasp(e: hasp::Error) -> Error {
-    match e {
-        hasp::Error::Redis(e) => Error::Redis(e),
-        other => Error::Lock(other),
-    }
 }
 
 /// The ACL rules (`ACL SETUSER <user> on ><password> …`) that let a user

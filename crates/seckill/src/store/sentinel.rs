@@ -14,6 +14,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
@@ -92,6 +93,8 @@ struct Inner {
     /// other).
     resolving: tokio::sync::Mutex<Option<(tokio::time::Instant, RedisError)>>,
     tls: hasp::Tls,
+    connection_timeout: Duration,
+    response_timeout: Duration,
     /// The connection to the master as last resolved, and its generation.
     current: Mutex<Option<(u64, Connection)>>,
     /// Bumped each time the master may have changed.
@@ -106,8 +109,9 @@ struct Inner {
 
 impl SentinelConn {
     /// Connects to the master the sentinels at `sentinels` name for
-    /// `service`, with the connection's timeouts (`super::connect`), and
-    /// follows it.
+    /// `service`, and follows it; each connection waits up to
+    /// `connection_timeout` to connect (each question to the sentinels
+    /// too) and `response_timeout` for an answer.
     ///
     /// # Errors
     /// [`Error::Redis`](crate::Error::Redis) if no sentinel names a master
@@ -117,17 +121,21 @@ impl SentinelConn {
         sentinels: &[String],
         service: &str,
         tls: &super::tls::RedisTls,
+        connection_timeout: Duration,
+        response_timeout: Duration,
     ) -> Result<Self> {
         let tls = tls.hasp()?;
         let urls: Vec<&str> = sentinels.iter().map(String::as_str).collect();
         let sentinels = Sentinels::new(&urls, service, Some(&tls))
-            .map_err(super::connect::from_hasp)?
-            .with_timeout(super::connect::CONNECTION_TIMEOUT);
+            .map_err(Error::from_connection)?
+            .with_timeout(connection_timeout);
         let conn = Self {
             inner: Arc::new(Inner {
                 sentinels: sentinels.clone(),
                 resolving: tokio::sync::Mutex::new(None),
                 tls,
+                connection_timeout,
+                response_timeout,
                 current: Mutex::new(None),
                 generation: AtomicU64::new(0),
                 last: Mutex::new(None),
@@ -200,8 +208,8 @@ impl Inner {
         let manager = Connection::connect(
             master,
             Some(&self.tls),
-            super::connect::CONNECTION_TIMEOUT,
-            super::connect::RESPONSE_TIMEOUT,
+            self.connection_timeout,
+            self.response_timeout,
         )
         .await
         .map_err(redis_error)?;
