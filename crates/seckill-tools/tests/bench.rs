@@ -277,7 +277,7 @@ async fn an_open_loop_bench_keeps_its_schedule_and_charges_waiting_to_latency() 
 }
 
 /// Service 8 to 11: the buyer model after the load (some pay, some cancel,
-/// some never pay within a 1 s window; of those who pay, some have it
+/// some never pay within a 3 s window; of those who pay, some have it
 /// refunded and some redeem it), over two instances: every unit given back
 /// sells again, every unit ends paid or used, and the stores agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,7 +300,7 @@ async fn a_bench_with_the_buyer_model_ends_with_every_unit_paid() {
         "--redeem-share",
         "0.3",
         "--pay-within",
-        "1s",
+        "3s",
         "--rounds",
         "4",
     ];
