@@ -747,15 +747,16 @@ async fn a_buyer_waits_in_the_room_sees_the_place_fall_and_buys_when_admitted() 
         &shop.http,
         &shop.base,
         &shop.tokens,
-        json!({"title": "A hot teapot", "stock": 10, "begin_ms": begin,
+        json!({"title": "A hot teapot", "stock": 30, "begin_ms": begin,
                "end_ms": begin + 3_600_000,
                "waiting_room": {"admit_per_s": 1, "opens_before_ms": 60_000}}),
     )
     .await;
-    // Eight people joined before the start: they are drawn ahead of anyone
-    // who comes after it (eight seconds of line at one a second: time for
-    // the checks below on a slow machine).
-    for user in 101..=108 {
+    // Twenty people joined before the start: they are drawn ahead of
+    // anyone who comes after it (twenty seconds of line at one a second:
+    // time for the checks below on a slow machine; eight seconds were not
+    // enough beside two CPU hogs).
+    for user in 101..=120 {
         let answer = shop
             .http
             .post(format!("{}/api/vouchers/{voucher}/room", shop.base))
@@ -776,20 +777,20 @@ async fn a_buyer_waits_in_the_room_sees_the_place_fall_and_buys_when_admitted() 
     let room = until_text(&buyer, &line, |t| t.contains("waiting room")).await;
     assert!(room.is_some_and(|t| t.contains("Join the line")));
     assert!(flag(&buyer, &format!("{card} .buy"), "disabled").await);
-    // After the start: the buyer queues behind the drawn eight.
+    // After the start: the buyer queues behind the drawn twenty.
     assert!(until_text(&buyer, &format!("{card} .countdown"), |t| t
         .starts_with("Ends in"))
     .await
     .is_some_and(|t| t.starts_with("Ends in")));
     click(&buyer, &format!("{card} .join")).await;
-    let first = until_text(&buyer, &line, |t| t.starts_with("Your place: 9.")).await;
+    let first = until_text(&buyer, &line, |t| t.starts_with("Your place: 21.")).await;
     let first = first.unwrap_or_default();
-    assert!(first.starts_with("Your place: 9."), "{first}");
+    assert!(first.starts_with("Your place: 21."), "{first}");
     screenshot(&buyer, "storefront-waiting-room.png").await;
     // The other tab, reloaded, shows the same place.
     tab.refresh().await.unwrap();
     let shared = until_text(&tab, &line, |t| t.starts_with("Your place:")).await;
-    assert!(shared.is_some_and(|t| t.starts_with("Your place: 9.")));
+    assert!(shared.is_some_and(|t| t.starts_with("Your place: 21.")));
     assert!(flag(&buyer, &format!("{card} .buy"), "disabled").await);
     // The people ahead fall to none, then it is the buyer's turn.
     let ahead = |t: &str| -> Option<u32> { t.split(". ").nth(1)?.split(' ').next()?.parse().ok() };
