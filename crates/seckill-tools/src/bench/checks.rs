@@ -133,8 +133,9 @@ pub struct LifeFigures {
     pub db_stock: i64,
     /// On the fast path: Redis' stock and how many orders it took back.
     pub redis: Option<(i64, usize)>,
-    /// Whether no order is due (none past its deadline still reserved, no
-    /// return left for Redis): the sweep has caught up.
+    /// Whether no order was due before the figures were read (none past
+    /// its deadline still reserved, no return left for Redis): the sweep
+    /// had caught up.
     pub nothing_due: bool,
 }
 
@@ -230,6 +231,15 @@ impl Stores {
         let Some(db) = &self.db else {
             return Ok(None);
         };
+        // Whether anything is due is read first. Read last, it could see
+        // a sweep that ran after the states were read: an order past its
+        // deadline counted reserved, then expired and taken back before
+        // the question, and the figures would look settled while one of
+        // them is stale. Read first, nothing already due can change
+        // under the reads that follow; an order whose deadline passes
+        // meanwhile shows as Redis and the database disagreeing, and the
+        // caller reads again.
+        let nothing_due = db.due_orders(1).await?.is_empty();
         let states = db.order_states(voucher).await?;
         let db_stock = db.voucher_stock(voucher).await?.unwrap_or(0);
         let redis = match &self.redis {
@@ -239,7 +249,6 @@ impl Stores {
             }
             _ => None,
         };
-        let nothing_due = db.due_orders(1).await?.is_empty();
         Ok(Some(LifeFigures {
             states,
             db_stock,

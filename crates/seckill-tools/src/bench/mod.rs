@@ -445,8 +445,8 @@ pub async fn after_sale_run(
         println!("  unexpected: {what}");
     }
     // The last expiries and returns happen within a sweep or two once the
-    // stores answer; the figures are read once nothing is due and the
-    // stores agree. A store still down when the buyers stop (restarted
+    // stores answer; the figures count once nothing is due, the stores
+    // agree and two reads in a row match. A store still down when the buyers stop (restarted
     // late on a loaded machine) does not eat that time: the wait counts
     // from its last failed read, up to a bound.
     let settle = Duration::from_secs(30);
@@ -458,12 +458,16 @@ pub async fn after_sale_run(
     loop {
         match stores.life_figures(plan.voucher, fast_path).await {
             Ok(found) => {
-                settled = found.is_none_or(|f| {
-                    f.nothing_due
-                        && f.redis.is_none_or(|(stock, returned)| {
-                            stock == f.db_stock && returned as i64 == f.states.returned()
-                        })
-                });
+                // The same figures twice in a row: the reads are not one
+                // snapshot, and a sweep between them could otherwise pass
+                // for a settled store.
+                settled = found == figures
+                    && found.is_none_or(|f| {
+                        f.nothing_due
+                            && f.redis.is_none_or(|(stock, returned)| {
+                                stock == f.db_stock && returned as i64 == f.states.returned()
+                            })
+                    });
                 figures = found;
                 if settled {
                     break;
