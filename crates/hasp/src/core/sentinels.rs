@@ -8,10 +8,11 @@
 //! verified by the client's [`Tls::with_server_name`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError};
 use redis::{IntoConnectionInfo, RedisResult};
 
@@ -50,6 +51,11 @@ pub struct Sentinels {
 
 struct Shared {
     sentinels: Vec<ConnectionInfo>,
+    /// A connection kept to each sentinel once one answered on it: every
+    /// connection of a client asks where the master is when it connects,
+    /// and each question on a new connection would cost a handshake (TLS
+    /// too) to the sentinel.
+    kept: Vec<Mutex<Option<MultiplexedConnection>>>,
     service: String,
     tls: Connectors,
     /// The sentinel that answered last: asked first next time.
@@ -96,6 +102,7 @@ impl Sentinels {
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             shared: Arc::new(Shared {
+                kept: sentinels.iter().map(|_| Mutex::new(None)).collect(),
                 sentinels,
                 service: service.to_owned(),
                 tls: Connectors::new(tls),
@@ -106,7 +113,9 @@ impl Sentinels {
     }
 
     /// The same sentinels, each question waiting up to `timeout` to
-    /// connect and up to `timeout` for its answer.
+    /// connect and up to `timeout` for its answer. (A connection already
+    /// kept to a sentinel keeps the timeout it was made with: set this
+    /// before the first question.)
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -144,7 +153,7 @@ impl Sentinels {
         let first = shared.next.load(Ordering::Relaxed);
         let mut last_error = None;
         for i in (first..first + count).map(|i| i % count) {
-            match self.ask(&shared.sentinels[i]).await {
+            match self.ask(i).await {
                 Ok(master) => {
                     shared.next.store(i, Ordering::Relaxed);
                     return Ok(master);
@@ -158,16 +167,11 @@ impl Sentinels {
         Err(last_error.unwrap_or_else(|| RedisError::from((ErrorKind::Io, "no sentinel to ask"))))
     }
 
-    /// The master `sentinel` names, once it says it is the master.
-    async fn ask(&self, sentinel: &ConnectionInfo) -> RedisResult<ConnectionInfo> {
+    /// The master sentinel `i` names, once it says it is the master.
+    async fn ask(&self, i: usize) -> RedisResult<ConnectionInfo> {
         let shared = &self.shared;
-        let mut conn = self.connect(sentinel).await?;
-        let named: Option<(String, u16)> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(&shared.service)
-            .query_async(&mut conn)
-            .await?;
-        let Some((host, port)) = named else {
+        let sentinel = &shared.sentinels[i];
+        let Some((host, port)) = self.named_master(i).await? else {
             return Err(RedisError::from((
                 ErrorKind::Io,
                 "the sentinel knows no master for the service",
@@ -204,16 +208,45 @@ impl Sentinels {
         Ok(master)
     }
 
-    async fn connect(
-        &self,
-        info: &ConnectionInfo,
-    ) -> RedisResult<redis::aio::MultiplexedConnection> {
+    /// What sentinel `i` names as the service's master, asked on the
+    /// connection kept to it; on a new one if there is none, or if the
+    /// kept one turns out broken (the sentinel restarted since: the
+    /// question is a read, so asking again is safe). A connection that
+    /// failed in any way is not kept.
+    async fn named_master(&self, i: usize) -> RedisResult<Option<(String, u16)>> {
+        let shared = &self.shared;
+        let mut question = redis::cmd("SENTINEL");
+        question.arg("GET-MASTER-ADDR-BY-NAME").arg(&shared.service);
+        let kept = lock(&shared.kept[i]).clone();
+        if let Some(mut conn) = kept {
+            match question.query_async(&mut conn).await {
+                Ok(named) => return Ok(named),
+                Err(e) => {
+                    *lock(&shared.kept[i]) = None;
+                    if !transport::broke(&e) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let mut conn = self.connect(&shared.sentinels[i]).await?;
+        let named = question.query_async(&mut conn).await?;
+        *lock(&shared.kept[i]) = Some(conn);
+        Ok(named)
+    }
+
+    async fn connect(&self, info: &ConnectionInfo) -> RedisResult<MultiplexedConnection> {
         let timeout = self.timeout;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout));
         transport::multiplexed(info, &self.shared.tls, config, timeout).await
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every update is one store: a panic cannot leave it half-done.
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Listens to the sentinels' `+switch-master` announcements, on one

@@ -146,6 +146,49 @@ async fn a_hold_the_new_master_lacks_is_reported_lost() {
     assert!(matches!(guard.unlock().await, Err(Error::NotHeld { .. })));
 }
 
+/// multi 20: questions to a sentinel share one connection to it, made
+/// again (the question asked again) when the sentinel dropped it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_to_a_sentinel_share_one_connection() {
+    let group = SentinelGroup::start(0, 1);
+    let sentinel = &group.sentinels[0];
+    // Each `cli` call is a connection of its own, counted too.
+    let received = || -> u64 {
+        let stats = sentinel.cli(&["INFO", "stats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("the sentinel's connection count")
+    };
+    let urls = group.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let sentinels = hasp::sentinel::Sentinels::new(&urls, SENTINEL_SERVICE, None).unwrap();
+    let master_port = group.master_port();
+
+    let before = received();
+    for _ in 0..5 {
+        let master = sentinels.master().await.unwrap();
+        assert_eq!(
+            master.addr().to_string(),
+            format!("127.0.0.1:{master_port}")
+        );
+    }
+    // One connection for five questions, and the count's own.
+    assert_eq!(received() - before, 2);
+
+    // The sentinel drops every client: the next question finds its
+    // connection broken and is asked again on a new one.
+    sentinel.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    let before = received();
+    sentinels
+        .master()
+        .await
+        .expect("asked again on a new connection");
+    sentinels.master().await.unwrap();
+    assert_eq!(received() - before, 2);
+}
+
 /// Bad input to `open_sentinel` is refused before any connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_sentinel_checks_its_input() {
