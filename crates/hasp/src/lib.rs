@@ -152,6 +152,7 @@ mod multi;
 mod plain_lock;
 mod rw_lock;
 mod semaphore;
+mod shared_attempt;
 mod terms;
 mod tls;
 mod transport;

@@ -22,9 +22,9 @@ use redis::{
     RedisFuture, RedisResult, Value,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::shared_attempt::SharedAttempt;
 use crate::tls::{Connectors, Tls};
 
 /// A connection's bytes (see the module docs).
@@ -205,7 +205,10 @@ struct Shared {
     tls: Connectors,
     config: AsyncConnectionConfig,
     connection_timeout: Duration,
-    live: tokio::sync::Mutex<Live>,
+    live: std::sync::Mutex<Live>,
+    /// One connect at a time; the commands that waited for one that
+    /// failed fail with it.
+    connecting: SharedAttempt,
 }
 
 /// The connection as the commands find it.
@@ -215,11 +218,20 @@ struct Live {
     /// however many commands saw it break).
     made: u64,
     conn: Option<MultiplexedConnection>,
-    /// When the last attempt to connect failed, and why: the commands
-    /// that waited for it fail with it instead of each trying again (to a
-    /// server that never answers, each would wait a connection timeout,
-    /// one after the other).
-    failed: Option<(Instant, RedisError)>,
+}
+
+impl Shared {
+    fn live(&self) -> std::sync::MutexGuard<'_, Live> {
+        // Every update is one or two stores: a panic cannot leave it
+        // half-done.
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The live connection and its number, if there is one.
+    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
+        let live = self.live();
+        live.conn.clone().map(|conn| (live.made, conn))
+    }
 }
 
 impl std::fmt::Debug for Connection {
@@ -298,7 +310,8 @@ impl Connection {
                 tls,
                 config,
                 connection_timeout,
-                live: tokio::sync::Mutex::new(Live::default()),
+                live: std::sync::Mutex::new(Live::default()),
+                connecting: SharedAttempt::default(),
             }),
         }
     }
@@ -312,44 +325,32 @@ impl Connection {
     /// (unless an attempt that ended while this command waited failed:
     /// then its error).
     async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
-        let asked = Instant::now();
-        let mut live = self.shared.live.lock().await;
-        if let Some(conn) = &live.conn {
-            return Ok((live.made, conn.clone()));
-        }
-        if let Some((at, error)) = &live.failed {
-            if *at >= asked {
-                return Err(error.clone());
-            }
-        }
         let shared = &self.shared;
-        let made = multiplexed(
-            &shared.info,
-            &shared.tls,
-            shared.config.clone(),
-            shared.connection_timeout,
-        )
-        .await;
-        match made {
-            Ok(conn) => {
-                live.made += 1;
-                live.conn = Some(conn.clone());
-                live.failed = None;
-                Ok((live.made, conn))
-            }
-            Err(e) => {
-                live.failed = Some((Instant::now(), e.clone()));
-                Err(e)
-            }
+        if let Some(current) = shared.current() {
+            return Ok(current);
         }
+        let connect = async {
+            let conn = multiplexed(
+                &shared.info,
+                &shared.tls,
+                shared.config.clone(),
+                shared.connection_timeout,
+            )
+            .await?;
+            let mut live = shared.live();
+            live.made += 1;
+            live.conn = Some(conn.clone());
+            Ok((live.made, conn))
+        };
+        shared.connecting.run(|| shared.current(), connect).await
     }
 
     /// After a command on connection `made`: a broken connection is
     /// dropped, and the next command makes another.
-    async fn after<T>(&self, made: u64, result: RedisResult<T>) -> RedisResult<T> {
+    fn after<T>(&self, made: u64, result: RedisResult<T>) -> RedisResult<T> {
         if let Err(e) = &result {
             if broke(e) {
-                let mut live = self.shared.live.lock().await;
+                let mut live = self.shared.live();
                 if live.made == made {
                     live.conn = None;
                 }
@@ -370,7 +371,7 @@ impl ConnectionLike for Connection {
         Box::pin(async move {
             let (made, mut conn) = self.connection().await?;
             let result = conn.req_packed_command(cmd).await;
-            self.after(made, result).await
+            self.after(made, result)
         })
     }
 
@@ -383,7 +384,7 @@ impl ConnectionLike for Connection {
         Box::pin(async move {
             let (made, mut conn) = self.connection().await?;
             let result = conn.req_packed_commands(cmd, offset, count).await;
-            self.after(made, result).await
+            self.after(made, result)
         })
     }
 
@@ -394,6 +395,8 @@ impl ConnectionLike for Connection {
 
 #[cfg(test)]
 mod tests {
+    use tokio::time::Instant;
+
     use super::*;
 
     /// Commands that wait for one attempt to connect to a server that never

@@ -6,13 +6,11 @@
 //! breaks or the master changes (`endpoint`).
 
 #[cfg(feature = "sentinel")]
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 #[cfg(any(feature = "sentinel", feature = "cluster"))]
 use std::time::Duration;
 
 use redis::RedisResult;
-#[cfg(feature = "sentinel")]
-use tokio::sync::Mutex;
 
 use super::endpoint::Endpoint;
 use super::scripts;
@@ -20,6 +18,8 @@ use crate::config::Settings;
 #[cfg(feature = "cluster")]
 use crate::error::is_redirect;
 use crate::error::Result;
+#[cfg(feature = "sentinel")]
+use crate::shared_attempt::SharedAttempt;
 use crate::transport::Connection;
 
 /// See the module docs.
@@ -36,24 +36,39 @@ pub(crate) enum Commands {
 #[cfg(feature = "sentinel")]
 impl Following {
     /// The live connection, made again if there is none or the master
-    /// changed since it was made.
+    /// changed since it was made (one resolution at a time: the queries
+    /// that waited for one that failed fail with it).
     async fn connection(&self) -> RedisResult<Connection> {
-        let mut live = self.live.lock().await;
-        let generation = self.endpoint.generation();
-        if let Some((made_in, conn)) = &*live {
-            if *made_in == generation {
-                return Ok(conn.clone());
-            }
+        if let Some(conn) = self.current() {
+            return Ok(conn);
         }
-        let info = self.endpoint.resolve().await?;
-        let conn = Connection::new(
-            info,
-            self.endpoint.tls().clone(),
-            self.connection_timeout,
-            self.response_timeout,
-        );
-        *live = Some((generation, conn.clone()));
-        Ok(conn)
+        let resolve = async {
+            let generation = self.endpoint.generation();
+            let info = self.endpoint.resolve().await?;
+            let conn = Connection::new(
+                info,
+                self.endpoint.tls().clone(),
+                self.connection_timeout,
+                self.response_timeout,
+            );
+            *self.live() = Some((generation, conn.clone()));
+            Ok(conn)
+        };
+        self.resolving.run(|| self.current(), resolve).await
+    }
+
+    /// The live connection, if it was made in the current generation.
+    fn current(&self) -> Option<Connection> {
+        let generation = self.endpoint.generation();
+        self.live()
+            .as_ref()
+            .filter(|(made_in, _)| *made_in == generation)
+            .map(|(_, conn)| conn.clone())
+    }
+
+    fn live(&self) -> MutexGuard<'_, Option<(u64, Connection)>> {
+        // Every update is one store: a panic cannot leave it half-done.
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -65,6 +80,7 @@ pub(crate) struct Following {
     response_timeout: Duration,
     /// The live connection and the endpoint generation it was made in.
     live: Mutex<Option<(u64, Connection)>>,
+    resolving: SharedAttempt,
 }
 
 impl std::fmt::Debug for Commands {
@@ -103,6 +119,7 @@ impl Commands {
             connection_timeout: settings.connection_timeout,
             response_timeout: settings.response_timeout,
             live: Mutex::new(None),
+            resolving: SharedAttempt::default(),
         };
         let mut conn = following.connection().await?;
         scripts::preload(&mut conn).await?;
@@ -136,7 +153,7 @@ impl Commands {
             Commands::Following(following) => {
                 let result = cmd.query_async(&mut following.connection().await?).await;
                 if matches!(&result, Err(e) if crate::transport::broke(e)) {
-                    *following.live.lock().await = None;
+                    *following.live() = None;
                 }
                 result
             }
