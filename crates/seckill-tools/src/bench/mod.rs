@@ -446,9 +446,9 @@ pub async fn after_sale_run(
     }
     // The last expiries and returns happen within a sweep or two once the
     // stores answer; the figures count once nothing is due, the stores
-    // agree and two reads in a row match. A store still down when the buyers stop (restarted
-    // late on a loaded machine) does not eat that time: the wait counts
-    // from its last failed read, up to a bound.
+    // agree and two reads in a row match. A store still down when the
+    // buyers stop (restarted late on a loaded machine) does not eat that
+    // time: the wait counts from its last failed read, up to a bound.
     let settle = Duration::from_secs(30);
     let settling_since = tokio::time::Instant::now();
     let mut deadline = settling_since + settle;
