@@ -72,6 +72,10 @@ struct Args {
     /// Set when this process is the client that section `ci` measures
     /// (`--client-pairs LIB URL C PAIRS`): it runs that and nothing else.
     client_job: Option<ClientJob>,
+    /// `--pin`: every server W1 starts runs on CPU 0 and this process on the
+    /// last CPU, so neither takes the other's core and each one's CPU per
+    /// pair decides its own limit.
+    pin: bool,
 }
 
 /// W1 by one library, run by this process under callgrind for section `ci`.
@@ -95,8 +99,10 @@ fn parse_args() -> Args {
     let mut levels = Vec::new();
     let mut repeat = 1;
     let mut client_job = None;
+    let mut pin = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        pin |= a == "--pin";
         if a == "--duration" {
             let secs: f64 = args
                 .next()
@@ -148,11 +154,32 @@ fn parse_args() -> Args {
         levels,
         repeat,
         client_job,
+        pin,
     }
+}
+
+/// Moves process `pid` (0: this process's calling thread, and so every
+/// thread it starts later) to CPU `cpu` with util-linux's `taskset`.
+fn pin_to_cpu(pid: u32, cpu: usize) {
+    let pid = if pid == 0 { std::process::id() } else { pid };
+    let status = std::process::Command::new("taskset")
+        .args(["-p", "-c", &cpu.to_string(), &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status();
+    assert!(
+        status.is_ok_and(|s| s.success()),
+        "taskset -p -c {cpu} {pid} failed"
+    );
 }
 
 fn main() {
     let args = parse_args();
+    if args.pin {
+        // Before the runtime starts its threads: they inherit the CPU.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        pin_to_cpu(0, cpus.saturating_sub(1));
+        PIN_SERVERS.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -171,9 +198,16 @@ fn main() {
 
 async fn run(args: Args) {
     println!(
-        "hasp lock benchmark: {:?} per measurement, {} cores, redis-server over TCP loopback",
+        "hasp lock benchmark: {:?} per measurement, {}, redis-server over TCP loopback",
         args.duration,
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        if args.pin {
+            "servers on CPU 0 and this client on the last CPU".to_owned()
+        } else {
+            format!(
+                "{} cores shared by servers and client",
+                std::thread::available_parallelism().map_or(0, |n| n.get())
+            )
+        }
     );
 
     let servers = servers();
@@ -673,6 +707,9 @@ impl Until {
     }
 }
 
+/// Set by `--pin`: [`Server::start`] moves each server to CPU 0.
+static PIN_SERVERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// A server binary the benchmark runs against.
 struct Server {
     name: &'static str,
@@ -681,11 +718,15 @@ struct Server {
 
 impl Server {
     fn start(&self) -> RedisServer {
-        RedisServer::start_with(testkit::ServerOptions {
+        let server = RedisServer::start_with(testkit::ServerOptions {
             transport: testkit::Transport::Tcp,
             binary: self.binary.clone(),
             ..testkit::ServerOptions::default()
-        })
+        });
+        if PIN_SERVERS.load(std::sync::atomic::Ordering::Relaxed) {
+            pin_to_cpu(server.pid().expect("server running"), 0);
+        }
+        server
     }
 
     fn binary(&self) -> std::path::PathBuf {

@@ -114,8 +114,10 @@ const GATHER: usize = 16;
 /// Script calls on the wire at once.
 const MAX_IN_FLIGHT: usize = 8;
 /// A call of this many operations sends a lock's acquisitions through the
-/// function rather than as its acquisition script (`wire::native`).
-const CROWDED: usize = 16;
+/// function rather than as its acquisition script (`wire::native`): from
+/// here the function's cost, paid once per call, costs Redis less than a
+/// script run per acquisition (W1 at 64 tasks in `benches/README.md`).
+const CROWDED: usize = 8;
 /// Settlements kept while Redis cannot be reached; past this the oldest
 /// are dropped (their holds expire with their leases).
 const MAX_SETTLEMENTS: usize = 10_000;

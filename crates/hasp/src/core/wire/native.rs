@@ -9,7 +9,7 @@
 //! | operation | native command | when |
 //! |---|---|---|
 //! | a plain lock's acquisition | `SET <lock> <hold> NX PX <lease>` | always (Redis 7.0) |
-//! | a lock's acquisition | `EVALSHA <acquire_free.lua> 1 <lock> <hold> <lease>` | the script loaded when the connection was made (every server), in a call of fewer than 16 operations |
+//! | a lock's acquisition | `EVALSHA <acquire_free.lua> 1 <lock> <hold> <lease>` | the script loaded when the connection was made (every server), in a call of fewer than 8 operations |
 //! | the last release of a hold | `DELIFEQ <lock> <hold>` | the server has `DELIFEQ` (Valkey 9.0) |
 //! | the last release of a hold | `EVALSHA <delete_if_equal.lua> 1 <lock> <hold>` | otherwise (Redis 7.0), the script loaded when the connection was made |
 //! | a renewal | `SET <lock> <hold> IFEQ <hold> PX <lease>` | the server has `DELIFEQ` (so `SET … IFEQ`, Valkey 8.1) |
