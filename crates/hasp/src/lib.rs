@@ -186,6 +186,7 @@ pub mod __bench {
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub mod sentinel {
+    pub use crate::core::following::{MasterConnection, OnSwitch};
     pub use crate::core::sentinels::{follow_master_switches, Sentinels};
 }
 

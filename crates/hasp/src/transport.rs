@@ -316,6 +316,13 @@ impl Connection {
         }
     }
 
+    /// Connects now, unless connected (or an attempt that ended while
+    /// this one waited failed: then its error).
+    #[cfg(feature = "sentinel")]
+    pub(crate) async fn ready(&self) -> RedisResult<()> {
+        self.connection().await.map(drop)
+    }
+
     /// The server's address and login.
     pub fn info(&self) -> &ConnectionInfo {
         &self.shared.info

@@ -2,24 +2,23 @@
 //! pipelined by all tasks of a client.
 //!
 //! To one address it is a [`Connection`] (made again when it breaks); to a
-//! Sentinel service it is one made again to the current master whenever it
-//! breaks or the master changes (`endpoint`).
+//! Sentinel service it follows the current master (`following`).
 
 #[cfg(feature = "sentinel")]
-use std::sync::{Arc, Mutex, MutexGuard};
-#[cfg(any(feature = "sentinel", feature = "cluster"))]
+use std::sync::Arc;
+#[cfg(feature = "cluster")]
 use std::time::Duration;
 
 use redis::RedisResult;
 
 use super::endpoint::Endpoint;
+#[cfg(feature = "sentinel")]
+use super::following::Following;
 use super::scripts;
 use crate::config::Settings;
 #[cfg(feature = "cluster")]
 use crate::error::is_redirect;
 use crate::error::Result;
-#[cfg(feature = "sentinel")]
-use crate::shared_attempt::SharedAttempt;
 use crate::transport::Connection;
 
 /// See the module docs.
@@ -31,56 +30,6 @@ pub(crate) enum Commands {
     /// batcher); a read redirected by a slot move is sent again here.
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
-}
-
-#[cfg(feature = "sentinel")]
-impl Following {
-    /// The live connection, made again if there is none or the master
-    /// changed since it was made (one resolution at a time: the queries
-    /// that waited for one that failed fail with it).
-    async fn connection(&self) -> RedisResult<Connection> {
-        if let Some(conn) = self.current() {
-            return Ok(conn);
-        }
-        let resolve = async {
-            let generation = self.endpoint.generation();
-            let info = self.endpoint.resolve().await?;
-            let conn = Connection::new(
-                info,
-                self.endpoint.tls().clone(),
-                self.connection_timeout,
-                self.response_timeout,
-            );
-            *self.live() = Some((generation, conn.clone()));
-            Ok(conn)
-        };
-        self.resolving.run(|| self.current(), resolve).await
-    }
-
-    /// The live connection, if it was made in the current generation.
-    fn current(&self) -> Option<Connection> {
-        let generation = self.endpoint.generation();
-        self.live()
-            .as_ref()
-            .filter(|(made_in, _)| *made_in == generation)
-            .map(|(_, conn)| conn.clone())
-    }
-
-    fn live(&self) -> MutexGuard<'_, Option<(u64, Connection)>> {
-        // Every update is one store: a panic cannot leave it half-done.
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// A connection to a Sentinel service's current master.
-#[cfg(feature = "sentinel")]
-pub(crate) struct Following {
-    endpoint: Arc<Endpoint>,
-    connection_timeout: Duration,
-    response_timeout: Duration,
-    /// The live connection and the endpoint generation it was made in.
-    live: Mutex<Option<(u64, Connection)>>,
-    resolving: SharedAttempt,
 }
 
 impl std::fmt::Debug for Commands {
@@ -114,15 +63,13 @@ impl Commands {
     /// there.
     #[cfg(feature = "sentinel")]
     pub(crate) async fn following(endpoint: Arc<Endpoint>, settings: &Settings) -> Result<Self> {
-        let following = Following {
+        let following = Following::new(
             endpoint,
-            connection_timeout: settings.connection_timeout,
-            response_timeout: settings.response_timeout,
-            live: Mutex::new(None),
-            resolving: SharedAttempt::default(),
-        };
-        let mut conn = following.connection().await?;
-        scripts::preload(&mut conn).await?;
+            settings.connection_timeout,
+            settings.response_timeout,
+        );
+        let (made, mut conn) = following.connection().await?;
+        following.after(made, scripts::preload(&mut conn).await)?;
         Ok(Commands::Following(Box::new(following)))
     }
 
@@ -151,11 +98,8 @@ impl Commands {
             }
             #[cfg(feature = "sentinel")]
             Commands::Following(following) => {
-                let result = cmd.query_async(&mut following.connection().await?).await;
-                if matches!(&result, Err(e) if crate::transport::broke(e)) {
-                    *following.live() = None;
-                }
-                result
+                let (made, mut conn) = following.connection().await?;
+                following.after(made, cmd.query_async(&mut conn).await)
             }
         }
     }

@@ -17,6 +17,7 @@
 //! | `scripts` | the batch function (a function library: one `.lua` file per kind, and its cluster form), loaded once, re-loaded when a server lost it |
 //! | `endpoint` | where the server is: an address, or a Sentinel service's current master |
 //! | `sentinels` | asking a Sentinel service's sentinels for its master, and hearing them announce a switch |
+//! | `following` | a connection that follows a Sentinel service's master (the queries', and an application's own: `sentinel::MasterConnection`) |
 //! | `commands` | the connection for read-only queries |
 //! | `batcher` | group commit of every change (one function call and the native commands, packed, per call), settling calls whose replies were lost; each connection learns what its server offers, and speaks RESP2 itself (`batcher::resp`) |
 //! | `reply` | replies that carry a hold, received cancel-safely |
@@ -37,7 +38,7 @@
 //!
 //! Imports run one way: the kinds' modules (`lock`, `fair_lock`, `rw_lock`,
 //! `semaphore`, `latch`) → `mod.rs`, `lease`, `line` → `watchdog`, `waiters` → `batcher`,
-//! `reply`, `pubsub`, `holds`, `commands` → `endpoint` → `sentinels`,
+//! `reply`, `pubsub`, `holds`, `commands` → `following` → `endpoint` → `sentinels`,
 //! `wire` → `keys`, `scripts`. Every connection's bytes come from
 //! `crate::transport`, below the floor.
 //!
@@ -76,6 +77,8 @@ mod batcher;
 mod commands;
 pub(crate) mod endpoint;
 pub(crate) mod fair_lock;
+#[cfg(feature = "sentinel")]
+pub(crate) mod following;
 pub(crate) mod holds;
 pub(crate) mod keys;
 pub(crate) mod latch;

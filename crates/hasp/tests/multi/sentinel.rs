@@ -1,7 +1,10 @@
 //! A client that follows the master of a Sentinel service (multi 20).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hasp::sentinel::{MasterConnection, OnSwitch, Sentinels};
 use hasp::{Client, Error};
 use testkit::{SentinelGroup, SENTINEL_SERVICE};
 
@@ -163,7 +166,7 @@ async fn questions_to_a_sentinel_share_one_connection() {
     };
     let urls = group.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let sentinels = hasp::sentinel::Sentinels::new(&urls, SENTINEL_SERVICE, None).unwrap();
+    let sentinels = Sentinels::new(&urls, SENTINEL_SERVICE, None).unwrap();
     let master_port = group.master_port();
 
     let before = received();
@@ -187,6 +190,125 @@ async fn questions_to_a_sentinel_share_one_connection() {
         .expect("asked again on a new connection");
     sentinels.master().await.unwrap();
     assert_eq!(received() - before, 2);
+}
+
+/// multi 20: an application's own connection to the master
+/// (`sentinel::MasterConnection`) follows a failover. Its hook sees each
+/// master before any command goes there, with the master left; a hook that
+/// fails fails the waiting command, and the next command runs it again;
+/// the master left is kept until taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_connection_follows_a_failover() {
+    let group = SentinelGroup::start(1, 3);
+    let urls = group.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let sentinels = Sentinels::new(&urls, SENTINEL_SERVICE, None)
+        .unwrap()
+        .with_timeout(Duration::from_secs(2));
+    let mut conn =
+        MasterConnection::connect(sentinels, Duration::from_secs(2), Duration::from_secs(2))
+            .await
+            .unwrap();
+    let address = |port: u16| format!("127.0.0.1:{port}");
+    // What the hook saw: (the master left, the new one), and whether the
+    // new one held the key `mark` then (no command had gone there yet).
+    type Seen = Vec<(Option<String>, String)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let refuse_next = Arc::new(AtomicBool::new(true));
+    let hook: OnSwitch = {
+        let (seen, refuse_next) = (seen.clone(), refuse_next.clone());
+        Arc::new(move |left, new| {
+            let (seen, refuse_next) = (seen.clone(), refuse_next.clone());
+            Box::pin(async move {
+                let mut new_conn = new.clone();
+                let marked: bool = redis::cmd("EXISTS")
+                    .arg("mark")
+                    .query_async(&mut new_conn)
+                    .await?;
+                assert!(!marked, "a command reached the master before its hook");
+                seen.lock().unwrap().push((
+                    left.map(|l| l.info().addr().to_string()),
+                    new.info().addr().to_string(),
+                ));
+                if refuse_next.swap(false, Ordering::SeqCst) {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "refused by the hook",
+                    )));
+                }
+                Ok(())
+            })
+        })
+    };
+    conn.on_switch(hook);
+    let old_port = group.master_port();
+    let set = |conn: &mut MasterConnection| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("SET")
+                .arg("mark")
+                .arg("1")
+                .query_async::<()>(&mut conn)
+                .await
+        }
+    };
+    // The hook refuses the current master once: that command fails and
+    // nothing reaches the server; the next runs the hook again.
+    let refused = set(&mut conn).await.unwrap_err();
+    assert!(refused.to_string().contains("refused by the hook"), "{refused}");
+    assert_eq!(group.master().cli(&["EXISTS", "mark"]), "0");
+    set(&mut conn).await.unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(None, address(old_port)), (None, address(old_port))]
+    );
+    assert!(conn.take_left_master().is_none());
+    group.master().cli(&["DEL", "mark"]);
+
+    let new_port = group.failover();
+    assert_ne!(new_port, old_port);
+    // Commands reach the new master within moments; one that fails
+    // because the master moved fails, and is not sent again.
+    let new_master = group.master();
+    let started = Instant::now();
+    while new_master.cli(&["EXISTS", "mark"]) != "1" {
+        if let Err(e) = set(&mut conn).await {
+            assert!(
+                e.is_io_error()
+                    || e.is_timeout()
+                    || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                "unexpected: {e}"
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never reached the new master"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let last = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(last, (Some(address(old_port)), address(new_port)));
+    let left = conn.take_left_master().expect("the master left is kept");
+    assert_eq!(left.info().addr().to_string(), address(old_port));
+    assert!(conn.take_left_master().is_none(), "taken once");
+}
+
+/// A `MasterConnection` refuses a zero timeout before any connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_connection_checks_its_timeouts() {
+    let sentinels = Sentinels::new(&["redis://127.0.0.1:1/"], "svc", None).unwrap();
+    for (connect, respond) in [(0, 1), (1, 0)] {
+        let result = MasterConnection::connect(
+            sentinels.clone(),
+            Duration::from_secs(connect),
+            Duration::from_secs(respond),
+        )
+        .await;
+        assert!(
+            matches!(result, Err(Error::InvalidArgument { .. })),
+            "{result:?}"
+        );
+    }
 }
 
 /// Bad input to `open_sentinel` is refused before any connection.

@@ -16,7 +16,9 @@ use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use super::sentinel::{sentinel_service, SentinelConn};
+use hasp::sentinel::MasterConnection;
+
+use super::sentinel::sentinel_service;
 use super::tls::RedisTls;
 use crate::error::{Error, Result};
 
@@ -45,7 +47,7 @@ pub enum RedisConn {
     /// fails within the connection timeout).
     Server(hasp::Connection),
     /// The master of a Sentinel service, followed through failovers.
-    Sentinel(SentinelConn),
+    Sentinel(MasterConnection),
     /// A Redis Cluster, routed by slot. redis-rs sends no command twice (a
     /// purchase sent again could buy twice): a command turned away by a
     /// slot move or a failover fails, and the caller's retry lands right.
@@ -64,7 +66,7 @@ impl std::fmt::Debug for RedisConn {
 
 impl RedisConn {
     /// The master a Sentinel connection left at its last switch, if not
-    /// taken since ([`SentinelConn::take_left_master`]): its last accepted
+    /// taken since ([`MasterConnection::take_left_master`]): its last accepted
     /// orders may be on it alone. `None` for a server or a cluster.
     pub fn take_left_master(&self) -> Option<RedisConn> {
         match self {
@@ -174,7 +176,7 @@ pub async fn connect_with(redis_url: &str, tls: &RedisTls) -> Result<RedisConn> 
     }
     if let Some((sentinels, service)) = sentinel_service(redis_url)? {
         return Ok(RedisConn::Sentinel(
-            SentinelConn::connect(
+            super::sentinel::connect(
                 &sentinels,
                 &service,
                 tls,

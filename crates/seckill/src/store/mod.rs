@@ -46,9 +46,7 @@ pub use order_lookup::order_in_redis;
 pub use order_stream::{is_missing_group, Delivery, OrderStreams};
 pub use reachability::PROBE_INTERVAL;
 pub use sale_audit::{add_buyers, lower_stock, read_sale, RedisSale};
-pub use sentinel::{
-    sentinel_service, OnSwitch, SentinelConn, SENTINEL_SCHEME, SENTINEL_TLS_SCHEME,
-};
+pub use sentinel::{sentinel_service, SENTINEL_SCHEME, SENTINEL_TLS_SCHEME};
 pub use tls::RedisTls;
 pub use verification::History;
 pub use waiting_room::{Admitted, Draw, LineFigures, RoomLines, Standing};

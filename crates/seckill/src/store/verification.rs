@@ -134,10 +134,10 @@ pub(crate) async fn record(
 }
 
 /// The check of a newly resolved Sentinel master, for
-/// [`SentinelConn::on_switch`](super::SentinelConn::on_switch): fence the
+/// [`MasterConnection::on_switch`](hasp::sentinel::MasterConnection::on_switch): fence the
 /// master left behind, then hold purchases on the new one unless it is
 /// verified.
-pub(crate) fn on_switch(mark: String) -> super::sentinel::OnSwitch {
+pub(crate) fn on_switch(mark: String) -> hasp::sentinel::OnSwitch {
     std::sync::Arc::new(move |left, mut next| {
         let mark = mark.clone();
         Box::pin(async move {
