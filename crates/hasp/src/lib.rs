@@ -39,8 +39,10 @@
 //!   connections trust servers and present themselves.
 //! * [`Connection`] — a connection for an application's own commands,
 //!   reached as the client reaches its server (the same TLS and server
-//!   name); [`sentinel::Sentinels`] asks a Sentinel service's sentinels
-//!   for its master the same way.
+//!   name); [`sentinel::MasterConnection`] is one that follows a Sentinel
+//!   service's master across failovers as the client does, and
+//!   [`sentinel::Sentinels`] asks the sentinels for the master the same
+//!   way.
 //! * [`Lock`] — a named lock handle: [`Lock::lock`] waits,
 //!   [`Lock::try_lock`] never waits, [`Lock::try_lock_for`] waits a bounded
 //!   time; [`Lock::with_lease`] / [`Lock::with_owner`] configure it, and

@@ -255,7 +255,10 @@ async fn a_master_connection_follows_a_failover() {
     // The hook refuses the current master once: that command fails and
     // nothing reaches the server; the next runs the hook again.
     let refused = set(&mut conn).await.unwrap_err();
-    assert!(refused.to_string().contains("refused by the hook"), "{refused}");
+    assert!(
+        refused.to_string().contains("refused by the hook"),
+        "{refused}"
+    );
     assert_eq!(group.master().cli(&["EXISTS", "mark"]), "0");
     set(&mut conn).await.unwrap();
     assert_eq!(
