@@ -37,7 +37,7 @@ use crate::transport::Connection;
 /// What runs when a [`MasterConnection`] has found a master, before any
 /// command goes to it: given the master it left (`None` the first time,
 /// or when the sentinels named the same server again) and the new one. An
-/// error fails the command that was waiting for the master, and the next
+/// error fails the commands that were waiting for the master, and the next
 /// command asks the sentinels again (and runs the hook again).
 pub type OnSwitch = Arc<
     dyn Fn(Option<Connection>, Connection) -> BoxFuture<'static, RedisResult<()>> + Send + Sync,
