@@ -1,22 +1,8 @@
-//! A connection that follows the master of a Sentinel service.
-//!
-//! It asks the endpoint (and so the sentinels) where the master is when it
-//! first connects, and again whenever the master may have changed: a
-//! sentinel announced `+switch-master` for the service (the endpoint's
-//! generation moves), or a command found its server gone (connection
-//! refused, dropped, timed out), demoted (`READONLY`) or without the
-//! scripts it was given (`NOSCRIPT`: the server restarted, or was made to
-//! forget them on purpose). A command that failed so is not sent again: a
-//! write's outcome is then unknown, and only its caller knows whether
-//! sending it twice is safe. It fails, and the next command goes to the
-//! master the sentinels name then; while they have not yet promoted a
-//! replica that is still the old master, and commands keep failing fast
-//! until they have.
-//!
-//! hasp's read-only queries go over one (`commands`);
-//! [`MasterConnection`] is one for an application's own commands, with a
-//! hook that sees each master before any command goes to it, and the
-//! master it left.
+//! A connection that follows the master of a Sentinel service: when it
+//! asks the sentinels again, and why a command that found the master gone
+//! is not sent again, are on [`MasterConnection`]. hasp's read-only
+//! queries go over one (`commands`), without the switch hook; an
+//! application's own commands over [`MasterConnection`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -49,10 +35,13 @@ pub type OnSwitch = Arc<
 /// It asks the sentinels where the master is when it connects, and again
 /// when a sentinel announces that the master moved, or when a command
 /// finds its server gone (refused, dropped, timed out), demoted
-/// (`READONLY`) or without the scripts it was given (`NOSCRIPT`). A command
-/// that failed so is not sent again (a write's outcome is unknown; only
-/// its caller knows whether sending it twice is safe): it fails, and the
-/// next command goes to the master the sentinels name then.
+/// (`READONLY`) or without the scripts it was given (`NOSCRIPT`: it
+/// restarted, or was made to forget them). A command that failed so is
+/// not sent again (a write's outcome is unknown; only its caller knows
+/// whether sending it twice is safe): it fails, and the next command goes
+/// to the master the sentinels name then. While they have not yet
+/// promoted a replica that is still the old master, and commands keep
+/// failing fast until they have.
 ///
 /// ```no_run
 /// # async fn run() -> hasp::Result<()> {
