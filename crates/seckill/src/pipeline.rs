@@ -114,6 +114,9 @@ pub struct OrderPipeline {
     dead_letters: AtomicU64,
     /// Vouchers whose group this instance already ensured.
     grouped: std::sync::Mutex<std::collections::HashSet<i64>>,
+    /// Vouchers this pipeline handled entries of since the worker last
+    /// asked ([`OrderPipeline::take_worked`]).
+    worked: std::sync::Mutex<std::collections::HashSet<i64>>,
 }
 
 impl OrderPipeline {
@@ -146,6 +149,7 @@ impl OrderPipeline {
             settings,
             dead_letters: AtomicU64::new(0),
             grouped: Default::default(),
+            worked: Default::default(),
         })
     }
 
@@ -168,6 +172,41 @@ impl OrderPipeline {
     /// [`Error::Redis`] if Redis is unreachable.
     pub async fn backlogs(&self, vouchers: &[i64]) -> Result<Vec<u64>> {
         self.streams.lengths(vouchers).await
+    }
+
+    /// The vouchers whose entries this pipeline handled since the last
+    /// call: the streams worth measuring (see the worker).
+    pub fn take_worked(&self) -> std::collections::HashSet<i64> {
+        std::mem::take(&mut *self.worked.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Says this instance's consumer is alive now and names the consumers
+    /// silent since `silent_since_ms`, with when each was last heard of
+    /// (one sorted set for every sale).
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis fails.
+    pub async fn alive(&self, now_ms: i64, silent_since_ms: i64) -> Result<Vec<(String, i64)>> {
+        self.streams.alive(now_ms, silent_since_ms).await
+    }
+
+    /// Forgets the consumers last heard of at `before_ms` or earlier.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis fails.
+    pub async fn forget_consumers(&self, before_ms: i64) -> Result<()> {
+        self.streams.forget_consumers(before_ms).await
+    }
+
+    /// This instance's consumer name.
+    pub fn consumer(&self) -> &str {
+        &self.settings.consumer
+    }
+
+    /// How long an entry stays pending on a consumer before others take
+    /// it over.
+    pub fn reclaim_idle(&self) -> Duration {
+        self.settings.reclaim_idle
     }
 
     /// Entries this pipeline has dead-lettered since it started.
@@ -353,6 +392,13 @@ impl OrderPipeline {
         ack: Acknowledge,
     ) -> Result<StepReport> {
         let mut report = StepReport::default();
+        if work.is_empty() {
+            return Ok(report);
+        }
+        self.worked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(voucher);
         // Entries that cannot be stored leave first; the rest are written
         // together (one commit) and acknowledged together.
         let mut orders: Vec<(Delivery, OrderRecord)> = Vec::with_capacity(work.len());

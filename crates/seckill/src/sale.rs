@@ -112,8 +112,11 @@ impl Sales {
         user: i64,
         passed: bool,
     ) -> Result<Purchase> {
+        // The paths a purchase rarely takes are boxed: a future is as large
+        // as its largest state, and every request moves it several times
+        // on its way through the router.
         if let PurchasePath::Sync(sync) = &self.path {
-            return sync.purchase_with_pass(voucher, user, passed).await;
+            return Box::pin(sync.purchase_with_pass(voucher, user, passed)).await;
         }
         match self.fast.purchase_with_pass(voucher, user, passed).await {
             Err(Error::SaleUnverified) => {
@@ -123,7 +126,7 @@ impl Sales {
                 Err(Error::SaleUnverified)
             }
             Ok(Purchase::Refused(Refusal::UnknownVoucher))
-                if self.db.voucher_window(voucher).await?.is_some() =>
+                if Box::pin(self.db.voucher_window(voucher)).await?.is_some() =>
             {
                 // Redis lost this sale's state; the database has it.
                 self.repair.start(Scope::Voucher(voucher));

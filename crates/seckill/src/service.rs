@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use crate::auth::Tokens;
 use crate::db::Database;
 use crate::http::Webhook;
-use crate::http::{router, AppState, RateLimits};
+use crate::http::{router, AppState, RateLimits, Shared};
 use crate::live::Live;
 use crate::order_life::OrderLife;
 use crate::payments::provider::HttpProvider;
@@ -132,7 +132,7 @@ impl Service {
             .map(|s| s.expose_secret().as_bytes());
         let tokens = Tokens::open(secret, config.tokens.clone()).await?;
         tokens.refresh_until_stopped(stop.clone());
-        let state = AppState {
+        let state = AppState::new(Shared {
             db: db.clone(),
             sales,
             orders: orders.clone(),
@@ -144,7 +144,7 @@ impl Service {
             demo_sign_in: config.demo_sign_in,
             webhook,
             rooms: rooms.clone(),
-        };
+        });
         let ticker = tokio::spawn(crate::live::tick_until_stopped(
             live,
             db.clone(),

@@ -121,6 +121,106 @@ async fn a_killed_service_loses_and_doubles_no_accepted_order() {
     eprintln!("{in_stream} orders were in the stream at the kill");
 }
 
+/// An instance that dies while others run has its pending orders taken
+/// over by an instance that was running all along (`docs/guarantees.md`,
+/// service 2 and 26): the survivor does not look at every stream's pending
+/// entries while nothing fails, but hears that the dead one fell silent.
+/// The survivor is started first and frozen while the other takes every
+/// purchase, so that its own start is long past when the other dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_instance_takes_over_the_orders_of_one_that_died() {
+    const STOCK: i64 = 1_500;
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("seckill-survivor-{}", std::process::id()));
+    let database = format!("sqlite://{}/survivor.db", dir.display());
+    let tokens = Tokens::new(SECRET.as_bytes()).unwrap();
+    let http = reqwest::Client::new();
+
+    let mut survivor = ServeProcess::start(&redis.url(), &database, "survivor", SECRET).await;
+    let mut doomed = ServeProcess::start(&redis.url(), &database, "doomed", SECRET).await;
+    let voucher = support::open_voucher(&http, &doomed.base, &tokens, "Survivor sale", STOCK).await;
+    // Time is the subject: the survivor's takeover rounds after its start
+    // (2 × the 500 ms takeover + 5 s) are over before it is frozen.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    survivor.signal("STOP");
+
+    let next = Arc::new(std::sync::atomic::AtomicI64::new(1));
+    let buyers: Vec<_> = (0..64)
+        .map(|_| {
+            let (http, base, tokens, next) = (
+                http.clone(),
+                doomed.base.clone(),
+                tokens.clone(),
+                next.clone(),
+            );
+            tokio::spawn(async move {
+                let mut accepted = Vec::new();
+                loop {
+                    let user = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if user > STOCK {
+                        return accepted;
+                    }
+                    let r: Value = support::purchase(&http, &base, &tokens, voucher, user)
+                        .await
+                        .json()
+                        .await
+                        .unwrap();
+                    let id = r["order_id"].as_str().expect("accepted");
+                    accepted.push(id.parse::<i64>().unwrap());
+                }
+            })
+        })
+        .collect();
+    let mut accepted = HashSet::new();
+    for b in buyers {
+        accepted.extend(b.await.unwrap());
+    }
+    assert_eq!(accepted.len() as i64, STOCK);
+
+    // Freeze the buyer's instance with orders read and not yet stored.
+    doomed.signal("STOP");
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // XPENDING's summary: count, first id, last id, count per consumer.
+    type Summary = (
+        i64,
+        Option<String>,
+        Option<String>,
+        Option<Vec<(String, String)>>,
+    );
+    let (pending, ..): Summary = redis::cmd("XPENDING")
+        .arg(format!("seckill:{{v{voucher}}}:orders"))
+        .arg("orders")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    doomed.end("KILL");
+    assert!(
+        pending > 0,
+        "the pipeline had stored everything: nothing was pending at the kill"
+    );
+
+    survivor.signal("CONT");
+    let db = Database::connect(&database).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while db.order_count(voucher).await.unwrap() < STOCK {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {STOCK} orders stored a minute after the kill ({pending} were pending on the dead instance)",
+            db.order_count(voucher).await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    survivor.end("TERM");
+    let stored: HashSet<i64> = stored_ids(&db, voucher).await;
+    assert_eq!(stored, accepted, "stored orders differ from accepted ones");
+    let _ = std::fs::remove_dir_all(dir);
+    eprintln!("{pending} orders were pending on the instance killed");
+}
+
 async fn stored_ids(db: &Database, voucher: i64) -> HashSet<i64> {
     db.order_ids(voucher).await.unwrap().into_iter().collect()
 }

@@ -97,6 +97,69 @@ async fn two_instances_share_the_sale_and_the_pipeline_without_loss_or_duplicate
     assert_eq!(found.db_stock, Some(0));
 }
 
+/// What an idle instance asks Redis does not grow with its open sales
+/// (`docs/guarantees.md`, service 26): its commands per second with 200
+/// open sales are those with 2, give or take the ticks a window catches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_instance_asks_redis_as_much_with_200_open_sales_as_with_2() {
+    const FEW: usize = 2;
+    const MANY: usize = 200;
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("seckill-open-idle-{}", std::process::id()));
+    let database = format!("sqlite://{}/idle.db", dir.display());
+    let service = Service::start(Settings {
+        reclaim_idle: Duration::from_millis(500),
+        ..config(&redis.url(), &database, "open-idle")
+    })
+    .await
+    .unwrap();
+    let http = reqwest::Client::new();
+    let tokens = Arc::new(Tokens::new(SECRET.as_bytes()).unwrap());
+    let base = Arc::new(format!("http://{}", service.addr()));
+    let open = |from: usize, to: usize| {
+        let (http, base, tokens) = (http.clone(), base.clone(), tokens.clone());
+        futures_util::stream::iter(from..to)
+            .map(move |i| {
+                let (http, base, tokens) = (http.clone(), base.clone(), tokens.clone());
+                async move {
+                    support::open_voucher(&http, &base, &tokens, &format!("Open {i}"), 5).await
+                }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<i64>>()
+    };
+    let commands = || -> u64 {
+        redis
+            .cli(&["INFO", "stats"])
+            .lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap()
+    };
+    let per_second = || async {
+        let before = commands();
+        let window = Duration::from_secs(5);
+        tokio::time::sleep(window).await;
+        (commands() - before) as f64 / window.as_secs_f64()
+    };
+    assert_eq!(open(0, FEW).await.len(), FEW);
+    // Time is the subject: the takeover rounds after the start (2 × the
+    // 500 ms takeover + 5 s) end, and the worker lists the sales (every
+    // second).
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let few = per_second().await;
+    assert_eq!(open(FEW, MANY).await.len(), MANY - FEW);
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let many = per_second().await;
+    eprintln!("idle: {few:.1} Redis commands/s with {FEW} open sales, {many:.1} with {MANY}");
+    assert!(
+        many <= few * 1.5 + 2.0,
+        "idle: {few:.1} Redis commands/s with {FEW} open sales, {many:.1} with {MANY}"
+    );
+    service.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// An idle instance costs Redis almost nothing, however many
 /// sales it has seen: 1,000 sales that were open and ended, and 10 open
 /// ones, make fewer than 100 Redis commands a second. Then the 10

@@ -30,6 +30,7 @@
 
 mod keys;
 mod legacy;
+mod verified;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -230,6 +231,44 @@ pub struct Tokens {
     local: Option<Local>,
     provider: Option<(std::sync::Arc<KeySet>, Provider)>,
     policy: TokenPolicy,
+    /// What a token's claims are checked against, made once from the
+    /// policy: building it (sets of issuers, audiences, required claims)
+    /// would otherwise cost a dozen allocations per request.
+    checks: Checks,
+    /// Tokens verified lately (shared by the clones).
+    verified: std::sync::Arc<verified::Verified>,
+}
+
+/// The claim checks of each kind of token [`Tokens`] takes.
+#[derive(Clone)]
+struct Checks {
+    /// The service's own (HS256, issuer and audience `seckill`).
+    local: Validation,
+    /// An identity provider's, one per algorithm its keys may use.
+    provider: Vec<(Algorithm, Validation)>,
+}
+
+impl Checks {
+    fn new(policy: &TokenPolicy) -> Self {
+        let check = |algorithm, issuer: &str, audience: &str| {
+            let mut validation = Validation::new(algorithm);
+            validation.leeway = policy.leeway.as_secs();
+            validation.validate_nbf = true;
+            validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+            validation.set_issuer(&[issuer]);
+            validation.set_audience(&[audience]);
+            validation
+        };
+        Self {
+            local: check(Algorithm::HS256, LOCAL_ISSUER, LOCAL_ISSUER),
+            provider: policy.provider.as_ref().map_or_else(Vec::new, |p| {
+                [Algorithm::RS256, Algorithm::ES256, Algorithm::EdDSA]
+                    .into_iter()
+                    .map(|a| (a, check(a, &p.issuer, &p.audience)))
+                    .collect()
+            }),
+        }
+    }
 }
 
 impl std::fmt::Debug for Tokens {
@@ -248,10 +287,13 @@ impl Tokens {
     /// # Errors
     /// [`Error::Invalid`] for a short secret.
     pub fn new(secret: &[u8]) -> Result<Self> {
+        let policy = TokenPolicy::default();
         Ok(Self {
             local: Some(local(secret)?),
             provider: None,
-            policy: TokenPolicy::default(),
+            checks: Checks::new(&policy),
+            verified: std::sync::Arc::new(verified::Verified::new()),
+            policy,
         })
     }
 
@@ -280,6 +322,8 @@ impl Tokens {
         Ok(Self {
             local,
             provider,
+            checks: Checks::new(&policy),
+            verified: std::sync::Arc::new(verified::Verified::new()),
             policy,
         })
     }
@@ -350,6 +394,10 @@ impl Tokens {
     /// # Errors
     /// A [`TokenError`] saying why it was refused.
     pub async fn verify(&self, token: &str) -> std::result::Result<Principal, TokenError> {
+        let now = unix_now();
+        if let Some(principal) = self.verified.get(token, now) {
+            return Ok(principal);
+        }
         if token.starts_with("v1.") {
             return match (&self.local, self.policy.legacy) {
                 (Some(local), true) => {
@@ -360,42 +408,40 @@ impl Tokens {
             };
         }
         let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Malformed)?;
-        let (key, algorithm, issuer, audience) = match header.alg {
+        let decoded = match header.alg {
             Algorithm::HS256 => {
                 let local = self.local.as_ref().ok_or(TokenError::Algorithm)?;
-                (
-                    local.decoding.clone(),
-                    Algorithm::HS256,
-                    LOCAL_ISSUER,
-                    LOCAL_ISSUER,
-                )
+                jsonwebtoken::decode::<Value>(token, &local.decoding, &self.checks.local)
+                    .map(|data| (data.claims, LOCAL_ISSUER))
             }
             Algorithm::RS256 | Algorithm::ES256 | Algorithm::EdDSA => {
                 let (keys, provider) = self.provider.as_ref().ok_or(TokenError::UnknownKey)?;
                 let kid = header.kid.as_deref().ok_or(TokenError::UnknownKey)?;
-                let key = keys.key(kid).await.ok_or(TokenError::UnknownKey)?;
+                // Boxed: the service's own tokens, the common case, need
+                // not carry the key set's future in theirs.
+                let key = Box::pin(keys.key(kid))
+                    .await
+                    .ok_or(TokenError::UnknownKey)?;
                 if key.algorithm != header.alg {
                     return Err(TokenError::Algorithm);
                 }
-                (
-                    key.key,
-                    key.algorithm,
-                    provider.issuer.as_str(),
-                    provider.audience.as_str(),
-                )
+                let (_, validation) = (self.checks.provider.iter())
+                    .find(|(algorithm, _)| *algorithm == key.algorithm)
+                    .ok_or(TokenError::Algorithm)?;
+                jsonwebtoken::decode::<Value>(token, &key.key, validation)
+                    .map(|data| (data.claims, provider.issuer.as_str()))
             }
             _ => return Err(TokenError::Algorithm),
         };
-        let mut validation = Validation::new(algorithm);
-        validation.leeway = self.policy.leeway.as_secs();
-        validation.validate_nbf = true;
-        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
-        validation.set_issuer(&[issuer]);
-        validation.set_audience(&[audience]);
-        let claims = jsonwebtoken::decode::<Value>(token, &key, &validation)
-            .map_err(|e| refusal(&e))?
-            .claims;
-        self.principal(&claims, issuer)
+        let (claims, issuer) = decoded.map_err(|e| refusal(&e))?;
+        let principal = self.principal(&claims, issuer)?;
+        // `exp` is required and checked above; a token whose `exp` is not
+        // a whole number of seconds is simply not kept.
+        if let Some(exp) = claims.get("exp").and_then(Value::as_u64) {
+            let usable_until = exp.saturating_add(self.policy.leeway.as_secs());
+            self.verified.keep(token, principal, usable_until);
+        }
+        Ok(principal)
     }
 
     fn principal(

@@ -3,7 +3,9 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use std::borrow::Cow;
+
+use serde::Serialize;
 
 use crate::domain::order::OrderState;
 use crate::domain::purchase::Refusal;
@@ -137,19 +139,30 @@ impl From<crate::Error> for ApiError {
     }
 }
 
+/// The JSON shape of every error answer (`field` only where one is at
+/// fault), written straight from the borrowed parts: most messages are
+/// fixed texts, and a refused purchase is among the most frequent answers.
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    code: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
+    message: &'a str,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, code, message, field) = match self {
+        let (status, code, message, field): (_, _, Cow<'static, str>, _) = match self {
             ApiError::Unauthorized(why) => (
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
-                why.to_owned(),
+                why.into(),
                 None,
             ),
             ApiError::BadToken(why) => (
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
-                why.to_string(),
+                why.to_string().into(),
                 None,
             ),
             ApiError::Forbidden => (
@@ -161,13 +174,13 @@ impl IntoResponse for ApiError {
             ApiError::NotFound(what) => (
                 StatusCode::NOT_FOUND,
                 "not_found",
-                format!("no such {what}"),
+                format!("no such {what}").into(),
                 None,
             ),
             ApiError::BadRequest { field, message } => (
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
-                message,
+                message.into(),
                 Some(field),
             ),
             ApiError::PayloadTooLarge => (
@@ -185,7 +198,7 @@ impl IntoResponse for ApiError {
             ApiError::RateLimited(which) => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limited",
-                format!("too many requests for this {which}; slow down"),
+                format!("too many requests for this {which}; slow down").into(),
                 None,
             ),
             ApiError::MethodNotAllowed => (
@@ -217,7 +230,7 @@ impl IntoResponse for ApiError {
                         "the order could not be stored; nothing was bought",
                     ),
                 };
-                (StatusCode::CONFLICT, code, message.to_owned(), None)
+                (StatusCode::CONFLICT, code, message.into(), None)
             }
             ApiError::PaymentUnderWay => (
                 StatusCode::CONFLICT,
@@ -240,7 +253,7 @@ impl IntoResponse for ApiError {
             ApiError::PaymentDeclined(why) => (
                 StatusCode::PAYMENT_REQUIRED,
                 "payment_declined",
-                format!("the payment was declined: {why}"),
+                format!("the payment was declined: {why}").into(),
                 None,
             ),
             ApiError::Unavailable(dependency) => {
@@ -248,7 +261,7 @@ impl IntoResponse for ApiError {
                 (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "unavailable",
-                    format!("{} is unavailable; retry later", dependency.name()),
+                    format!("{} is unavailable; retry later", dependency.name()).into(),
                     None,
                 )
             }
@@ -294,7 +307,7 @@ impl IntoResponse for ApiError {
                         "this sale has a waiting room: join it, and buy with the pass it gives when your turn comes",
                     ),
                 };
-                (status, code, message.to_owned(), None)
+                (status, code, message.into(), None)
             }
             ApiError::Pass(why) => {
                 use crate::domain::waiting_room::PassError;
@@ -304,7 +317,7 @@ impl IntoResponse for ApiError {
                     PassError::NotYours => "pass_not_yours",
                     PassError::OtherSale => "pass_other_sale",
                 };
-                (StatusCode::FORBIDDEN, code, why.to_string(), None)
+                (StatusCode::FORBIDDEN, code, why.to_string().into(), None)
             }
             ApiError::Internal(e) => {
                 tracing::error!(error = %e, error.debug = ?e, "request failed");
@@ -316,10 +329,11 @@ impl IntoResponse for ApiError {
                 )
             }
         };
-        let mut body = json!({ "code": code, "message": message });
-        if let Some(field) = field {
-            body["field"] = json!(field);
-        }
+        let body = ErrorBody {
+            code,
+            field: field.as_deref(),
+            message: &message,
+        };
         let mut response = (status, Json(body)).into_response();
         if matches!(
             status,

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 
 use crate::auth::Principal;
 use crate::http::error::ApiError;
+use crate::http::room::PASS_HEADER;
 use crate::http::AppState;
 
 async fn principal(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {
@@ -215,5 +216,45 @@ impl FromRequestParts<AppState> for IdempotencyKey {
             return Err(bad("must be 1 to 64 characters of [A-Za-z0-9._-]"));
         }
         Ok(IdempotencyKey(key.to_owned()))
+    }
+}
+
+/// The waiting room's pass a purchase carries in its [`PASS_HEADER`], if
+/// any: the one header the purchase reads, taken without copying the
+/// request's others.
+#[derive(Debug, Clone)]
+pub struct RoomPass(pub Option<axum::http::HeaderValue>);
+
+impl FromRequestParts<AppState> for RoomPass {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _: &AppState,
+    ) -> Result<Self, std::convert::Infallible> {
+        Ok(RoomPass(parts.headers.get(PASS_HEADER).cloned()))
+    }
+}
+
+/// A route that reads no body: a declared body over
+/// [`PURCHASE_BODY_LIMIT`](super::limits::PURCHASE_BODY_LIMIT) bytes is a
+/// 413 before anything else is looked at (an extractor, not a layer: a
+/// layer costs each request a boxed future).
+#[derive(Debug, Clone, Copy)]
+pub struct NoBody;
+
+impl FromRequestParts<AppState> for NoBody {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, ApiError> {
+        let declared = parts
+            .headers
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > super::limits::PURCHASE_BODY_LIMIT) {
+            return Err(ApiError::PayloadTooLarge);
+        }
+        Ok(NoBody)
     }
 }

@@ -8,8 +8,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Request, State};
-use axum::middleware::Next;
+use axum::extract::{ConnectInfo, Request};
 use axum::response::{IntoResponse, Response};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
@@ -58,55 +57,44 @@ impl RateLimits {
     }
 }
 
-/// Middleware: the per-IP limit, when the server passes peer addresses.
-pub(crate) async fn per_ip(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// What refuses a request before it reaches its route (see
+/// [`super::edge`]): a `Transfer-Encoding` (see [`transfer_encoding`]),
+/// then the per-IP limit, which the probes (`probe`) are spared.
+pub(crate) fn refuse_early(state: &AppState, request: &Request, probe: bool) -> Option<Response> {
+    if let Some(refused) = transfer_encoding(request) {
+        return Some(refused);
+    }
+    if probe {
+        return None;
+    }
     let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip());
-    if let Some(ip) = peer {
-        if let Err(limited) = state.limits.check_ip(ip) {
-            return limited.into_response();
-        }
-    }
-    next.run(request).await
+        .map(|c| c.0.ip())?;
+    state
+        .limits
+        .check_ip(peer)
+        .err()
+        .map(IntoResponse::into_response)
 }
 
 /// The largest body the purchase route takes: it reads none, and a client
 /// sending megabytes to it is refused at once, not ignored.
 pub(crate) const PURCHASE_BODY_LIMIT: u64 = 1024;
 
-/// Middleware for routes that read no body: a declared body over
-/// [`PURCHASE_BODY_LIMIT`] is a 413 before the handler runs.
-pub(crate) async fn small_body(request: Request, next: Next) -> Response {
-    let declared = request
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > PURCHASE_BODY_LIMIT) {
-        return ApiError::PayloadTooLarge.into_response();
-    }
-    next.run(request).await
-}
-
-/// Middleware: a request that carries `Transfer-Encoding` is refused with a
-/// 400 naming the header, and its connection closed. Bodies here are small
-/// JSON and come with `Content-Length`; and a request with both headers is
-/// how requests are smuggled past a proxy that reads the other one (RFC
-/// 9112 §6.3 lets a server refuse it). The HTTP parser drops a
-/// `Content-Length` sent beside `Transfer-Encoding` before any middleware
-/// sees it, so the only safe test is the encoding's presence.
-pub(crate) async fn content_length_only(request: Request, next: Next) -> Response {
+/// A request that carries `Transfer-Encoding` is refused with a 400 naming
+/// the header, and its connection closed. Bodies here are small JSON and
+/// come with `Content-Length`; and a request with both headers is how
+/// requests are smuggled past a proxy that reads the other one (RFC 9112
+/// §6.3 lets a server refuse it). The HTTP parser drops a `Content-Length`
+/// sent beside `Transfer-Encoding` before any middleware sees it, so the
+/// only safe test is the encoding's presence.
+fn transfer_encoding(request: &Request) -> Option<Response> {
     if !request
         .headers()
         .contains_key(axum::http::header::TRANSFER_ENCODING)
     {
-        return next.run(request).await;
+        return None;
     }
     let mut refused = ApiError::BadRequest {
         field: "transfer-encoding".into(),
@@ -117,5 +105,5 @@ pub(crate) async fn content_length_only(request: Request, next: Next) -> Respons
         axum::http::header::CONNECTION,
         axum::http::HeaderValue::from_static("close"),
     );
-    refused
+    Some(refused)
 }

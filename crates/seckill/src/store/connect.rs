@@ -239,6 +239,9 @@ pub fn acl_rules(prefix: &str) -> String {
         "+xgroup|create",
         "+xpending",
         "+xclaim",
+        // The pipeline consumers' signs of life (one sorted set).
+        "+zadd",
+        "+zrangebyscore",
         // The waiting rooms' lines (store/waiting_room.rs and its scripts).
         "+rpush",
         "+lrange",

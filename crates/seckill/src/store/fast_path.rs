@@ -458,7 +458,8 @@ impl FastPath {
                 return Err(e);
             }
         };
-        let keys = self.redis.voucher(voucher_id);
+        let [voucher_key, buyers, orders, order_of] =
+            crate::store::keys::purchase_keys(self.redis.prefix(), voucher_id);
         // With replica confirmation, an accepted purchase also answers the
         // history its server's sale state was verified for: the
         // confirmation must come from that server in that history
@@ -468,10 +469,10 @@ impl FastPath {
         script
             .arg(PURCHASE.get_hash())
             .arg(4 + usize::from(history_key.is_some()))
-            .arg(&keys.voucher)
-            .arg(&keys.buyers)
-            .arg(&keys.orders)
-            .arg(&keys.order_of)
+            .arg(voucher_key)
+            .arg(buyers)
+            .arg(orders)
+            .arg(order_of)
             .arg(history_key);
         script
             .arg(user_id)
@@ -490,7 +491,8 @@ impl FastPath {
             Err(e) => return Err(e.into()),
         };
         if let (0, Some(acker)) = (code, &self.acker) {
-            acker.confirm(history).await?;
+            // Boxed: see `Sales::purchase_with_pass`.
+            Box::pin(acker.confirm(history)).await?;
         }
         Ok(match code {
             0 => Purchase::Accepted(order),
@@ -515,16 +517,17 @@ impl FastPath {
     /// # Errors
     /// [`Error::Redis`] if Redis is unreachable.
     pub async fn arm(&self, voucher_id: i64) -> Result<()> {
-        let keys = self.redis.voucher(voucher_id);
+        let [voucher_key, buyers, orders, order_of] =
+            crate::store::keys::purchase_keys(self.redis.prefix(), voucher_id);
         // EVAL caches the script on the node the key routes to; with no
         // arguments the script changes nothing.
         let _: i64 = redis::cmd("EVAL")
             .arg(include_str!("../scripts/purchase.lua"))
             .arg(4)
-            .arg(&keys.voucher)
-            .arg(&keys.buyers)
-            .arg(&keys.orders)
-            .arg(&keys.order_of)
+            .arg(voucher_key)
+            .arg(buyers)
+            .arg(orders)
+            .arg(order_of)
             .query_async(&mut self.redis.conn())
             .await?;
         Ok(())

@@ -16,6 +16,7 @@
 //! | `P:room-pass-key` | string | the key waiting-room passes are signed with (32 random bytes) |
 //! | `P:order-seq:YYYYMMDD` | string | the day's order sequence counter |
 //! | `P:orders:dead` | stream | dead-lettered orders, with `stream`, `entry`, `reason` |
+//! | `P:orders:consumers` | sorted set | the pipeline's consumers → when each last said it is alive (Unix ms) |
 //! | `P:replica-ack` | string | a counter written before each group `WAIT` (`--replica-ack`) |
 //! | `P:verified-history` | string | the replication history (`master_replid`) the sale state was last verified for (`verification`) |
 //!
@@ -48,15 +49,28 @@ pub struct VoucherKeys {
     pub room_active: String,
 }
 
+/// The last part of each key a purchase touches, in the purchase script's
+/// order (`KEYS[1]` to `KEYS[4]`).
+const PURCHASE: [&str; 4] = ["voucher", "buyers", "orders", "order-of"];
+
+/// The keys a purchase of voucher `id` touches, in the purchase script's
+/// order: its voucher hash, buyers, order stream and order-of hash. Four
+/// strings, where [`VoucherKeys::new`] makes eleven: a purchase is the
+/// service's hottest call.
+pub(crate) fn purchase_keys(prefix: &str, id: i64) -> [String; 4] {
+    PURCHASE.map(|part| format!("{prefix}:{{v{id}}}:{part}"))
+}
+
 impl VoucherKeys {
     /// Keys of voucher `id` under `prefix`.
     pub fn new(prefix: &str, id: i64) -> Self {
         let tag = format!("{prefix}:{{v{id}}}");
+        let [voucher, buyers, orders, order_of] = PURCHASE.map(|part| format!("{tag}:{part}"));
         Self {
-            voucher: format!("{tag}:voucher"),
-            buyers: format!("{tag}:buyers"),
-            orders: format!("{tag}:orders"),
-            order_of: format!("{tag}:order-of"),
+            voucher,
+            buyers,
+            orders,
+            order_of,
             failed: format!("{tag}:failed"),
             returned: format!("{tag}:returned"),
             room: format!("{tag}:room"),
@@ -76,6 +90,11 @@ pub(crate) fn order_sequence(prefix: &str, yyyymmdd: &str) -> String {
 /// The dead-letter stream of all vouchers.
 pub fn dead_letter_stream(prefix: &str) -> String {
     format!("{prefix}:orders:dead")
+}
+
+/// Every pipeline consumer's last sign of life.
+pub(crate) fn consumers(prefix: &str) -> String {
+    format!("{prefix}:orders:consumers")
 }
 
 /// The marker written before each group `WAIT` of replica confirmation.

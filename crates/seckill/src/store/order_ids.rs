@@ -74,22 +74,29 @@ impl OrderIdGenerator {
         let (seconds, day) = clock_parts(SystemTime::now())?;
         let mut block = self.state.lock().await;
         if block.day != day || block.next >= block.end {
-            let key = order_sequence(self.redis.prefix(), &civil_date(day));
-            let last: u64 = NEXT_BLOCK
-                .key(&key)
-                .arg(self.block)
-                .arg(day * 86_400)
-                .arg(SEQUENCE_TTL_SECS)
-                .invoke_async(&mut self.redis.conn())
-                .await?;
-            *block = Block {
-                day,
-                next: last - u64::from(self.block) + 1,
-                end: last + 1,
-            };
+            // Boxed: one call in `block` takes this way, and the others'
+            // futures need not be as large as a script call's.
+            *block = Box::pin(self.new_block(day)).await?;
         }
         let sequence = u32::try_from(block.next).map_err(|_| Error::SequenceExhausted { day })?;
         block.next += 1;
         OrderId::compose(seconds, sequence)
+    }
+
+    /// The next block of day `day`'s sequence numbers.
+    async fn new_block(&self, day: u64) -> Result<Block> {
+        let key = order_sequence(self.redis.prefix(), &civil_date(day));
+        let last: u64 = NEXT_BLOCK
+            .key(&key)
+            .arg(self.block)
+            .arg(day * 86_400)
+            .arg(SEQUENCE_TTL_SECS)
+            .invoke_async(&mut self.redis.conn())
+            .await?;
+        Ok(Block {
+            day,
+            next: last - u64::from(self.block) + 1,
+            end: last + 1,
+        })
     }
 }

@@ -11,7 +11,7 @@ use redis::AsyncCommands;
 
 use crate::domain::order::OrderRecord;
 use crate::error::{Error, Result};
-use crate::store::keys::dead_letter_stream;
+use crate::store::keys::{consumers, dead_letter_stream};
 use crate::store::{Redis, RedisConn};
 use crate::OrderId;
 
@@ -167,6 +167,42 @@ impl OrderStreams {
             out.extend(lengths);
         }
         Ok(out)
+    }
+
+    /// Records that this consumer is alive at `now_ms` and names the
+    /// consumers silent since `silent_since_ms` or longer, with when each
+    /// was last heard of (Unix ms): dead or stuck, so that their pending
+    /// entries are for others to take over. One key for every sale: what
+    /// it costs does not grow with the sales.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis fails.
+    pub async fn alive(&self, now_ms: i64, silent_since_ms: i64) -> Result<Vec<(String, i64)>> {
+        let key = consumers(self.redis.prefix());
+        let (silent,): (Vec<(String, f64)>,) = redis::pipe()
+            .zadd(&key, &self.consumer, now_ms)
+            .ignore()
+            .zrangebyscore_withscores(&key, "-inf", silent_since_ms)
+            .query_async(&mut self.redis.conn())
+            .await?;
+        Ok(silent
+            .into_iter()
+            .map(|(consumer, ms)| (consumer, ms as i64))
+            .collect())
+    }
+
+    /// Forgets the consumers last heard of at `before_ms` or earlier.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if Redis fails.
+    pub async fn forget_consumers(&self, before_ms: i64) -> Result<()> {
+        let key = consumers(self.redis.prefix());
+        let _: i64 = self
+            .redis
+            .conn()
+            .zrembyscore(&key, "-inf", before_ms)
+            .await?;
+        Ok(())
     }
 
     /// Creates the group on `voucher`'s stream (and the stream) if missing;
