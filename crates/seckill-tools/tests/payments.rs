@@ -363,6 +363,33 @@ async fn every_callback_case_on(database: Option<&str>) {
         .await
         .unwrap();
     assert_eq!(unsigned.status(), StatusCode::UNAUTHORIZED);
+    // The right signature behind 4,000 wrong ones: refused unread (each
+    // would have cost an HMAC over the body), and the order stays unpaid.
+    let body = serde_json::to_vec(&paid).unwrap();
+    let signed = events::sign(WEBHOOK_SECRET.as_bytes(), now, &body);
+    let (t, v1) = signed.split_once(",v1=").unwrap();
+    let stuffed = format!(
+        "{t}{},v1={v1}",
+        format!(",v1={}", "00".repeat(32)).repeat(4_000)
+    );
+    let stuffed = shop
+        .http
+        .post(format!("{base}/api/payments/events"))
+        .header(SIGNATURE_HEADER, stuffed)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stuffed.status(), StatusCode::UNAUTHORIZED);
+    let answer: Value = stuffed.json().await.unwrap();
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("too many signatures"),
+        "{answer}"
+    );
     assert_eq!(shop.order(voucher, 1).await["state"], "reserved");
     // A charge of another amount: refused, recorded (and voided); the
     // order stays unpaid.

@@ -45,6 +45,9 @@ pub(crate) async fn event(
         tracing::warn!(error = %why, "a payment callback refused");
         return Err(ApiError::Unauthorized(match why {
             events::SignatureError::Missing => "the callback's signature is missing or unreadable",
+            events::SignatureError::Oversized => {
+                "the callback's signature header is too long or carries too many signatures"
+            }
             events::SignatureError::Stale(_) => "the callback was signed outside the replay window",
             events::SignatureError::Mismatch => "the callback's signature does not match",
         }));

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+use subtle::ConstantTimeEq;
 
 /// The header that carries a callback's signature.
 pub const SIGNATURE_HEADER: &str = "Payment-Signature";
@@ -24,12 +25,25 @@ pub const SIGNATURE_HEADER: &str = "Payment-Signature";
 /// set otherwise.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
+/// The longest signature header taken: a timestamp and a few signatures
+/// (a rotation signs with two secrets) fit many times over.
+pub const MAX_SIGNATURE_HEADER: usize = 1024;
+
+/// The most `v1` signatures one header may carry.
+pub const MAX_SIGNATURES: usize = 4;
+
 /// Why a callback was not taken as the provider's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SignatureError {
     /// No signature header, or one that does not parse.
     #[error("the callback has no readable {SIGNATURE_HEADER} header")]
     Missing,
+    /// A header longer than [`MAX_SIGNATURE_HEADER`] or with more than
+    /// [`MAX_SIGNATURES`] signatures: refused before any MAC is computed,
+    /// so an unsigned caller cannot make the service hash its body over
+    /// and over.
+    #[error("the callback's {SIGNATURE_HEADER} header is too long or carries too many signatures")]
+    Oversized,
     /// Signed outside the replay window.
     #[error("the callback was signed {0} s away from now: outside the replay window")]
     Stale(u64),
@@ -95,12 +109,20 @@ pub fn verify(
     tolerance: Duration,
 ) -> Result<(), SignatureError> {
     let header = header.ok_or(SignatureError::Missing)?;
+    if header.len() > MAX_SIGNATURE_HEADER {
+        return Err(SignatureError::Oversized);
+    }
     let mut timestamp = None;
     let mut signatures = Vec::new();
     for part in header.split(',') {
         match part.trim().split_once('=') {
             Some(("t", t)) => timestamp = t.parse::<u64>().ok(),
-            Some(("v1", v)) => signatures.extend(unhex(v)),
+            Some(("v1", v)) => {
+                if signatures.len() == MAX_SIGNATURES {
+                    return Err(SignatureError::Oversized);
+                }
+                signatures.extend(unhex(v));
+            }
             _ => {}
         }
     }
@@ -112,13 +134,21 @@ pub fn verify(
     if skew > tolerance.as_secs() {
         return Err(SignatureError::Stale(skew));
     }
-    for signature in &signatures {
-        // Constant-time: a forger learns nothing from how long it took.
-        if mac(secret, t, body).is_some_and(|m| m.verify_slice(signature).is_ok()) {
-            return Ok(());
-        }
+    // One MAC over the body, whatever the number of signatures, each
+    // compared in constant time: a forger learns nothing from how long it
+    // took.
+    let expected = mac(secret, t, body)
+        .ok_or(SignatureError::Mismatch)?
+        .finalize()
+        .into_bytes();
+    let matches = signatures
+        .iter()
+        .any(|signature| bool::from(expected[..].ct_eq(signature)));
+    if matches {
+        Ok(())
+    } else {
+        Err(SignatureError::Mismatch)
     }
-    Err(SignatureError::Mismatch)
 }
 
 /// The MAC of `"<t>.<body>"` (HMAC takes a key of any length: `None`
@@ -150,6 +180,37 @@ mod tests {
     use super::*;
 
     const SECRET: &[u8] = b"whsec-test";
+
+    /// A header with more signatures than a rotation needs, or longer than
+    /// any honest one, is refused before a MAC is computed; one with as
+    /// many as allowed is still checked, and the right one among them
+    /// taken.
+    #[test]
+    fn a_header_stuffed_with_signatures_is_refused_unread() {
+        let now = SystemTime::now();
+        let body = br#"{"id":"evt_1"}"#;
+        let good = sign(SECRET, now, body);
+        let t = now.duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let junk = format!(",v1={}", "00".repeat(32));
+        let stuffed = format!("t={t}{}", junk.repeat(4_000));
+        let tolerance = DEFAULT_TOLERANCE;
+        assert_eq!(
+            verify(SECRET, Some(&stuffed), body, now, tolerance),
+            Err(SignatureError::Oversized)
+        );
+        let five = format!("t={t}{}", junk.repeat(MAX_SIGNATURES + 1));
+        assert!(five.len() <= MAX_SIGNATURE_HEADER);
+        assert_eq!(
+            verify(SECRET, Some(&five), body, now, tolerance),
+            Err(SignatureError::Oversized)
+        );
+        let v1 = good.split_once(",v1=").unwrap().1;
+        let last_of_four = format!("t={t}{},v1={v1}", junk.repeat(MAX_SIGNATURES - 1));
+        assert_eq!(
+            verify(SECRET, Some(&last_of_four), body, now, tolerance),
+            Ok(())
+        );
+    }
 
     #[test]
     fn a_signed_callback_is_taken_and_anything_else_is_not() {
