@@ -80,8 +80,11 @@ for side in base head; do
     -d "{\"title\":\"Hot sale\",\"stock\":1000000,\"begin_ms\":$((now - 1000)),\"end_ms\":$((now + 3600000))}" |
     sed -E 's/.*"id":([0-9]+).*/\1/')
 done
-# One token per buyer, taken by both (one secret): minted in parallel.
-seq 1 "$buyers" | xargs -P 4 -I{} "$bins/head" token --user {} > "$work/tokens"
+# One token per buyer, minted by each side's own binary (the token format
+# may differ between them), in parallel.
+for side in base head; do
+  seq 1 "$buyers" | xargs -P 4 -I{} "$bins/$side" token --user {} > "$work/tokens-$side"
+done
 
 cat > "$work/rotate.lua" <<'LUA'
 -- Each request as the next buyer in $TOKENS, with $METHOD on $ROUTE.
@@ -116,13 +119,36 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 redis_cpu() { redis-cli -s "$work/redis.sock" info cpu | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
 hz=$(getconf CLK_TCK)
 
+# status SIDE METHOD PATH AUTH -> the HTTP status one request of the leg gets
+status() {
+  local side=$1 method=$2 path=${3//\{v\}/${voucher[$1]}} auth=$4
+  local header=()
+  [ "$auth" = yes ] && header=(-H "authorization: Bearer $(head -1 "$work/tokens-$side")")
+  curl -s -o /dev/null -w '%{http_code}' -X "$method" "${header[@]}" "${url[$side]}$path"
+}
+
+# Both sides must answer each leg alike (a base that refuses the head's
+# tokens, say, would measure its 401s): one request each, compared.
+for entry in "${legs[@]}"; do
+  read -r name method path auth <<< "$entry"
+  # A purchase's first answer (accepted) differs from the next (409).
+  status base "$method" "$path" "$auth" > /dev/null
+  status head "$method" "$path" "$auth" > /dev/null
+  b=$(status base "$method" "$path" "$auth") h=$(status head "$method" "$path" "$auth")
+  echo "$name answers: base $b, head $h" >&2
+  if [ "$b" != "$h" ] || [ "${b:0:1}" = 5 ]; then
+    echo "compare-service.sh: $name answers $b on the base and $h on the head: not comparable" >&2
+    exit 1
+  fi
+done
+
 # leg SIDE METHOD PATH AUTH -> "req/s cpu-µs-per-request redis-µs-per-request"
 leg() {
   local side=$1 method=$2 path=${3//\{v\}/${voucher[$1]}} auth=$4 out
   local cpu0 cpu1 r0 r1 rate
   cpu0=$(cpu_ticks "${pid[$side]}") r0=$(redis_cpu)
   if [ "$auth" = yes ]; then
-    out=$(TOKENS="$work/tokens" METHOD=$method ROUTE=$path \
+    out=$(TOKENS="$work/tokens-$side" METHOD=$method ROUTE=$path \
       wrk -t2 -c"$connections" -d"${seconds}s" -s "$work/rotate.lua" "${url[$side]}")
   else
     out=$(wrk -t2 -c"$connections" -d"${seconds}s" "${url[$side]}$path")

@@ -48,6 +48,9 @@ pub(crate) struct KeySet {
     /// most every tenth of this.
     refresh: Duration,
     http: reqwest::Client,
+    /// How many times the set was loaded again: a verification made with
+    /// an earlier set is not taken again (`verified.rs`).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for KeySet {
@@ -76,6 +79,7 @@ impl KeySet {
             loaded_at: Mutex::new(Instant::now()),
             refresh,
             http,
+            generation: Default::default(),
         };
         let keys = set.fetch().await?;
         if keys.is_empty() {
@@ -88,6 +92,11 @@ impl KeySet {
     /// How often the set is loaded again.
     pub(crate) fn refresh(&self) -> Duration {
         self.refresh
+    }
+
+    /// How many times the set was loaded again since it was first.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The key with id `kid`; an unknown id loads the set again first (a
@@ -121,6 +130,8 @@ impl KeySet {
             Ok(keys) => {
                 *self.loaded_at.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
                 *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+                self.generation
+                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "the identity provider's keys could not be loaded again; keeping the last ones")

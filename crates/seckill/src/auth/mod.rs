@@ -394,8 +394,11 @@ impl Tokens {
     /// # Errors
     /// A [`TokenError`] saying why it was refused.
     pub async fn verify(&self, token: &str) -> std::result::Result<Principal, TokenError> {
-        let now = unix_now();
-        if let Some(principal) = self.verified.get(token, now) {
+        let key_set = self
+            .provider
+            .as_ref()
+            .map_or(0, |(keys, _)| keys.generation());
+        if let Some(principal) = self.verified.get(token, unix_now(), key_set) {
             return Ok(principal);
         }
         if token.starts_with("v1.") {
@@ -439,7 +442,7 @@ impl Tokens {
         // a whole number of seconds is simply not kept.
         if let Some(exp) = claims.get("exp").and_then(Value::as_u64) {
             let usable_until = exp.saturating_add(self.policy.leeway.as_secs());
-            self.verified.keep(token, principal, usable_until);
+            self.verified.keep(token, principal, usable_until, key_set);
         }
         Ok(principal)
     }
@@ -579,6 +582,30 @@ mod tests {
         };
         assert_eq!(allowing.verify(&v1).await, Ok(Principal::User(7)));
         assert!(Tokens::new(b"short").is_err());
+    }
+
+    /// A token taken again from the memory of verified tokens is refused
+    /// once it expires, as one checked in full would be.
+    #[tokio::test]
+    async fn a_token_verified_before_is_refused_once_expired() {
+        let policy = TokenPolicy {
+            leeway: Duration::ZERO,
+            ..TokenPolicy::default()
+        };
+        let t = Tokens {
+            checks: Checks::new(&policy),
+            policy,
+            ..tokens()
+        };
+        let token = t.mint(Principal::User(9), Duration::from_secs(1));
+        assert_eq!(t.verify(&token).await, Ok(Principal::User(9)));
+        assert_eq!(t.verify(&token).await, Ok(Principal::User(9)));
+        let exp = unix_now() + 1;
+        // Time is the subject: wait until the clock is past `exp`.
+        while unix_now() <= exp {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(t.verify(&token).await, Err(TokenError::Expired));
     }
 
     #[test]

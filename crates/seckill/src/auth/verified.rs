@@ -4,11 +4,12 @@
 //! its signature and claims again (an HMAC or a public-key check, base64,
 //! a JSON parse) costs an instance more than the rest of a purchase's own
 //! work. A token verified once is taken again without those checks while
-//! it is unexpired, for at most [`REUSE_FOR`]: a key removed from an
-//! identity provider's set stops being honoured within that time. Only
-//! tokens that passed every check are kept, so a forged or broken token is
-//! checked in full each time; a hit needs the exact text of a token that
-//! passed.
+//! it is unexpired, for at most [`REUSE_FOR`], and only while the identity
+//! provider's key set is the one it was verified with: a key removed from
+//! the set stops being honoured at the refresh that drops it, as without
+//! this memory. Only tokens that passed every check are kept, so a forged
+//! or broken token is checked in full each time; a hit needs the exact
+//! text of a token that passed.
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,8 @@ struct Verdict {
     /// token is refused as expired.
     usable_until_s: u64,
     verified_at: Instant,
+    /// The key set's generation it was verified with.
+    key_set: u64,
 }
 
 /// The tokens [`super::Tokens`] verified lately.
@@ -42,23 +45,32 @@ impl Verified {
         }
     }
 
-    /// Whom `token` speaks for, if it was verified lately and is still
-    /// usable at `now_s` (Unix seconds).
-    pub(super) fn get(&self, token: &str, now_s: u64) -> Option<Principal> {
+    /// Whom `token` speaks for, if it was verified lately, with key set
+    /// generation `key_set`, and is still usable at `now_s` (Unix seconds).
+    pub(super) fn get(&self, token: &str, now_s: u64, key_set: u64) -> Option<Principal> {
         let verdict = self.cache.get(token)?;
-        (now_s <= verdict.usable_until_s && verdict.verified_at.elapsed() < REUSE_FOR)
+        (now_s <= verdict.usable_until_s
+            && verdict.key_set == key_set
+            && verdict.verified_at.elapsed() < REUSE_FOR)
             .then_some(verdict.principal)
     }
 
-    /// Keeps `token`'s verification: it speaks for `principal` until
-    /// `usable_until_s` (Unix seconds).
-    pub(super) fn keep(&self, token: &str, principal: Principal, usable_until_s: u64) {
+    /// Keeps `token`'s verification with key set generation `key_set`: it
+    /// speaks for `principal` until `usable_until_s` (Unix seconds).
+    pub(super) fn keep(
+        &self,
+        token: &str,
+        principal: Principal,
+        usable_until_s: u64,
+        key_set: u64,
+    ) {
         self.cache.insert(
             token.to_owned(),
             Verdict {
                 principal,
                 usable_until_s,
                 verified_at: Instant::now(),
+                key_set,
             },
         );
     }
