@@ -118,7 +118,8 @@ impl Upkeep {
 
     /// The backlog of `vouchers`: the lengths last read.
     fn backlog(&mut self, vouchers: &[i64]) -> u64 {
-        self.lengths.retain(|v, _| vouchers.contains(v));
+        let worked: std::collections::HashSet<i64> = vouchers.iter().copied().collect();
+        self.lengths.retain(|v, _| worked.contains(v));
         self.lengths.values().sum()
     }
 }
