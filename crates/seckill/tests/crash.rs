@@ -33,38 +33,7 @@ async fn a_killed_service_loses_and_doubles_no_accepted_order() {
     let voucher = support::open_voucher(&http, &base, &tokens, "Crash sale", STOCK).await;
 
     // Buy everything, 64 at a time.
-    let next = Arc::new(std::sync::atomic::AtomicI64::new(1));
-    let workers: Vec<_> = (0..64)
-        .map(|_| {
-            let (http, base, tokens, next) =
-                (http.clone(), base.clone(), tokens.clone(), next.clone());
-            tokio::spawn(async move {
-                let mut accepted = Vec::new();
-                loop {
-                    let user = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if user > STOCK {
-                        return accepted;
-                    }
-                    let r: Value = support::purchase(&http, &base, &tokens, voucher, user)
-                        .await
-                        .json()
-                        .await
-                        .unwrap();
-                    accepted.push(
-                        r["order_id"]
-                            .as_str()
-                            .expect("accepted")
-                            .parse::<i64>()
-                            .unwrap(),
-                    );
-                }
-            })
-        })
-        .collect();
-    let mut accepted = HashSet::new();
-    for w in workers {
-        accepted.extend(w.await.unwrap());
-    }
+    let accepted = buy_out(&http, &base, &tokens, voucher, STOCK).await;
     assert_eq!(accepted.len() as i64, STOCK);
 
     // Freeze the service, confirm orders are still in flight, then kill it.
@@ -144,37 +113,7 @@ async fn a_running_instance_takes_over_the_orders_of_one_that_died() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     survivor.signal("STOP");
 
-    let next = Arc::new(std::sync::atomic::AtomicI64::new(1));
-    let buyers: Vec<_> = (0..64)
-        .map(|_| {
-            let (http, base, tokens, next) = (
-                http.clone(),
-                doomed.base.clone(),
-                tokens.clone(),
-                next.clone(),
-            );
-            tokio::spawn(async move {
-                let mut accepted = Vec::new();
-                loop {
-                    let user = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if user > STOCK {
-                        return accepted;
-                    }
-                    let r: Value = support::purchase(&http, &base, &tokens, voucher, user)
-                        .await
-                        .json()
-                        .await
-                        .unwrap();
-                    let id = r["order_id"].as_str().expect("accepted");
-                    accepted.push(id.parse::<i64>().unwrap());
-                }
-            })
-        })
-        .collect();
-    let mut accepted = HashSet::new();
-    for b in buyers {
-        accepted.extend(b.await.unwrap());
-    }
+    let accepted = buy_out(&http, &doomed.base, &tokens, voucher, STOCK).await;
     assert_eq!(accepted.len() as i64, STOCK);
 
     // Freeze the buyer's instance with orders read and not yet stored.
@@ -219,6 +158,45 @@ async fn a_running_instance_takes_over_the_orders_of_one_that_died() {
     assert_eq!(stored, accepted, "stored orders differ from accepted ones");
     let _ = std::fs::remove_dir_all(dir);
     eprintln!("{pending} orders were pending on the instance killed");
+}
+
+/// Users 1 to `stock` each buy `voucher` once through `base`, 64 at a
+/// time; every purchase must be accepted. The order ids.
+async fn buy_out(
+    http: &reqwest::Client,
+    base: &str,
+    tokens: &Tokens,
+    voucher: i64,
+    stock: i64,
+) -> HashSet<i64> {
+    let next = Arc::new(std::sync::atomic::AtomicI64::new(1));
+    let buyers: Vec<_> = (0..64)
+        .map(|_| {
+            let (http, base, tokens, next) =
+                (http.clone(), base.to_owned(), tokens.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut accepted = Vec::new();
+                loop {
+                    let user = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if user > stock {
+                        return accepted;
+                    }
+                    let r: Value = support::purchase(&http, &base, &tokens, voucher, user)
+                        .await
+                        .json()
+                        .await
+                        .unwrap();
+                    let id = r["order_id"].as_str().expect("accepted");
+                    accepted.push(id.parse::<i64>().unwrap());
+                }
+            })
+        })
+        .collect();
+    let mut accepted = HashSet::new();
+    for b in buyers {
+        accepted.extend(b.await.unwrap());
+    }
+    accepted
 }
 
 async fn stored_ids(db: &Database, voucher: i64) -> HashSet<i64> {

@@ -19,6 +19,16 @@ use testkit::{PostgresServer, RedisServer};
 
 const SECRET: &str = "two-instances-secret-01";
 
+/// The commands `redis` has run since it started.
+fn commands_processed(redis: &RedisServer) -> u64 {
+    redis
+        .cli(&["INFO", "stats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
 fn config(redis: &str, database: &str, consumer: &str) -> Settings {
     Settings {
         consumer: consumer.into(),
@@ -128,14 +138,7 @@ async fn an_idle_instance_asks_redis_as_much_with_200_open_sales_as_with_2() {
             .buffer_unordered(16)
             .collect::<Vec<i64>>()
     };
-    let commands = || -> u64 {
-        redis
-            .cli(&["INFO", "stats"])
-            .lines()
-            .find_map(|l| l.strip_prefix("total_commands_processed:"))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap()
-    };
+    let commands = || commands_processed(&redis);
     let per_second = || async {
         let before = commands();
         let window = Duration::from_secs(5);
@@ -204,14 +207,7 @@ async fn an_idle_instance_with_a_thousand_ended_sales_barely_touches_redis() {
     for i in 0..OPEN {
         open.push(support::open_voucher(&http, &base, &tokens, &format!("Open {i}"), STOCK).await);
     }
-    let commands = || -> u64 {
-        redis
-            .cli(&["INFO", "stats"])
-            .lines()
-            .find_map(|l| l.strip_prefix("total_commands_processed:"))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap()
-    };
+    let commands = || commands_processed(&redis);
     // Time is the subject: wait out the sales and the worker's next
     // refresh of its list (every second).
     let wait = (last_end - support::now_ms()).max(0) as u64 + 2_500;
